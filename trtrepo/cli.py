@@ -1,0 +1,105 @@
+"""The ``trtrepo`` command line: a thin click group over the pipeline stages.
+
+Commands live in :mod:`trtrepo.commands` and are imported only when run (or when ``--help``
+lists them), so heavy dependencies never load for ``trtrepo --help``. Every command raises
+:class:`~trtrepo.errors.TrtrepoError` for user-facing failures; the group prints its one-line
+message and exits with its code (1 failure, 2 usage), with a traceback only under ``--debug``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import sys
+from typing import Any
+
+import click
+
+from . import __version__
+from .errors import TrtrepoError
+
+# name -> (module under trtrepo.commands, short help). Order is the pipeline's.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "export": ("export", "Export a model source (demo, ONNX, TorchScript, entry point, torchvision) to ONNX."),
+    "calibrate": ("calibrate", "Collect activation histograms and compute INT8 ranges and a TensorRT calibration cache."),
+    "quantize": ("quantize", "Insert Q/DQ nodes (explicit INT8) for TensorRT or ONNX Runtime."),
+    "evaluate": ("evaluate", "Compare an FP32 and a quantized ONNX model on data with ONNX Runtime."),
+    "build": ("build", "Build a TensorRT model.plan from a Q/DQ ONNX model (needs TensorRT and a GPU)."),
+    "deploy": ("deploy", "Export, calibrate, quantize, build and write a Triton model repository in one go."),
+    "repo": ("repo", "Inspect and write Triton model repositories."),
+    "serve": ("serve", "Start tritonserver on a model repository (or print the container command)."),
+    "validate": ("validate", "Check a running Triton server: contract, accuracy against PyTorch, latency."),
+    "preprocess": ("preprocess", "Write a preprocessing spec file shared by calibration, evaluation and the harness."),
+    "doctor": ("doctor", "Report which stages can run on this machine."),
+}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return list(COMMANDS)
+
+    def get_command(self, ctx: click.Context, name: str) -> click.Command | None:
+        if name not in COMMANDS:
+            return None
+        module_name, short = COMMANDS[name]
+        try:
+            module = importlib.import_module(f"trtrepo.commands.{module_name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"trtrepo.commands.{module_name}":
+                raise
+            return _not_available(name, short)
+        cmd: click.Command = module.command
+        return cmd
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except TrtrepoError as exc:
+            if ctx.params.get("debug"):
+                raise
+            click.echo(f"error: {exc.message}", err=True)
+            ctx.exit(exc.exit_code)
+        except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
+            raise
+        except Exception as exc:
+            if ctx.params.get("debug"):
+                raise
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+            click.echo(f"error: {type(exc).__name__}: {first} (run with --debug for the traceback)", err=True)
+            ctx.exit(1)
+
+
+def _not_available(name: str, short: str) -> click.Command:
+    @click.command(name=name, help=f"{short}\n\nNot available in this version of trtrepo yet.", add_help_option=True,
+                   context_settings={"ignore_unknown_options": True, "allow_extra_args": True})
+    def _cmd() -> None:
+        raise TrtrepoError(f"'trtrepo {name}' is not available in this version yet")
+
+    _cmd.short_help = f"{short} [not yet available]"
+    return _cmd
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(__version__, prog_name="trtrepo")
+@click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
+@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug logs).")
+@click.pass_context
+def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
+    """trtrepo: from a trained model and a little data to a validated Triton model repository
+    with INT8 TensorRT engines.
+
+    Pipeline: export -> calibrate -> quantize -> build -> repo/deploy -> serve -> validate.
+    """
+    level = logging.WARNING - 10 * min(verbose, 2)
+    logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    logging.getLogger("trtrepo").setLevel(level)
+    ctx.ensure_object(dict)
+    ctx.obj["debug"] = debug
+
+
+def main() -> None:  # console script entry point
+    cli(prog_name="trtrepo")
+
+
+if __name__ == "__main__":
+    main()

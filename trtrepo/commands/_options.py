@@ -1,0 +1,32 @@
+"""Option decorators shared by several commands."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+import click
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F]:
+    """``--data --preprocess --labels --limit --seed --batch-size``."""
+
+    def deco(f: F) -> F:
+        opts = [
+            click.option("--data", "data_spec", required=required, metavar="SPEC",
+                         help="Data: demo:calib|demo:val, an image folder, .npy/.npz, or package.module:callable."),
+            click.option("--preprocess", "preprocess", type=click.Path(dir_okay=False), default=None,
+                         help="Preprocessing spec (JSON/YAML, see 'trtrepo preprocess'); required for image folders."),
+            click.option("--labels", type=click.Path(dir_okay=False), default=None,
+                         help="Integer labels (.npy or text, one per sample)."),
+            click.option("--limit", type=click.IntRange(min=1), default=None, help="Use N samples (a deterministic subset)."),
+            click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --limit subset."),
+            click.option("--batch-size", type=click.IntRange(min=1), default=batch_size, show_default=True),
+        ]
+        for o in reversed(opts):
+            f = o(f)
+        return f
+
+    return deco

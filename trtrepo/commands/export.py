@@ -1,0 +1,74 @@
+"""``trtrepo export``."""
+
+from __future__ import annotations
+
+import click
+
+from ..errors import UsageError
+
+
+def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
+    result: dict[str, dict[int, str]] = {}
+    for v in values:
+        parts = v.split(":")
+        if len(parts) not in (2, 3) or not parts[1].isdigit():
+            raise UsageError(f"--dynamic-axis '{v}': expected NAME:AXIS or NAME:AXIS:LABEL")
+        result.setdefault(parts[0], {})[int(parts[1])] = parts[2] if len(parts) == 3 else f"{parts[0]}_dim{parts[1]}"
+    return result
+
+
+@click.command("export")
+@click.argument("source")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Output ONNX file.")
+@click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry point or torchvision architecture.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
+              help="Per-sample input shape without the batch axis, e.g. 3x224x224 (repeat for several inputs).")
+@click.option("--input-dtype", "input_dtypes", multiple=True, metavar="NAME:DTYPE", help="Input dtype (default float32).")
+@click.option("--input-names", default=None, help="Comma-separated input names (default: input, or input0,input1,...).")
+@click.option("--output-names", default=None, help="Comma-separated output names (default: output, or output0,...).")
+@click.option("--dynamic-axis", "dynamic", multiple=True, metavar="NAME:AXIS[:LABEL]", help="Extra dynamic axis (axis 0 is always dynamic).")
+@click.option("--opset", type=click.IntRange(min=13), default=17, show_default=True)
+@click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
+def command(source: str, output: str, weights: str | None, input_shapes: tuple[str, ...], input_dtypes: tuple[str, ...],
+            input_names: str | None, output_names: str | None, dynamic: tuple[str, ...], opset: int, force: bool) -> None:
+    """Export SOURCE to ONNX with a dynamic batch axis and check it against PyTorch.
+
+    SOURCE is 'demo', an .onnx file (checked and copied), a TorchScript file,
+    'package.module:factory' (with --weights), or a torchvision architecture (with --weights).
+    """
+    from ..export import InputShape, export_onnx, parse_input_shape, resolve_source
+
+    src = resolve_source(source, weights)
+    inputs = None
+    if input_shapes:
+        parsed = [parse_input_shape(s) for s in input_shapes]
+        names = input_names.split(",") if input_names else None
+        if names is not None and len(names) != len(parsed):
+            raise UsageError(f"--input-names lists {len(names)} names but {len(parsed)} --input-shape were given")
+        dtypes = dict(d.split(":", 1) for d in input_dtypes) if input_dtypes else {}
+        inputs = []
+        for i, (pname, shape) in enumerate(parsed):
+            name = (names[i] if names else pname) or ("input" if len(parsed) == 1 else f"input{i}")
+            inputs.append(InputShape(name, shape, dtypes.get(name, "float32")))
+    elif input_names and src.kind not in ("onnx",):
+        if src.kind in ("demo", "demo-text"):
+            raise UsageError("--input-names needs --input-shape (the demo's inputs are fixed)")
+        raise UsageError("--input-names needs --input-shape")
+    result = export_onnx(
+        src,
+        output,
+        inputs=inputs,
+        output_names=output_names.split(",") if output_names else None,
+        dynamic_axes=_parse_dynamic(dynamic),
+        opset=opset,
+        force=force,
+    )
+    click.echo(f"exported {src.describe()} -> {result.path}")
+    for t in result.io.inputs:
+        click.echo(f"  input  {t.name}: {t.dtype} {list(t.shape)}")
+    for t in result.io.outputs:
+        click.echo(f"  output {t.name}: {t.dtype} {list(t.shape)}")
+    if result.max_abs_error is not None:
+        click.echo(f"  verified against PyTorch on a batch of {result.checked_batch}: max abs error {result.max_abs_error:.3g}")
+    for note in result.notes:
+        click.echo(f"  {note}")

@@ -1,0 +1,43 @@
+"""``trtrepo preprocess``: write a preprocessing spec file."""
+
+from __future__ import annotations
+
+import click
+
+
+def _floats(text: str | None) -> tuple[float, ...] | None:
+    return None if text is None else tuple(float(v) for v in text.split(","))
+
+
+def _ints(text: str | None) -> tuple[int, ...] | None:
+    return None if text is None else tuple(int(v) for v in text.lower().replace("x", ",").split(","))
+
+
+@click.command("preprocess")
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Spec file (.json, .yaml).")
+@click.option("--resize", default=None, help="Shorter side (256) or HxW (224x224).")
+@click.option("--center-crop", default=None, help="Crop size (224 or 224x224).")
+@click.option("--interpolation", type=click.Choice(["nearest", "bilinear", "bicubic", "lanczos"]), default="bilinear", show_default=True)
+@click.option("--color", type=click.Choice(["rgb", "bgr", "gray"]), default="rgb", show_default=True)
+@click.option("--scale", type=float, default=1 / 255, show_default=True, help="Multiply pixel values by this first.")
+@click.option("--mean", default="0", show_default=True, help="Comma-separated per-channel mean (after scaling).")
+@click.option("--std", default="1", show_default=True, help="Comma-separated per-channel std.")
+@click.option("--layout", type=click.Choice(["NCHW", "NHWC"]), default="NCHW", show_default=True)
+@click.option("--dtype", type=click.Choice(["float32", "float16", "uint8", "int8"]), default="float32", show_default=True)
+@click.option("--input-name", default=None, help="Model input the images feed (needed for multi-input models).")
+@click.option("--demo", is_flag=True, help="Write the embedded demo model's spec (ignores the other options).")
+def command(output: str, resize: str | None, center_crop: str | None, interpolation: str, color: str, scale: float,
+            mean: str, std: str, layout: str, dtype: str, input_name: str | None, demo: bool) -> None:
+    """Write the image preprocessing spec that calibration, evaluation and validation share."""
+    from ..data import Preprocess
+
+    if demo:
+        from .. import demo as demo_mod
+
+        spec = demo_mod.preprocess()
+    else:
+        spec = Preprocess(resize=_ints(resize), center_crop=_ints(center_crop), interpolation=interpolation,  # type: ignore[arg-type]
+                          color=color, scale=scale, mean=_floats(mean) or (0.0,), std=_floats(std) or (1.0,),
+                          layout=layout, dtype=dtype, input_name=input_name)
+    path = spec.save(output)
+    click.echo(f"wrote {path}")

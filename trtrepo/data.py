@@ -1,0 +1,582 @@
+"""Data sources shared by calibration, evaluation, the PyTorch reference and the harness.
+
+A data source is a re-iterable of :class:`Sample` (a dict ``{input name: array without batch
+axis}`` plus an optional integer label). Sources come from a spec string:
+
+* ``demo:calib`` / ``demo:val`` -- the embedded demo data (see :mod:`trtrepo.demo`);
+* a folder of images (JPEG/PNG/BMP/WebP), read through a declared :class:`Preprocess`;
+  images in class sub-folders get labels by sorted folder name;
+* ``file.npy`` (one array, first axis = samples) or ``file.npz`` (one key per input name,
+  labels under ``labels``); loaded with ``allow_pickle=False``;
+* ``package.module:callable`` -- the callable returns an iterable of arrays, dicts or
+  ``(x, label)`` tuples, or a torch ``Dataset``.
+
+:func:`open_data` resolves the spec, binds unnamed arrays to the model's input names, applies
+the deterministic subset (``limit``/``seed``) and :func:`iter_batches` stacks samples into
+batches (a batch is cut where the sample shape changes, so variable sequence lengths batch
+without padding).
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import sys
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UsageError
+from .modelio import ModelIO
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
+LABEL_KEYS = ("labels", "label", "y")
+
+# --------------------------------------------------------------------------------------------
+# Preprocessing
+
+
+@dataclass(frozen=True)
+class Preprocess:
+    """How an image becomes an input tensor. Saved to and loaded from JSON or YAML.
+
+    Steps, in order: convert to ``color`` (rgb, bgr or gray), resize (``resize`` = shorter side
+    when one int, or ``[height, width]``), center crop, to float, multiply by ``scale``,
+    subtract ``mean`` and divide by ``std`` per channel, lay out as ``NCHW`` or ``NHWC``
+    (``CHW``/``HWC`` per sample) and cast to ``dtype``.
+    """
+
+    resize: tuple[int, ...] | None = None
+    center_crop: tuple[int, int] | None = None
+    interpolation: str = "bilinear"
+    color: str = "rgb"
+    scale: float = 1.0 / 255.0
+    mean: tuple[float, ...] = (0.0,)
+    std: tuple[float, ...] = (1.0,)
+    layout: str = "NCHW"
+    dtype: str = "float32"
+    input_name: str | None = None
+
+    _INTERP = ("nearest", "bilinear", "bicubic", "lanczos")
+
+    def __post_init__(self) -> None:
+        def norm(value: Any, what: str, n: tuple[int, ...]) -> tuple[int, ...] | None:
+            if value is None:
+                return None
+            vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
+            if len(vals) not in n or any(v <= 0 for v in vals):
+                raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
+            return vals
+
+        object.__setattr__(self, "resize", norm(self.resize, "resize", (1, 2)))
+        crop = norm(self.center_crop, "center_crop", (1, 2))
+        if crop is not None and len(crop) == 1:
+            crop = (crop[0], crop[0])
+        object.__setattr__(self, "center_crop", crop)
+        object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
+        object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
+        if self.interpolation not in self._INTERP:
+            raise UsageError(f"preprocess option 'interpolation': '{self.interpolation}' is not one of {', '.join(self._INTERP)}")
+        if self.color not in ("rgb", "bgr", "gray"):
+            raise UsageError(f"preprocess option 'color': '{self.color}' is not one of rgb, bgr, gray")
+        if self.layout not in ("NCHW", "NHWC"):
+            raise UsageError(f"preprocess option 'layout': '{self.layout}' is not one of NCHW, NHWC")
+        if self.dtype not in ("float32", "float16", "uint8", "int8"):
+            raise UsageError(f"preprocess option 'dtype': '{self.dtype}' is not one of float32, float16, uint8, int8")
+        if any(s == 0 for s in self.std):
+            raise UsageError("preprocess option 'std': values must be non-zero")
+        channels = self.channels
+        for what in ("mean", "std"):
+            if len(getattr(self, what)) not in (1, channels):
+                raise UsageError(f"preprocess option '{what}': expected 1 or {channels} values for color '{self.color}'")
+
+    @property
+    def channels(self) -> int:
+        return 1 if self.color == "gray" else 3
+
+    def apply(self, image: Any) -> np.ndarray:
+        """PIL image -> array laid out per sample (``CHW`` or ``HWC``)."""
+        from PIL import Image
+
+        img = image.convert("L" if self.color == "gray" else "RGB")
+        resample = getattr(Image.Resampling, self.interpolation.upper())
+        if self.resize is not None:
+            if len(self.resize) == 2:
+                h, w = self.resize
+            else:
+                short = self.resize[0]
+                w0, h0 = img.size
+                if w0 <= h0:
+                    w, h = short, max(1, round(h0 * short / w0))
+                else:
+                    h, w = short, max(1, round(w0 * short / h0))
+            img = img.resize((w, h), resample=resample)
+        if self.center_crop is not None:
+            ch, cw = self.center_crop
+            w0, h0 = img.size
+            if ch > h0 or cw > w0:
+                raise UsageError(f"preprocess option 'center_crop': {ch}x{cw} is larger than the resized image {h0}x{w0}")
+            left, top = (w0 - cw) // 2, (h0 - ch) // 2
+            img = img.crop((left, top, left + cw, top + ch))
+        arr = np.asarray(img, dtype=np.float32)
+        if arr.ndim == 2:
+            arr = arr[:, :, None]
+        if self.color == "bgr":
+            arr = arr[:, :, ::-1]
+        arr = arr * np.float32(self.scale)
+        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
+        if self.layout == "NCHW":
+            arr = arr.transpose(2, 0, 1)
+        if self.dtype in ("uint8", "int8"):
+            info = np.iinfo(self.dtype)
+            arr = np.clip(np.rint(arr), info.min, info.max)
+        return np.ascontiguousarray(arr.astype(self.dtype))
+
+    # --- serialisation -----------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        for k, v in d.items():
+            if isinstance(v, tuple):
+                d[k] = list(v)
+        return d
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "preprocess") -> Preprocess:
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise UsageError(f"{source}: unknown preprocess option(s): {', '.join(unknown)}")
+        return cls(**dict(data))
+
+    def save(self, path: str | Path) -> Path:
+        from .fsutil import atomic_write_text
+
+        p = Path(path)
+        if p.suffix.lower() in (".yaml", ".yml"):
+            import yaml
+
+            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
+        else:
+            text = json.dumps(self.to_dict(), indent=2) + "\n"
+        atomic_write_text(p, text)
+        return p
+
+    @classmethod
+    def load(cls, path: str | Path) -> Preprocess:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"{p}: preprocessing file not found")
+        text = p.read_text()
+        try:
+            if p.suffix.lower() in (".yaml", ".yml"):
+                import yaml
+
+                data = yaml.safe_load(text)
+            else:
+                data = json.loads(text)
+        except Exception as exc:
+            raise UsageError(f"{p}: cannot parse preprocessing file ({exc})") from exc
+        if not isinstance(data, dict):
+            raise UsageError(f"{p}: preprocessing file must hold a mapping of options")
+        return cls.from_dict(data, source=str(p))
+
+
+# --------------------------------------------------------------------------------------------
+# Samples and sources
+
+
+@dataclass
+class Sample:
+    inputs: dict[str, np.ndarray]
+    label: int | None = None
+
+
+@dataclass
+class Batch:
+    inputs: dict[str, np.ndarray]
+    labels: np.ndarray | None
+    indices: np.ndarray
+
+    @property
+    def size(self) -> int:
+        return len(self.indices)
+
+
+class DataSource:
+    """A re-iterable, sized collection of samples. Subclasses implement ``_load(i)``."""
+
+    def __init__(self, name: str, count: int, has_labels: bool) -> None:
+        self.name = name
+        self._count = count
+        self.has_labels = has_labels
+        self._indices: np.ndarray = np.arange(count)
+
+    def __len__(self) -> int:
+        return len(self._indices)
+
+    def __iter__(self) -> Iterator[Sample]:
+        for i in self._indices:
+            yield self._load(int(i))
+
+    def _load(self, i: int) -> Sample:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def subset(self, limit: int | None = None, seed: int | None = None) -> DataSource:
+        """Deterministic subset: ``limit`` samples drawn without replacement with ``seed``
+        (original order kept); the first ``limit`` when ``seed`` is None."""
+        if limit is not None and limit <= 0:
+            raise UsageError(f"--limit must be positive, got {limit}")
+        n = len(self._indices)
+        if limit is None or limit >= n:
+            idx = self._indices
+        elif seed is None:
+            idx = self._indices[:limit]
+        else:
+            pick = np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
+            idx = self._indices[pick]
+        clone = object.__new__(type(self))
+        clone.__dict__.update(self.__dict__)
+        clone._indices = np.asarray(idx)
+        return clone
+
+    def labels(self) -> np.ndarray | None:
+        if not self.has_labels:
+            return None
+        return np.asarray([s.label for s in self], dtype=np.int64)
+
+
+class ArraySource(DataSource):
+    """Arrays with the samples on axis 0, one per input name."""
+
+    def __init__(self, name: str, arrays: Mapping[str | None, np.ndarray], labels: np.ndarray | None = None) -> None:
+        counts = {k: len(v) for k, v in arrays.items()}
+        if len(set(counts.values())) != 1:
+            raise UsageError(f"{name}: arrays have different numbers of samples: {counts}")
+        n = next(iter(counts.values()))
+        if labels is not None:
+            labels = np.asarray(labels).reshape(-1)
+            if len(labels) != n:
+                raise UsageError(f"{name}: {len(labels)} labels for {n} samples")
+        super().__init__(name, n, labels is not None)
+        self.arrays = dict(arrays)
+        self._labels = labels
+
+    def _load(self, i: int) -> Sample:
+        label = None if self._labels is None else int(self._labels[i])
+        return Sample({k: v[i] for k, v in self.arrays.items()}, label)  # type: ignore[misc]
+
+
+class ImageFolderSource(DataSource):
+    """Images under a folder; sub-folders are classes (labels by sorted folder name)."""
+
+    def __init__(self, folder: Path, preprocess: Preprocess, labels: np.ndarray | None = None) -> None:
+        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+        if not files:
+            raise UsageError(f"{folder}: image folder is empty")
+        bad = [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+        if bad:
+            raise UsageError(f"{bad[0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)})")
+        classes = sorted({p.parent for p in files} - {folder})
+        if labels is None and classes and all(p.parent != folder for p in files):
+            index = {c: i for i, c in enumerate(classes)}
+            labels = np.asarray([index[p.parent] for p in files], dtype=np.int64)
+            self.class_names = [c.name for c in classes]
+        else:
+            self.class_names = []
+        if labels is not None and len(labels) != len(files):
+            raise UsageError(f"{folder}: {len(labels)} labels for {len(files)} images")
+        super().__init__(str(folder), len(files), labels is not None)
+        self.files = files
+        self.preprocess = preprocess
+        self._labels = labels
+
+    def _load(self, i: int) -> Sample:
+        from PIL import Image, UnidentifiedImageError
+
+        path = self.files[i]
+        try:
+            with Image.open(path) as img:
+                img.load()
+                arr = self.preprocess.apply(img)
+        except (UnidentifiedImageError, OSError, SyntaxError) as exc:
+            raise UsageError(f"{path}: cannot read image ({exc})") from exc
+        label = None if self._labels is None else int(self._labels[i])
+        return Sample({self.preprocess.input_name: arr}, label)  # type: ignore[dict-item]
+
+
+class ListSource(DataSource):
+    """Samples materialised from a user callable's iterable or a torch Dataset."""
+
+    def __init__(self, name: str, items: Sequence[Sample]) -> None:
+        if not items:
+            raise UsageError(f"{name}: the data source yielded no samples")
+        has = [s.label is not None for s in items]
+        super().__init__(name, len(items), all(has))
+        self.items = list(items)
+
+    def _load(self, i: int) -> Sample:
+        return self.items[i]
+
+
+class DatasetSource(DataSource):
+    """A map-style dataset (``__len__`` + ``__getitem__``), e.g. a torch Dataset; read lazily."""
+
+    def __init__(self, name: str, dataset: Any) -> None:
+        n = len(dataset)
+        if n == 0:
+            raise UsageError(f"{name}: the dataset is empty")
+        first = _to_sample(dataset[0], name)
+        super().__init__(name, n, first.label is not None)
+        self.dataset = dataset
+
+    def _load(self, i: int) -> Sample:
+        return _to_sample(self.dataset[i], self.name)
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach") and hasattr(x, "cpu"):  # torch tensor, without importing torch
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def _to_sample(item: Any, name: str) -> Sample:
+    label = None
+    if isinstance(item, Sample):
+        return item
+    if isinstance(item, tuple) and len(item) == 2:
+        item, label = item
+        label = int(_to_numpy(label).reshape(()))
+    if isinstance(item, Mapping):
+        return Sample({str(k): _to_numpy(v) for k, v in item.items()}, label)
+    try:
+        return Sample({None: _to_numpy(item)}, label)  # type: ignore[dict-item]
+    except Exception as exc:
+        raise UsageError(f"{name}: cannot turn a {type(item).__name__} into an array") from exc
+
+
+# --------------------------------------------------------------------------------------------
+# Resolving a spec
+
+
+def _load_labels(path: str | Path) -> np.ndarray:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: labels file not found")
+    try:
+        if p.suffix == ".npy":
+            return np.load(p, allow_pickle=False).astype(np.int64).reshape(-1)
+        return np.asarray([int(line) for line in p.read_text().split()], dtype=np.int64)
+    except ValueError as exc:
+        raise UsageError(f"{p}: labels must be integers, one per sample ({exc})") from exc
+
+
+def _import_callable(spec: str) -> Callable[..., Any]:
+    module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise UsageError(f"'{spec}': expected 'package.module:callable'")
+    if "" not in sys.path and "." not in sys.path:
+        sys.path.insert(0, "")  # the user's working directory, like `python -m`
+    try:
+        module = importlib.import_module(module_name)
+    except Exception as exc:
+        raise UsageError(f"'{spec}': cannot import module '{module_name}' ({type(exc).__name__}: {exc})") from exc
+    obj: Any = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise UsageError(f"'{spec}': module '{module_name}' has no attribute '{attr}'")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise UsageError(f"'{spec}': '{attr}' is not callable")
+    return obj  # type: ignore[no-any-return]
+
+
+def _looks_like_entry_point(spec: str) -> bool:
+    mod, sep, attr = spec.partition(":")
+    return bool(sep) and bool(attr) and "/" not in mod and "\\" not in mod and all(
+        p.isidentifier() for p in mod.split(".")
+    )
+
+
+def open_data(
+    spec: str | DataSource,
+    *,
+    io: ModelIO | None = None,
+    preprocess: Preprocess | str | Path | None = None,
+    labels: str | Path | None = None,
+    limit: int | None = None,
+    seed: int | None = None,
+) -> DataSource:
+    """Resolve a data spec into a :class:`DataSource` bound to ``io``'s input names."""
+    if isinstance(spec, DataSource):
+        source = spec
+    else:
+        if isinstance(preprocess, (str, Path)):
+            preprocess = Preprocess.load(preprocess)
+        source = _open_spec(str(spec), preprocess, labels, io)
+    if labels is not None and isinstance(spec, DataSource):
+        raise UsageError("--labels cannot be combined with an in-memory data source")
+    source = _bind_names(source, io)
+    return source.subset(limit, seed)
+
+
+def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None) -> DataSource:
+    label_array = _load_labels(labels) if labels is not None else None
+    from . import demo
+
+    if demo.is_demo_spec(spec):
+        src = demo.open_demo_data(spec)
+        if label_array is not None:
+            raise UsageError("--labels cannot be combined with the demo data (it has its own labels)")
+        return src
+    path = Path(spec)
+    if path.is_dir():
+        if preprocess is None:
+            raise UsageError(f"{path}: an image folder needs a preprocessing spec (--preprocess FILE)")
+        if preprocess.input_name is None and io is not None:
+            if len(io.inputs) != 1:
+                raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
+            preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
+        return ImageFolderSource(path, preprocess, label_array)
+    if path.suffix.lower() in (".npy", ".npz"):
+        if not path.is_file():
+            raise UsageError(f"{path}: data file not found")
+        try:
+            loaded = np.load(path, allow_pickle=False)
+        except Exception as exc:
+            raise UsageError(f"{path}: cannot read array file ({exc})") from exc
+        if isinstance(loaded, np.ndarray):
+            if loaded.ndim < 1:
+                raise UsageError(f"{path}: expected an array with samples on axis 0, got a scalar")
+            return ArraySource(str(path), {None: loaded}, label_array)  # type: ignore[dict-item]
+        with loaded:
+            arrays = {k: loaded[k] for k in loaded.files}
+        file_labels = None
+        for key in LABEL_KEYS:
+            if key in arrays and (io is None or key not in io.input_names):
+                file_labels = arrays.pop(key)
+                break
+        if not arrays:
+            raise UsageError(f"{path}: the npz file holds no input arrays")
+        if label_array is None:
+            label_array = file_labels
+        if len(arrays) == 1 and io is not None and next(iter(arrays)) not in io.input_names and len(io.inputs) == 1:
+            arrays = {None: next(iter(arrays.values()))}  # type: ignore[dict-item]
+        return ArraySource(str(path), arrays, label_array)  # type: ignore[arg-type]
+    if _looks_like_entry_point(spec) and not path.exists():
+        fn = _import_callable(spec)
+        try:
+            result = fn()
+        except Exception as exc:
+            raise UsageError(f"'{spec}': calling the data callable failed ({type(exc).__name__}: {exc})") from exc
+        if hasattr(result, "__len__") and hasattr(result, "__getitem__") and not isinstance(result, (list, tuple)):
+            src: DataSource = DatasetSource(spec, result)
+        elif isinstance(result, Iterable):
+            src = ListSource(spec, [_to_sample(item, spec) for item in result])
+        else:
+            raise UsageError(f"'{spec}': the callable returned a {type(result).__name__}, not an iterable or dataset")
+        if label_array is not None:
+            arrays_src = src
+            if len(label_array) != len(arrays_src):
+                raise UsageError(f"{labels}: {len(label_array)} labels for {len(arrays_src)} samples")
+            items = [Sample(s.inputs, int(lab)) for s, lab in zip(arrays_src, label_array, strict=True)]
+            src = ListSource(spec, items)
+        return src
+    if not path.exists():
+        raise UsageError(f"{spec}: data not found (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
+    raise UsageError(f"{spec}: unsupported data file type '{path.suffix}' (expected a folder, .npy or .npz)")
+
+
+class _BoundSource(DataSource):
+    """Renames unnamed (``None``) sample inputs to the model's single input name."""
+
+    def __init__(self, inner: DataSource, name: str) -> None:
+        super().__init__(inner.name, len(inner), inner.has_labels)
+        self.inner = inner
+        self.input_name = name
+        self.preprocess = getattr(inner, "preprocess", None)
+
+    def _load(self, i: int) -> Sample:
+        s = self.inner._load(int(self.inner._indices[i]))
+        return Sample({self.input_name if k is None else k: v for k, v in s.inputs.items()}, s.label)
+
+
+def _bind_names(source: DataSource, io: ModelIO | None) -> DataSource:
+    if len(source) == 0:
+        raise UsageError(f"{source.name}: the data source is empty")
+    first = next(iter(source))
+    if None not in first.inputs:
+        return source
+    if io is None:
+        return _BoundSource(source, "input")
+    if len(io.inputs) != 1:
+        raise UsageError(
+            f"{source.name}: unnamed data but the model has {len(io.inputs)} inputs "
+            f"({', '.join(io.input_names)}); use an npz with one key per input"
+        )
+    return _BoundSource(source, io.inputs[0].name)
+
+
+# --------------------------------------------------------------------------------------------
+# Batching
+
+
+def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None = None) -> Iterator[Batch]:
+    """Stack samples into batches of up to ``batch_size``. A batch is cut early where a sample's
+    shapes differ from the batch's (variable sequence lengths). When ``io`` is given, each batch
+    is checked against it and cast to the model's input dtypes; errors name the tensor."""
+    if batch_size <= 0:
+        raise UsageError(f"--batch-size must be positive, got {batch_size}")
+    pending: list[Sample] = []
+    indices: list[int] = []
+    key: tuple[tuple[str, tuple[int, ...]], ...] | None = None
+    position = 0
+
+    def flush() -> Batch:
+        inputs = {name: np.stack([s.inputs[name] for s in pending]) for name in pending[0].inputs}
+        if io is not None:
+            io.check_feed(inputs, where=f"samples {indices[0]}..{indices[-1]}")
+            inputs = {name: arr.astype(io.input(name).dtype, copy=False) for name, arr in inputs.items()}
+        labels = None
+        if all(s.label is not None for s in pending):
+            labels = np.asarray([s.label for s in pending], dtype=np.int64)
+        return Batch(inputs, labels, np.asarray(indices))
+
+    for sample in source:
+        k = tuple(sorted((name, np.shape(a)) for name, a in sample.inputs.items()))
+        if pending and (k != key or len(pending) == batch_size):
+            yield flush()
+            pending, indices = [], []
+        key = k
+        pending.append(sample)
+        indices.append(position)
+        position += 1
+    if pending:
+        yield flush()
+
+
+def collect(source: DataSource, batch_size: int = 64, io: ModelIO | None = None) -> dict[str, np.ndarray]:
+    """All samples as arrays (small data sets only: tests, evaluation of a validation split)."""
+    parts: dict[str, list[np.ndarray]] = {}
+    for batch in iter_batches(source, batch_size, io):
+        for k, v in batch.inputs.items():
+            parts.setdefault(k, []).append(v)
+    return {k: np.concatenate(v) for k, v in parts.items()}
+
+
+@dataclass
+class DataOptions:
+    """The data options every command shares (``--data --preprocess --labels --limit --seed``)."""
+
+    spec: str
+    preprocess: str | None = None
+    labels: str | None = None
+    limit: int | None = None
+    seed: int | None = 0
+    batch_size: int = 32
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def open(self, io: ModelIO | None = None) -> DataSource:
+        return open_data(self.spec, io=io, preprocess=self.preprocess, labels=self.labels, limit=self.limit, seed=self.seed)

@@ -1,0 +1,94 @@
+"""What can run on this machine: each component probed without failing if it is absent."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import importlib.metadata
+import shutil
+from typing import Any
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def _probe(name: str, fn: Any) -> dict[str, Any]:
+    try:
+        ok, detail = fn()
+    except Exception as exc:  # a broken install is reported, not raised
+        ok, detail = False, f"import failed: {type(exc).__name__}: {exc}"
+    return {"name": name, "available": bool(ok), "detail": detail}
+
+
+def _onnxruntime() -> tuple[bool, str]:
+    import onnxruntime as ort
+
+    return True, f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}"
+
+
+def _torch() -> tuple[bool, str]:
+    if importlib.util.find_spec("torch") is None:
+        return False, "not installed (pip install 'trtrepo[torch]')"
+    import torch
+
+    cuda = torch.cuda.is_available()
+    gpu = f", CUDA {torch.version.cuda}: {torch.cuda.get_device_name(0)}" if cuda else ", CUDA not available"
+    return True, f"{torch.__version__}{gpu}"
+
+
+def _cuda_available() -> bool:
+    if importlib.util.find_spec("torch") is not None:
+        import torch
+
+        return bool(torch.cuda.is_available())
+    return False
+
+
+def _tensorrt() -> tuple[bool, str]:
+    from .build import tensorrt_status
+
+    status = tensorrt_status()
+    return status.available, status.detail
+
+
+def _tritonclient() -> tuple[bool, str]:
+    v = _version("tritonclient")
+    if v is None:
+        return False, "not installed (pip install 'tritonclient[all]')"
+    import tritonclient.grpc  # noqa: F401
+    import tritonclient.http  # noqa: F401
+
+    return True, f"{v} (http, grpc)"
+
+
+def _tritonserver() -> tuple[bool, str]:
+    from .server import find_server_binary
+
+    path = find_server_binary(None)
+    return (path is not None), (str(path) if path else "not found on PATH (trtrepo serve prints the container command)")
+
+
+def diagnose() -> dict[str, Any]:
+
+    components = [
+        _probe("onnxruntime", _onnxruntime),
+        _probe("torch", _torch),
+        _probe("tensorrt", _tensorrt),
+        _probe("tritonclient", _tritonclient),
+        _probe("tritonserver", _tritonserver),
+    ]
+    have = {c["name"]: c["available"] for c in components}
+    stages = {
+        "export": {"available": have["torch"], "detail": "needs torch for PyTorch sources (ONNX files pass through)"},
+        "calibrate": {"available": have["onnxruntime"], "detail": "ONNX Runtime on the CPU"},
+        "quantize": {"available": have["onnxruntime"], "detail": "pure onnx graph rewrite, checked with ONNX Runtime"},
+        "build": {"available": have["tensorrt"], "detail": "needs TensorRT and an NVIDIA GPU"},
+        "deploy": {"available": True, "detail": "TensorRT plan when build can run, else the INT8 ONNX model for onnxruntime"},
+        "serve": {"available": have["tritonserver"], "detail": "needs a tritonserver binary (or the container)"},
+        "validate": {"available": have["tritonclient"], "detail": "needs tritonclient and a running server"},
+    }
+    return {"components": components, "stages": stages}

@@ -1,0 +1,35 @@
+"""One user-facing error type, caught once by the CLI.
+
+Library code raises :class:`TrtrepoError` (a failure, exit code 1) or :class:`UsageError`
+(bad input or options, exit code 2). The message is one line that names the file, tensor or
+option at fault; the CLI prints it without a traceback unless ``--debug`` is given.
+"""
+
+from __future__ import annotations
+
+
+class TrtrepoError(Exception):
+    """A failure the user can act on. ``exit_code`` is what the CLI exits with."""
+
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+    def __str__(self) -> str:
+        return self.message
+
+
+class UsageError(TrtrepoError):
+    """Bad input: a missing file, an unknown option value, a shape that does not fit."""
+
+    exit_code = 2
+
+
+class MissingDependencyError(UsageError):
+    """An optional dependency (torch, tensorrt, cuda-python, ...) is not installed."""
+
+    def __init__(self, package: str, purpose: str, install: str) -> None:
+        super().__init__(f"{package} is required {purpose} but is not installed; install it with: {install}")
+        self.package = package

@@ -1,0 +1,380 @@
+"""Stage 1: model sources -> ONNX.
+
+A model source is one of:
+
+* ``demo`` -- the embedded demo CNN (``demo-text`` the demo encoder);
+* ``model.onnx`` -- passed through after ``onnx.checker``;
+* a TorchScript file (``.pt``, ``.pth``, ``.ts``, ``.torchscript``) loaded with ``torch.jit.load``;
+* ``package.module:factory`` -- a callable returning an ``nn.Module``, with an optional
+  state-dict file (``--weights``);
+* a torchvision architecture name (``resnet18``) with a local weights file (``--weights``).
+
+:func:`export_onnx` exports with a dynamic batch axis (and any extra dynamic axes), checks the
+result with ``onnx.checker`` and compares ONNX Runtime's outputs with PyTorch's on a sample
+batch of another batch size before the file is renamed into place.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import MissingDependencyError, TrtrepoError, UsageError
+from .modelio import ModelIO, load_onnx
+
+log = logging.getLogger(__name__)
+
+TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
+DEFAULT_OPSET = 17
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    """A resolved model source. ``kind`` is demo, onnx, torchscript, entry_point or torchvision."""
+
+    kind: str
+    location: str
+    weights: str | None = None
+
+    @property
+    def is_torch(self) -> bool:
+        return self.kind != "onnx"
+
+    def describe(self) -> str:
+        w = f" (weights {self.weights})" if self.weights else ""
+        return f"{self.kind} {self.location}{w}"
+
+
+def _is_entry_point(spec: str) -> bool:
+    mod, sep, attr = spec.partition(":")
+    return bool(sep and attr) and all(p.isidentifier() for p in mod.split(".")) and all(
+        p.isidentifier() for p in attr.split(".")
+    )
+
+
+def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
+    """Classify a source string; errors name the file or entry point at fault."""
+    w = str(weights) if weights is not None else None
+    if w is not None and not Path(w).is_file():
+        raise UsageError(f"{w}: weights file not found")
+    if spec in ("demo", "demo-text"):
+        if w is not None:
+            raise UsageError(f"--weights cannot be combined with the built-in '{spec}' model")
+        return ModelSource(spec, spec)
+    path = Path(spec)
+    if path.suffix.lower() == ".onnx":
+        if not path.is_file():
+            raise UsageError(f"{path}: ONNX file not found")
+        if w is not None:
+            raise UsageError("--weights does not apply to an ONNX model")
+        return ModelSource("onnx", str(path))
+    if path.suffix.lower() in TORCHSCRIPT_SUFFIXES:
+        if not path.is_file():
+            raise UsageError(f"{path}: TorchScript file not found")
+        return ModelSource("torchscript", str(path), w)
+    if _is_entry_point(spec):
+        return ModelSource("entry_point", spec, w)
+    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec):
+        if w is None:
+            raise UsageError(f"torchvision architecture '{spec}' needs a local weights file (--weights FILE)")
+        return ModelSource("torchvision", spec, w)
+    if path.exists():
+        raise UsageError(f"{path}: unsupported model file type '{path.suffix}' (expected .onnx or a TorchScript file)")
+    raise UsageError(
+        f"{spec}: model not found (expected demo, an .onnx or TorchScript file, 'package.module:factory' "
+        f"or a torchvision architecture name)"
+    )
+
+
+def _import_torch() -> Any:
+    try:
+        import torch
+    except ImportError as exc:
+        raise MissingDependencyError("torch", "for PyTorch sources and the reference", "pip install 'trtrepo[torch]'") from exc
+    return torch
+
+
+def _load_state_dict(torch: Any, path: str) -> Any:
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:
+        raise UsageError(f"{path}: cannot read state dict ({type(exc).__name__}: {exc})") from exc
+    if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
+        state = state["state_dict"]
+    if not isinstance(state, Mapping):
+        raise UsageError(f"{path}: not a state dict (got {type(state).__name__})")
+    return state
+
+
+def _apply_weights(torch: Any, model: Any, weights: str | None) -> None:
+    if weights is None:
+        return
+    state = _load_state_dict(torch, weights)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()
+        detail = " ".join(line.strip() for line in first[:3])
+        raise UsageError(f"{weights}: state dict does not fit the model: {detail}") from exc
+
+
+def load_torch_model(source: ModelSource | str, weights: str | Path | None = None) -> Any:
+    """Instantiate the PyTorch model of a source, in eval mode on the CPU."""
+    if isinstance(source, str):
+        source = resolve_source(source, weights)
+    if source.kind == "onnx":
+        raise UsageError(f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as --reference")
+    torch = _import_torch()
+    if source.kind == "demo":
+        from .demo import build_model
+
+        return build_model()
+    if source.kind == "demo-text":
+        from .demo import text
+
+        return text.build_model()
+    if source.kind == "torchscript":
+        try:
+            model = torch.jit.load(source.location, map_location="cpu")
+        except Exception as exc:
+            raise UsageError(
+                f"{source.location}: not a TorchScript file ({type(exc).__name__}); for a state dict use "
+                f"'package.module:factory --weights FILE'"
+            ) from exc
+        _apply_weights(torch, model, source.weights)
+        return model.eval()
+    if source.kind == "entry_point":
+        from .data import _import_callable
+
+        factory = _import_callable(source.location)
+        try:
+            model = factory()
+        except Exception as exc:
+            raise UsageError(f"'{source.location}': the factory raised {type(exc).__name__}: {exc}") from exc
+        if not isinstance(model, torch.nn.Module):
+            raise UsageError(f"'{source.location}': the factory returned a {type(model).__name__}, not a torch.nn.Module")
+        _apply_weights(torch, model, source.weights)
+        return model.eval()
+    if source.kind == "torchvision":
+        try:
+            import torchvision
+        except Exception as exc:
+            raise MissingDependencyError("torchvision", f"for the architecture '{source.location}'", "pip install torchvision") from exc
+        if source.location not in torchvision.models.list_models():
+            raise UsageError(f"'{source.location}' is not a torchvision architecture")
+        model = torchvision.models.get_model(source.location, weights=None)
+        _apply_weights(torch, model, source.weights)
+        return model.eval()
+    raise UsageError(f"unknown model source kind '{source.kind}'")
+
+
+# --------------------------------------------------------------------------------------------
+# Sample inputs
+
+
+@dataclass(frozen=True)
+class InputShape:
+    """An export input: name, per-sample shape (no batch axis) and dtype."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str = "float32"
+
+
+def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
+    """``3x224x224`` or ``NAME:3x224x224`` -> (name or None, shape)."""
+    name, sep, dims = text.rpartition(":")
+    if not sep:
+        name, dims = "", text
+    try:
+        shape = tuple(int(d) for d in dims.lower().split("x") if d)
+    except ValueError as exc:
+        raise UsageError(f"--input-shape '{text}': expected dims like 3x224x224 or NAME:3x224x224") from exc
+    if not shape or any(d <= 0 for d in shape):
+        raise UsageError(f"--input-shape '{text}': dims must be positive integers")
+    return (name or None), shape
+
+
+def _random_batch(inputs: Sequence[InputShape], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    feed = {}
+    for spec in inputs:
+        shape = (batch, *spec.shape)
+        if np.issubdtype(np.dtype(spec.dtype), np.integer):
+            feed[spec.name] = rng.integers(0, 2, size=shape).astype(spec.dtype)
+        else:
+            feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
+    return feed
+
+
+def demo_inputs(kind: str) -> list[InputShape]:
+    if kind == "demo":
+        from . import demo
+
+        return [InputShape(demo.INPUT_NAME, (1, demo.IMAGE_SIZE, demo.IMAGE_SIZE))]
+    from .demo import text
+
+    return text.export_inputs()
+
+
+def demo_output_names(kind: str) -> list[str]:
+    if kind == "demo":
+        from . import demo
+
+        return [demo.OUTPUT_NAME]
+    from .demo import text
+
+    return text.output_names()
+
+
+# --------------------------------------------------------------------------------------------
+# Export
+
+
+@dataclass
+class ExportResult:
+    path: Path
+    io: ModelIO
+    source: ModelSource
+    max_abs_error: float | None = None
+    checked_batch: int | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+def _ort_run(path: Path | str, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    import onnxruntime as ort
+
+    opts = ort.SessionOptions()
+    opts.log_severity_level = 3
+    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+    return sess.run(None, dict(feed))  # type: ignore[no-any-return]
+
+
+def _torch_outputs(torch: Any, model: Any, feed: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
+    with torch.no_grad():
+        out = model(*[torch.from_numpy(np.ascontiguousarray(feed[n])) for n in names])
+    if isinstance(out, Mapping):
+        out = list(out.values())
+    if not isinstance(out, (list, tuple)):
+        out = [out]
+    return [o.detach().cpu().numpy() for o in out]
+
+
+def export_onnx(
+    source: ModelSource | str,
+    output: str | Path,
+    *,
+    weights: str | Path | None = None,
+    inputs: Sequence[InputShape] | None = None,
+    output_names: Sequence[str] | None = None,
+    dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+    opset: int = DEFAULT_OPSET,
+    check_batch: int = 3,
+    atol: float = 1e-4,
+    rtol: float = 1e-3,
+    force: bool = True,
+) -> ExportResult:
+    """Export ``source`` to ``output`` (ONNX) and verify it against PyTorch.
+
+    ``inputs`` gives names, per-sample shapes and dtypes (the demo models know their own).
+    Axis 0 of every input and output is dynamic (``batch``); ``dynamic_axes`` adds more, as
+    ``{tensor: {axis: name}}``. The check runs ONNX Runtime and PyTorch on a random batch of
+    ``check_batch`` samples (another size than the export's, so the dynamic axis is exercised)
+    and fails when the outputs differ beyond ``atol + rtol*|ref|``.
+    """
+    import onnx
+
+    from .fsutil import atomic_path
+
+    if isinstance(source, str):
+        source = resolve_source(source, weights)
+    output = Path(output)
+    if opset < 13:
+        raise UsageError(f"--opset {opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
+
+    if source.kind == "onnx":
+        model = load_onnx(source.location)
+        try:
+            onnx.checker.check_model(model, full_check=True)
+        except Exception as exc:
+            raise UsageError(f"{source.location}: onnx.checker rejected the model: {str(exc).splitlines()[0]}") from exc
+        io = ModelIO.from_onnx(model)
+        io = ModelIO(io.inputs, io.outputs, source=str(output))
+        if Path(source.location).resolve() != output.resolve():
+            with atomic_path(output, force=force) as tmp:
+                onnx.save(model, str(tmp))
+        return ExportResult(output, io, source, notes=["ONNX passed through after onnx.checker"])
+
+    torch = _import_torch()
+    model = load_torch_model(source)
+    if inputs is None:
+        if source.kind in ("demo", "demo-text"):
+            inputs = demo_inputs(source.kind)
+        else:
+            raise UsageError(f"{source.location}: give the input shape(s) with --input-shape (e.g. 3x224x224) or --data")
+    inputs = list(inputs)
+    names = [i.name for i in inputs]
+    if len(set(names)) != len(names):
+        raise UsageError(f"input names are not unique: {', '.join(names)}")
+    export_feed = _random_batch(inputs, 2, seed=0)
+    try:
+        ref_out = _torch_outputs(torch, model, export_feed, names)
+    except Exception as exc:
+        shapes = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in inputs)
+        raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: {exc}") from exc
+    if output_names is None and source.kind in ("demo", "demo-text"):
+        output_names = demo_output_names(source.kind)
+    if output_names is None:
+        output_names = ["output"] if len(ref_out) == 1 else [f"output{i}" for i in range(len(ref_out))]
+    output_names = list(output_names)
+    if len(output_names) != len(ref_out):
+        raise UsageError(f"--output-names lists {len(output_names)} names but the model returns {len(ref_out)} outputs")
+    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in (*names, *output_names)}
+    for tensor, extra in (dynamic_axes or {}).items():
+        if tensor not in axes:
+            raise UsageError(f"--dynamic-axis: '{tensor}' is not an input or output name")
+        axes[tensor].update({int(a): str(n) for a, n in extra.items()})
+
+    with atomic_path(output, force=force) as tmp:
+        args = tuple(torch.from_numpy(export_feed[n]) for n in names)
+        try:
+            torch.onnx.export(
+                model,
+                args,
+                str(tmp),
+                input_names=names,
+                output_names=output_names,
+                dynamic_axes=axes,
+                opset_version=opset,
+                do_constant_folding=True,
+                dynamo=False,
+            )
+        except Exception as exc:
+            raise TrtrepoError(f"{source.location}: ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
+        exported = onnx.load(str(tmp))
+        try:
+            onnx.checker.check_model(exported, full_check=True)
+        except Exception as exc:
+            raise TrtrepoError(f"{output}: onnx.checker rejected the exported model: {str(exc).splitlines()[0]}") from exc
+        io = ModelIO.from_onnx(exported)
+        io = ModelIO(io.inputs, io.outputs, source=str(output))
+        max_err = None
+        if check_batch:
+            feed = _random_batch(inputs, check_batch, seed=1)
+            expected = _torch_outputs(torch, model, feed, names)
+            got = _ort_run(tmp, feed)
+            max_err = 0.0
+            for name, e, g in zip(output_names, expected, got, strict=True):
+                if e.shape != g.shape:
+                    raise TrtrepoError(f"{output}: output '{name}' has shape {list(g.shape)} in ONNX Runtime but {list(e.shape)} in PyTorch")
+                err = float(np.max(np.abs(e.astype(np.float64) - g.astype(np.float64)))) if e.size else 0.0
+                max_err = max(max_err, err)
+                if not np.allclose(g, e, atol=atol, rtol=rtol):
+                    raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
+    return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None)

@@ -1,0 +1,49 @@
+"""Atomic file writes: outputs go to a temporary file in the target folder, then ``os.replace``."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+
+from .errors import UsageError
+
+
+@contextlib.contextmanager
+def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
+    """Yield a temporary path beside ``target``; on success it is renamed onto ``target``.
+
+    On any exception the temporary file is removed and ``target`` is left as it was. With
+    ``force=False`` an existing ``target`` is refused before anything is written.
+    """
+    target = Path(target)
+    if target.exists() and not force:
+        raise UsageError(f"{target}: already exists (use --force to overwrite)")
+    parent = target.parent
+    parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    os.close(fd)
+    tmp = Path(tmp_name)
+    try:
+        yield tmp
+        os.replace(tmp, target)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            if tmp.is_dir():
+                shutil.rmtree(tmp)
+            else:
+                tmp.unlink()
+        raise
+
+
+def atomic_write_bytes(target: str | Path, data: bytes, *, force: bool = True) -> Path:
+    with atomic_path(target, force=force) as tmp:
+        tmp.write_bytes(data)
+    return Path(target)
+
+
+def atomic_write_text(target: str | Path, text: str, *, force: bool = True) -> Path:
+    return atomic_write_bytes(target, text.encode(), force=force)
