@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import importlib.metadata
-import shutil
+import importlib.util
 from typing import Any
 
 

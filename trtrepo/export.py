@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -344,17 +345,19 @@ def export_onnx(
     with atomic_path(output, force=force) as tmp:
         args = tuple(torch.from_numpy(export_feed[n]) for n in names)
         try:
-            torch.onnx.export(
-                model,
-                args,
-                str(tmp),
-                input_names=names,
-                output_names=output_names,
-                dynamic_axes=axes,
-                opset_version=opset,
-                do_constant_folding=True,
-                dynamo=False,
-            )
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", DeprecationWarning)  # the legacy exporter is deliberate
+                torch.onnx.export(
+                    model,
+                    args,
+                    str(tmp),
+                    input_names=names,
+                    output_names=output_names,
+                    dynamic_axes=axes,
+                    opset_version=opset,
+                    do_constant_folding=True,
+                    dynamo=False,
+                )
         except Exception as exc:
             raise TrtrepoError(f"{source.location}: ONNX export failed: {type(exc).__name__}: {str(exc).splitlines()[0]}") from exc
         exported = onnx.load(str(tmp))

@@ -1,0 +1,102 @@
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import onnxruntime as ort
+
+from trtrepo.cli import COMMANDS
+from trtrepo.modelio import ModelIO
+
+
+def test_help_lists_pipeline_commands(run_cli):
+    res = run_cli("--help")
+    assert res.exit_code == 0
+    for name in ("export", "calibrate", "quantize", "build", "deploy", "serve", "validate", "doctor"):
+        assert f"  {name}" in res.output
+    assert list(COMMANDS)[:5] == ["export", "calibrate", "quantize", "evaluate", "build"]
+
+
+def test_import_and_help_do_not_load_heavy_dependencies():
+    code = (
+        "import sys; from click.testing import CliRunner; from trtrepo.cli import cli; "
+        "r = CliRunner().invoke(cli, ['--help']); assert r.exit_code == 0, r.output; "
+        "heavy = [m for m in ('torch', 'tensorrt', 'cuda', 'onnxruntime', 'tritonclient') if m in sys.modules]; "
+        "print(','.join(heavy))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == ""
+
+
+def test_export_command(tmp_path, run_cli):
+    out = tmp_path / "demo.onnx"
+    res = run_cli("export", "demo", "-o", out)
+    assert res.exit_code == 0, res.output
+    assert "max abs error" in res.output
+    assert ModelIO.from_onnx(out).has_batch_axis
+    x = np.zeros((2, 1, 32, 32), np.float32)
+    assert ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0].shape == (2, 10)
+
+
+def test_export_usage_errors_exit_2_without_traceback(tmp_path, run_cli):
+    res = run_cli("export", str(tmp_path / "missing.onnx"), "-o", tmp_path / "o.onnx")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == f"error: {tmp_path / 'missing.onnx'}: ONNX file not found"
+    assert "Traceback" not in res.output
+    res = run_cli("export", "nosuch_mod_q:make", "--input-shape", "3", "-o", tmp_path / "o.onnx")
+    assert res.exit_code == 2 and "cannot import module 'nosuch_mod_q'" in res.stderr
+    assert not (tmp_path / "o.onnx").exists()
+
+
+def test_debug_shows_the_exception(tmp_path):
+    from click.testing import CliRunner
+
+    from trtrepo.cli import cli
+    from trtrepo.errors import UsageError
+
+    res = CliRunner().invoke(cli, ["--debug", "export", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx")])
+    assert isinstance(res.exception, UsageError)
+
+
+def test_export_with_input_shape_and_names(tmp_path, run_cli, demo_onnx):
+    ts = tmp_path / "demo.ts"
+    import torch
+
+    from trtrepo.export import load_torch_model
+
+    torch.jit.trace(load_torch_model("demo"), torch.zeros(1, 1, 32, 32)).save(str(ts))
+    res = run_cli("export", ts, "--input-shape", "1x32x32", "--input-names", "pixels", "--output-names", "scores",
+                  "--opset", "18", "-o", tmp_path / "ts.onnx")
+    assert res.exit_code == 0, res.output
+    io = ModelIO.from_onnx(tmp_path / "ts.onnx")
+    assert io.input_names == ["pixels"] and io.output_names == ["scores"]
+
+
+def test_preprocess_command_round_trip(tmp_path, run_cli):
+    res = run_cli("preprocess", "-o", tmp_path / "p.yaml", "--resize", "256", "--center-crop", "224",
+                  "--mean", "0.485,0.456,0.406", "--std", "0.229,0.224,0.225")
+    assert res.exit_code == 0, res.output
+    from trtrepo.data import Preprocess
+
+    p = Preprocess.load(tmp_path / "p.yaml")
+    assert p.center_crop == (224, 224) and p.mean == (0.485, 0.456, 0.406)
+    res = run_cli("preprocess", "-o", tmp_path / "bad.json", "--mean", "1,2")
+    assert res.exit_code == 2 and "'mean'" in res.stderr and not (tmp_path / "bad.json").exists()
+
+
+def test_doctor_reports_components(run_cli):
+    res = run_cli("doctor", "--json")
+    assert res.exit_code == 0
+    report = json.loads(res.output)
+    names = {c["name"]: c for c in report["components"]}
+    assert names["onnxruntime"]["available"] and "CPUExecutionProvider" in names["onnxruntime"]["detail"]
+    assert names["torch"]["available"]
+    try:
+        import tensorrt  # noqa: F401
+        have_trt = True
+    except ImportError:
+        have_trt = False
+    assert names["tensorrt"]["available"] == have_trt
+    assert report["stages"]["build"]["available"] == have_trt
