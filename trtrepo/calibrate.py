@@ -1,0 +1,478 @@
+"""Calibration: streamed activation statistics with ONNX Runtime, then INT8 ranges.
+
+Stable API (the CLI ``trtrepo calibrate`` and the quantize/deploy stages use exactly this)::
+
+    from trtrepo.calibrate import Calibrator, Statistics, Ranges, select_tensors
+
+    cal = Calibrator("model.onnx", "demo:calib", batch_size=32, num_bins=2048, progress=True)
+    stats = cal.collect()                         # Statistics: one collection serves every method
+    ranges = stats.compute("entropy")             # Ranges: Mapping[tensor name, amax]
+    ranges = stats.compute("percentile", percentile=99.99)
+    ranges.scales()                               # {name: amax / 127}
+    ranges.save_json("ranges.json", stats)        # tensor -> amax, scale, method, histogram summary
+    Ranges.load_json("ranges.json")
+    ranges.write_cache("model.cache", trt_version="10.13.0")   # TensorRT calibration cache
+    Ranges.from_cache("model.cache")              # amax = float32(scale) * 127
+    cal.compute("mse")                            # collect() on first use, then compute
+
+``data`` is anything :func:`trtrepo.data.open_data` accepts (a spec string or a
+:class:`~trtrepo.data.DataSource`); ``preprocess``/``labels``/``limit``/``seed`` are passed on.
+
+**Which tensors** (:func:`select_tensors`): the float network inputs and the float inputs and
+outputs of Conv, ConvTranspose, Gemm, MatMul, Add, pooling and activation ops, minus
+initializers and outputs of Constant nodes. These are the tensors a TensorRT calibration cache
+needs for the layers that run in INT8.
+
+**How** (:meth:`Calibrator.collect`): the selected tensors become extra graph outputs of an
+in-memory copy of the model and ONNX Runtime (CUDA provider when available, else CPU) fetches
+only those, batch by batch. Pass 1 records the exact running ``max |x|`` of each tensor (and
+its signed min/max); pass 2 adds every batch into a fixed-range histogram of ``|x|`` with
+``num_bins`` bins on ``[0, max |x|]``. Memory is O(tensors x bins): no activation outlives its
+batch. Since the range is fixed before binning and counts are sums, the statistics do not depend
+on batch size or sample order. A NaN or Inf raises :class:`~trtrepo.errors.TrtrepoError` naming
+the tensor and the samples.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from . import histogram as H
+from .errors import TrtrepoError, UsageError
+from .modelio import ModelIO, load_onnx
+
+log = logging.getLogger(__name__)
+
+COMPUTE_OPS = frozenset({"Conv", "ConvTranspose", "Gemm", "MatMul", "Add"})
+POOL_OPS = frozenset({"MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "LpPool", "GlobalLpPool"})
+ACTIVATION_OPS = frozenset({
+    "Relu", "LeakyRelu", "PRelu", "Sigmoid", "HardSigmoid", "Tanh", "Gelu", "Elu", "Selu", "Celu", "Clip",
+    "HardSwish", "Softplus", "Softsign", "Mish", "ThresholdedRelu", "Softmax", "LogSoftmax",
+})
+CALIBRATED_OPS = COMPUTE_OPS | POOL_OPS | ACTIVATION_OPS
+# Data inputs per op (others are weights, bias, shapes or attributes-as-inputs).
+_DATA_INPUTS: dict[str, tuple[int, ...]] = {"Conv": (0,), "ConvTranspose": (0,), "Gemm": (0, 1), "MatMul": (0, 1),
+                                            "Add": (0, 1), "PRelu": (0,), "Clip": (0,)}
+_FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}  # ONNX elem types numpy can carry
+
+METHOD_ALGORITHM = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration",
+                    "percentile": "EntropyCalibration2", "mse": "EntropyCalibration2"}
+
+
+# --------------------------------------------------------------------------------------------
+# Tensor selection
+
+
+def _inferred_types(model: Any) -> dict[str, int]:
+    """ONNX elem type of every named value, from the graph and from shape inference."""
+    import onnx
+
+    types: dict[str, int] = {}
+    try:
+        inferred = onnx.shape_inference.infer_shapes(model, strict_mode=False)
+    except Exception as exc:  # inference is best effort; declared types still count
+        log.warning("ONNX shape inference failed (%s); using declared types only", exc)
+        inferred = model
+    for vi in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output):
+        if vi.type.HasField("tensor_type") and vi.type.tensor_type.elem_type:
+            types[vi.name] = vi.type.tensor_type.elem_type
+    return types
+
+
+def select_tensors(model: Any, op_types: Sequence[str] | None = None) -> list[str]:
+    """Names of the tensors to calibrate in ``model`` (an ONNX ModelProto), in graph order."""
+    graph = model.graph
+    ops = frozenset(op_types) if op_types is not None else CALIBRATED_OPS
+    constant = {init.name for init in graph.initializer}
+    constant |= {out for node in graph.node if node.op_type in ("Constant", "ConstantOfShape") for out in node.output}
+    types = _inferred_types(model)
+    chosen: dict[str, None] = {}
+
+    def add(name: str) -> None:
+        if not name or name in constant or name in chosen:
+            return
+        if types.get(name) in _FLOAT_TYPES:
+            chosen[name] = None
+        elif name not in types:
+            log.info("tensor '%s' has no known type; not calibrated", name)
+
+    for vi in graph.input:
+        add(vi.name)
+    for node in graph.node:
+        if node.op_type not in ops:
+            continue
+        for i in _DATA_INPUTS.get(node.op_type, (0,)):
+            if i < len(node.input):
+                add(node.input[i])
+        for out in node.output[:1]:
+            add(out)
+    return list(chosen)
+
+
+def tensor_names(model: Any) -> set[str]:
+    """Every named value of the graph (inputs, initializers, node outputs)."""
+    graph = model.graph
+    names = {vi.name for vi in graph.input} | {init.name for init in graph.initializer}
+    names |= {out for node in graph.node for out in node.output}
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Statistics and ranges
+
+
+@dataclass
+class TensorStatistics:
+    """What the two passes learnt about one tensor."""
+
+    name: str
+    max_abs: float
+    min: float
+    max: float
+    counts: np.ndarray  # int64, num_bins: histogram of |x| on [0, max_abs]
+
+    @property
+    def edges(self) -> np.ndarray:
+        return H.histogram_edges(self.max_abs, len(self.counts))
+
+    @property
+    def num_values(self) -> int:
+        return int(self.counts.sum())
+
+    def amax(self, method: str, **options: float) -> float:
+        return H.compute_amax(method, self.counts, self.edges, self.max_abs, **options)
+
+
+@dataclass
+class Statistics:
+    """Per-tensor max and histogram from one :meth:`Calibrator.collect`; serves every method."""
+
+    tensors: dict[str, TensorStatistics]
+    num_samples: int
+    num_bins: int
+    model: str = ""
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.tensors
+
+    def __getitem__(self, name: str) -> TensorStatistics:
+        return self.tensors[name]
+
+    def __len__(self) -> int:
+        return len(self.tensors)
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.tensors)
+
+    def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
+        """Ranges (tensor -> amax) with ``method`` in entropy, minmax, percentile, mse."""
+        if method not in H.METHODS:
+            raise UsageError(f"--method '{method}': expected one of {', '.join(H.METHODS)}")
+        if not 0.0 < percentile <= 100.0:
+            raise UsageError(f"--percentile {percentile}: expected a value in (0, 100]")
+        opts = dict(options)
+        if method == "percentile":
+            opts["percentile"] = percentile
+        amax = {name: t.amax(method, **opts) for name, t in self.tensors.items()}
+        return Ranges(amax, method=method, options=opts, num_samples=self.num_samples, num_bins=self.num_bins)
+
+    def save_npz(self, path: str | Path) -> Path:
+        """Save the statistics (to compute other methods later without the data)."""
+        from .fsutil import atomic_path
+
+        names = self.names
+        with atomic_path(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez(
+                    f,
+                    names=np.asarray(names),
+                    max_abs=np.asarray([self.tensors[n].max_abs for n in names], np.float64),
+                    min=np.asarray([self.tensors[n].min for n in names], np.float64),
+                    max=np.asarray([self.tensors[n].max for n in names], np.float64),
+                    counts=np.stack([self.tensors[n].counts for n in names]) if names else np.zeros((0, self.num_bins)),
+                    meta=np.asarray(json.dumps({"num_samples": self.num_samples, "num_bins": self.num_bins, "model": self.model})),
+                )
+        return Path(path)
+
+    @classmethod
+    def load_npz(cls, path: str | Path) -> Statistics:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"{p}: statistics file not found")
+        with np.load(p, allow_pickle=False) as f:
+            meta = json.loads(str(f["meta"]))
+            tensors = {
+                str(n): TensorStatistics(str(n), float(a), float(lo), float(hi), c.astype(np.int64))
+                for n, a, lo, hi, c in zip(f["names"], f["max_abs"], f["min"], f["max"], f["counts"], strict=True)
+            }
+        return cls(tensors, int(meta["num_samples"]), int(meta["num_bins"]), meta.get("model", ""))
+
+
+class Ranges(Mapping[str, float]):
+    """Tensor name -> amax (the symmetric range ``[-amax, amax]``), plus how it was computed."""
+
+    def __init__(self, amax: Mapping[str, float], *, method: str = "", options: Mapping[str, Any] | None = None,
+                 num_samples: int | None = None, num_bins: int | None = None) -> None:
+        self._amax = {str(k): float(v) for k, v in amax.items()}
+        for name, value in self._amax.items():
+            if not math.isfinite(value) or value < 0:
+                raise TrtrepoError(f"tensor '{name}': invalid range amax={value!r}")
+        self.method = method
+        self.options = dict(options or {})
+        self.num_samples = num_samples
+        self.num_bins = num_bins
+
+    def __getitem__(self, name: str) -> float:
+        return self._amax[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._amax)
+
+    def __len__(self) -> int:
+        return len(self._amax)
+
+    def __repr__(self) -> str:
+        return f"Ranges(method={self.method!r}, {len(self)} tensors)"
+
+    def scales(self) -> dict[str, float]:
+        """``{name: amax / 127}`` as float32 values (what TensorRT stores), floored above 0."""
+        from .cache import scale_of
+
+        return {name: scale_of(a) for name, a in self._amax.items()}
+
+    # --- files -----------------------------------------------------------------------------
+    def to_dict(self, statistics: Statistics | None = None) -> dict[str, Any]:
+        scales = self.scales()
+        tensors: dict[str, Any] = {}
+        for name, amax in self._amax.items():
+            entry: dict[str, Any] = {"amax": amax, "scale": scales[name]}
+            if statistics is not None and name in statistics:
+                t = statistics[name]
+                entry["min"] = t.min
+                entry["max"] = t.max
+                entry["histogram"] = H.summarize(t.counts, t.edges, amax)
+            tensors[name] = entry
+        return {"format": "trtrepo-ranges-1", "method": self.method, "options": self.options,
+                "num_samples": self.num_samples, "num_bins": self.num_bins, "tensors": tensors}
+
+    def save_json(self, path: str | Path, statistics: Statistics | None = None) -> Path:
+        from .fsutil import atomic_write_text
+
+        return atomic_write_text(path, json.dumps(self.to_dict(statistics), indent=2) + "\n")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], source: str = "ranges") -> Ranges:
+        tensors = data.get("tensors") if isinstance(data, Mapping) else None
+        if not isinstance(tensors, Mapping):
+            raise UsageError(f"{source}: not a trtrepo ranges file (no 'tensors' mapping)")
+        try:
+            amax = {name: float(entry["amax"]) for name, entry in tensors.items()}
+        except (KeyError, TypeError, ValueError) as exc:
+            raise UsageError(f"{source}: every tensor needs a numeric 'amax' ({exc})") from exc
+        return cls(amax, method=str(data.get("method", "")), options=data.get("options") or {},
+                   num_samples=data.get("num_samples"), num_bins=data.get("num_bins"))
+
+    @classmethod
+    def load_json(cls, path: str | Path) -> Ranges:
+        p = Path(path)
+        if not p.is_file():
+            raise UsageError(f"{p}: ranges file not found")
+        try:
+            data = json.loads(p.read_text())
+        except json.JSONDecodeError as exc:
+            raise UsageError(f"{p}: not valid JSON ({exc})") from exc
+        return cls.from_dict(data, source=str(p))
+
+    def write_cache(self, path: str | Path, trt_version: str | int = "10.13.0", algorithm: str | None = None) -> Path:
+        from .cache import write_cache
+
+        return write_cache(path, self, trt_version, algorithm or METHOD_ALGORITHM.get(self.method, "EntropyCalibration2"))
+
+    def write_dynamic_range(self, path: str | Path) -> Path:
+        from .cache import write_dynamic_range
+
+        return write_dynamic_range(path, self)
+
+    @classmethod
+    def from_cache(cls, path: str | Path) -> Ranges:
+        from .cache import read_cache
+
+        header, scales = read_cache(path)
+        amax = {n: float(np.float32(s)) * 127.0 for n, s in scales.items()}
+        return cls(amax, method="cache", options={"header": header.text})
+
+
+# --------------------------------------------------------------------------------------------
+# Collection
+
+
+def _providers(requested: Sequence[str] | None) -> list[str]:
+    import onnxruntime as ort
+
+    available = ort.get_available_providers()
+    if requested:
+        missing = [p for p in requested if p not in available]
+        if missing:
+            raise UsageError(f"ONNX Runtime provider(s) not available: {', '.join(missing)} (available: {', '.join(available)})")
+        return list(requested)
+    return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+
+
+class Calibrator:
+    """Collects activation statistics of an FP32 ONNX model over calibration data.
+
+    ``model`` is a path to an ONNX file; ``data`` a data spec or :class:`~trtrepo.data.DataSource`
+    (optional when only :meth:`tensor_names`/cache checks are needed). ``tensors`` overrides
+    :func:`select_tensors`; ``providers`` overrides the ONNX Runtime providers.
+    """
+
+    def __init__(self, model: str | Path, data: Any = None, *, batch_size: int = 32, num_bins: int = H.DEFAULT_NUM_BINS,
+                 progress: bool = True, preprocess: Any = None, labels: Any = None, limit: int | None = None,
+                 seed: int | None = 0, tensors: Sequence[str] | None = None, op_types: Sequence[str] | None = None,
+                 providers: Sequence[str] | None = None) -> None:
+        if batch_size < 1:
+            raise UsageError(f"--batch-size must be positive, got {batch_size}")
+        if num_bins < 1:
+            raise UsageError(f"--num-bins must be positive, got {num_bins}")
+        self.model_path = Path(model)
+        self.model = load_onnx(self.model_path)
+        self.io = ModelIO.from_onnx(self.model)
+        self.batch_size = batch_size
+        self.num_bins = num_bins
+        self.progress = progress
+        self._providers = providers
+        self.tensors = list(tensors) if tensors is not None else select_tensors(self.model, op_types)
+        if not self.tensors:
+            raise UsageError(f"{self.model_path}: no float tensors to calibrate")
+        known = tensor_names(self.model)
+        unknown = [t for t in self.tensors if t not in known]
+        if unknown:
+            raise UsageError(f"{self.model_path}: no tensor named {', '.join(unknown[:5])}")
+        self._data_args = dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+        self._data_spec = data
+        self._source: Any = None
+        self._session: Any = None
+        self.statistics: Statistics | None = None
+
+    # --- data and session ---------------------------------------------------------------------
+    @property
+    def source(self) -> Any:
+        if self._source is None:
+            if self._data_spec is None:
+                raise UsageError("calibration needs data (--data)")
+            from .data import open_data
+
+            self._source = open_data(self._data_spec, io=self.io, **self._data_args)
+        return self._source
+
+    def _build_session(self) -> Any:
+        import onnx
+        import onnxruntime as ort
+
+        model = onnx.ModelProto()
+        model.CopyFrom(self.model)
+        outputs = {o.name for o in model.graph.output}
+        types = _inferred_types(model)
+        for name in self.tensors:
+            if name not in outputs:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, 1), None))
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        providers = _providers(self._providers)
+        try:
+            if model.ByteSize() < 2**31 - 2**20:
+                return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
+            import tempfile
+
+            with tempfile.TemporaryDirectory(prefix="trtrepo-calib-") as tmp:
+                path = Path(tmp) / "augmented.onnx"
+                onnx.save(model, str(path), save_as_external_data=True, location="augmented.data")
+                return ort.InferenceSession(str(path), options, providers=providers)
+        except Exception as exc:
+            raise TrtrepoError(f"{self.model_path}: ONNX Runtime cannot load the model ({type(exc).__name__}: "
+                               f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from exc
+
+    @property
+    def session(self) -> Any:
+        if self._session is None:
+            self._session = self._build_session()
+        return self._session
+
+    def _run(self, desc: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """Yield ``(tensor name, values, batch sample indices)`` for every selected tensor of every batch."""
+        from tqdm import tqdm
+
+        from .data import iter_batches
+
+        source = self.source
+        session = self.session
+        with tqdm(total=len(source), desc=desc, unit="sample", disable=None if self.progress else True,
+                  leave=False) as bar:
+            for batch in iter_batches(source, self.batch_size, self.io):
+                try:
+                    values = session.run(self.tensors, batch.inputs)
+                except Exception as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
+                                       f"{batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
+                for name, value in zip(self.tensors, values, strict=True):
+                    yield name, value, batch.indices
+                bar.update(batch.size)
+
+    # --- the two passes -----------------------------------------------------------------------
+    def collect(self) -> Statistics:
+        """Pass 1: exact max |x| (and signed min/max) per tensor; pass 2: fixed-range histograms."""
+        max_abs = dict.fromkeys(self.tensors, 0.0)
+        lo = dict.fromkeys(self.tensors, math.inf)
+        hi = dict.fromkeys(self.tensors, -math.inf)
+        seen: set[str] = set()
+        for name, value, indices in self._run("calibrate 1/2 (max)"):
+            if value.size == 0:
+                continue
+            vmin, vmax = float(value.min()), float(value.max())
+            if not (math.isfinite(vmin) and math.isfinite(vmax)):
+                kind = "NaN" if np.isnan(value).any() else "Inf"
+                raise TrtrepoError(f"tensor '{name}' has {kind} values on samples {indices[0]}..{indices[-1]}; "
+                                   "check the model and the data (preprocessing)")
+            seen.add(name)
+            lo[name], hi[name] = min(lo[name], vmin), max(hi[name], vmax)
+            max_abs[name] = max(max_abs[name], abs(vmin), abs(vmax))
+        counts = {name: np.zeros(self.num_bins, dtype=np.int64) for name in self.tensors}
+        for name, value, _ in self._run("calibrate 2/2 (histograms)"):
+            H.accumulate(counts[name], value, max_abs[name])
+        empty = [n for n in self.tensors if n not in seen]
+        if empty:
+            log.warning("%d tensor(s) were always empty: %s", len(empty), ", ".join(empty[:5]))
+        tensors = {
+            n: TensorStatistics(n, max_abs[n], lo[n] if n in seen else 0.0, hi[n] if n in seen else 0.0, counts[n])
+            for n in self.tensors
+        }
+        self.statistics = Statistics(tensors, len(self.source), self.num_bins, str(self.model_path))
+        return self.statistics
+
+    def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
+        """Ranges with ``method``; runs :meth:`collect` on first use."""
+        stats = self.statistics if self.statistics is not None else self.collect()
+        return stats.compute(method, percentile=percentile, **options)
+
+    # --- caches -------------------------------------------------------------------------------
+    def check_ranges(self, names: Sequence[str], source: str = "calibration cache") -> None:
+        """Refuse ranges/caches whose tensors do not match this model (see :func:`trtrepo.cache.check_names`)."""
+        from .cache import check_names
+
+        check_names(names, self.tensors, tensor_names(self.model), source=source)
+
+    def load_cache(self, path: str | Path) -> Ranges:
+        """Read a TensorRT cache and check it against the model's tensors."""
+        ranges = Ranges.from_cache(path)
+        self.check_ranges(list(ranges), source=str(path))
+        return ranges

@@ -1,0 +1,243 @@
+"""Histograms of |x| and the four INT8 range calibrators, as pure numpy functions (no I/O).
+
+Everything here works on a *fixed-range* histogram of absolute values: ``counts`` (integer
+counts, ``num_bins`` long) over ``edges = histogram_edges(max_abs, num_bins)``, i.e. equal bins
+on ``[0, max_abs]`` where ``max_abs`` is the exact maximum of ``|x|`` over all the data (found in
+a first pass). Because the range is fixed before any value is binned, the histogram is a plain
+sum over samples: it does not depend on batch size or the order of the data (unlike TensorRT's
+own calibrator, whose range doubles as larger values arrive, and pytorch-quantization's, whose
+bin width is set by the first batch).
+
+Stable API (used by :mod:`trtrepo.calibrate` and later stages)::
+
+    histogram_edges(max_abs, num_bins) -> edges            # float64, num_bins + 1
+    accumulate(counts, x, max_abs) -> counts               # adds |x| into counts in place
+    amax_minmax(max_abs) -> float
+    amax_entropy(counts, edges, *, num_levels=128, start_bin=128, stride=1) -> float
+    amax_percentile(counts, edges, percentile=99.99) -> float
+    amax_mse(counts, edges, *, start_bin=128, num_bits=8) -> float
+    compute_amax(method, counts, edges, max_abs, **options) -> float
+    METHODS = ("entropy", "minmax", "percentile", "mse")
+
+Conventions:
+
+* ``entropy`` is TensorRT's EntropyCalibrator2 as published in pytorch-quantization / ModelOpt
+  (``_compute_amax_entropy``): ``bins[0] = bins[1]`` to drop the zero spike, candidates
+  ``i = start_bin .. num_bins``, reference P = ``bins[:i]`` with the tail folded into its last
+  bin, Q = ``bins[:i]`` merged into ``num_levels`` chunks (chunk of bin ``j`` is
+  ``floor(num_levels * j / i)``, exactly what ``np.digitize`` over ``linspace(0, i, levels+1)``
+  gives) and spread back over the chunk's *non-zero* bins only, KL(P||Q) without smoothing,
+  the **last** minimum wins and ``amax = edges[i]``.
+* ``percentile`` returns the *upper* edge of the bin where the cumulative count first reaches
+  the percentile (the reference returns that bin's lower edge, one bin lower), so
+  ``percentile=100`` gives the exact maximum.
+* ``mse`` minimises the expected squared error of symmetric narrow-range quantization
+  (``round(x / s)`` clipped to ``[-(2^(b-1)-1), 2^(b-1)-1]``, ``s = amax / 127`` for 8 bits),
+  with every bin represented by its center, over candidates ``amax = edges[i]``,
+  ``i >= start_bin``; the first minimum wins.
+* A tensor whose values are all zero has ``max_abs == 0`` and every method returns 0.0; a
+  constant tensor returns its constant. Nothing here raises on degenerate data.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+METHODS = ("entropy", "minmax", "percentile", "mse")
+DEFAULT_NUM_BINS = 2048
+DEFAULT_PERCENTILE = 99.99
+
+# Candidate rows evaluated at once by the vectorised searches (rows x num_bins float64 arrays).
+_BLOCK = 128
+
+
+def histogram_edges(max_abs: float, num_bins: int = DEFAULT_NUM_BINS) -> np.ndarray:
+    """Bin edges of the fixed-range histogram: ``num_bins`` equal bins on ``[0, max_abs]``."""
+    if num_bins < 1:
+        raise ValueError(f"num_bins must be positive, got {num_bins}")
+    return np.linspace(0.0, float(max_abs), num_bins + 1)
+
+
+def bin_index(abs_x: np.ndarray, max_abs: float, num_bins: int) -> np.ndarray:
+    """Bin of each value of ``abs_x`` (already absolute, ``<= max_abs``) as int64.
+
+    Bin ``k`` holds ``[k w, (k+1) w)`` with ``w = max_abs / num_bins``; ``max_abs`` itself goes
+    to the last bin. Computed in float64, element by element, so a value always lands in the
+    same bin whatever batch it arrives in.
+    """
+    if max_abs <= 0:
+        return np.zeros(abs_x.shape, dtype=np.int64)
+    idx = (abs_x.astype(np.float64, copy=False) * (num_bins / float(max_abs))).astype(np.int64)
+    np.minimum(idx, num_bins - 1, out=idx)
+    return idx
+
+
+def accumulate(counts: np.ndarray, x: np.ndarray, max_abs: float) -> np.ndarray:
+    """Add the histogram of ``|x|`` over ``[0, max_abs]`` to ``counts`` (int64, in place).
+
+    Values above ``max_abs`` (which a correct first pass never produces) are counted in the
+    last bin. Non-finite values must be rejected by the caller beforehand.
+    """
+    num_bins = len(counts)
+    flat = np.abs(np.asarray(x).reshape(-1))
+    if flat.size == 0:
+        return counts
+    counts += np.bincount(bin_index(flat, max_abs, num_bins), minlength=num_bins)
+    return counts
+
+
+def _as_counts(counts: np.ndarray, edges: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    c = np.asarray(counts, dtype=np.float64).reshape(-1)
+    e = np.asarray(edges, dtype=np.float64).reshape(-1)
+    if len(e) != len(c) + 1:
+        raise ValueError(f"edges must have len(counts) + 1 = {len(c) + 1} values, got {len(e)}")
+    if np.any(c < 0):
+        raise ValueError("histogram counts must be non-negative")
+    return c, e
+
+
+def amax_minmax(max_abs: float) -> float:
+    """TensorRT MinMax semantics: the maximum of ``|x|`` over all calibration data."""
+    return float(max_abs)
+
+
+def amax_percentile(counts: np.ndarray, edges: np.ndarray, percentile: float = DEFAULT_PERCENTILE) -> float:
+    """Upper edge of the bin in which the cumulative count reaches ``percentile`` % of all values."""
+    if not 0.0 <= percentile <= 100.0:
+        raise ValueError(f"percentile must be in [0, 100], got {percentile}")
+    c, e = _as_counts(counts, edges)
+    total = c.sum()
+    if total <= 0 or e[-1] <= 0:
+        return float(e[-1]) if total > 0 else 0.0
+    cum = np.cumsum(c)  # exact: integer counts below 2**53
+    idx = int(np.searchsorted(cum, total * (percentile / 100.0), side="left"))
+    idx = min(idx, len(c) - 1)
+    return float(e[idx + 1])
+
+
+def amax_entropy(
+    counts: np.ndarray,
+    edges: np.ndarray,
+    *,
+    num_levels: int = 128,
+    start_bin: int = 128,
+    stride: int = 1,
+) -> float:
+    """TensorRT EntropyCalibrator2 threshold (the pytorch-quantization algorithm, vectorised).
+
+    Returns ``edges[i]`` for the candidate ``i`` with the smallest KL divergence (the last one
+    on ties). With fewer than ``start_bin`` bins the only candidate is the full range.
+    """
+    c, e = _as_counts(counts, edges)
+    n = len(c)
+    if e[-1] <= 0:
+        return 0.0
+    bins = c.copy()
+    if n > 1:
+        bins[0] = bins[1]
+    total = bins.sum()
+    start = min(start_bin, n)
+    candidates = np.arange(start, n + 1, stride)
+    if total <= 0 or len(candidates) == 0:
+        return float(e[-1])
+
+    nonzero = bins > 0
+    cum = np.concatenate(([0.0], np.cumsum(bins)))  # cum[k] = sum(bins[:k])
+    cum_nz = np.concatenate(([0], np.cumsum(nonzero)))
+    j = np.arange(n)
+    levels = np.arange(num_levels + 1)
+    divergences = np.empty(len(candidates))
+    for lo in range(0, len(candidates), _BLOCK):
+        ii = candidates[lo : lo + _BLOCK]  # (B,)
+        # Chunk boundaries: chunk k of bins[:i] covers j with floor(levels*j/i) == k, i.e.
+        # j in [ceil(k*i/levels), ceil((k+1)*i/levels)).
+        bounds = -((-levels[None, :] * ii[:, None]) // num_levels)  # (B, L+1), ceil division
+        chunk_sum = cum[bounds[:, 1:]] - cum[bounds[:, :-1]]  # (B, L)
+        chunk_nz = cum_nz[bounds[:, 1:]] - cum_nz[bounds[:, :-1]]
+        avg = np.divide(chunk_sum, chunk_nz, out=np.zeros_like(chunk_sum), where=chunk_nz > 0)
+        width = int(ii[-1])  # columns beyond the largest candidate of the block are all outside
+        jj = j[:width]
+        inside = jj[None, :] < ii[:, None]  # (B, width)
+        chunk_of = np.where(inside, (num_levels * jj[None, :]) // ii[:, None], 0)
+        q = np.where(inside & nonzero[None, :width], np.take_along_axis(avg, chunk_of, axis=1), 0.0)
+        p = np.where(inside, bins[None, :width], 0.0)
+        rows = np.arange(len(ii))
+        p[rows, ii - 1] += total - cum[ii]  # outliers folded into the last kept bin
+        q_sum = q.sum(axis=1, keepdims=True)
+        pn = p / total
+        qn = np.divide(q, q_sum, out=np.zeros_like(q), where=q_sum > 0)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            terms = np.where(pn > 0, np.where(qn > 0, pn * np.log(pn / qn), np.inf), 0.0)
+        divergences[lo : lo + len(ii)] = terms.sum(axis=1)
+    best = len(divergences) - 1 - int(np.argmin(divergences[::-1]))
+    return float(e[candidates[best]])
+
+
+def quantization_mse(
+    counts: np.ndarray, edges: np.ndarray, amax: np.ndarray | float, *, num_bits: int = 8
+) -> np.ndarray:
+    """Expected squared error of symmetric narrow-range quantization with the given ``amax``
+    (scalar or 1-d array of candidates), each bin represented by its center."""
+    c, e = _as_counts(counts, edges)
+    amaxes = np.atleast_1d(np.asarray(amax, dtype=np.float64))
+    centers = (e[1:] + e[:-1]) / 2
+    qmax = float(2 ** (num_bits - 1) - 1)
+    total = c.sum()
+    out = np.empty(len(amaxes))
+    for lo in range(0, len(amaxes), _BLOCK):
+        a = amaxes[lo : lo + _BLOCK, None]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            scale = np.where(a > 0, a / qmax, 1.0)
+            q = np.clip(np.round(centers[None, :] / scale), -qmax, qmax) * scale
+        q = np.where(a > 0, q, 0.0)
+        out[lo : lo + len(a)] = ((q - centers[None, :]) ** 2 * c[None, :]).sum(axis=1) / max(total, 1.0)
+    return out
+
+
+def amax_mse(counts: np.ndarray, edges: np.ndarray, *, start_bin: int = 128, num_bits: int = 8) -> float:
+    """The candidate ``amax = edges[i]`` (``i >= start_bin``) with the smallest expected squared
+    quantization error over the histogram (first minimum on ties)."""
+    c, e = _as_counts(counts, edges)
+    n = len(c)
+    if e[-1] <= 0 or c.sum() <= 0:
+        return float(max(e[-1], 0.0)) if c.sum() > 0 else 0.0
+    candidates = e[min(start_bin, n) :]
+    errors = quantization_mse(c, e, candidates, num_bits=num_bits)
+    return float(candidates[int(np.argmin(errors))])
+
+
+def compute_amax(method: str, counts: np.ndarray, edges: np.ndarray, max_abs: float, **options: float) -> float:
+    """Dispatch to one calibrator. ``options``: ``percentile`` (percentile), ``start_bin``,
+    ``num_levels``, ``stride`` (entropy), ``start_bin``, ``num_bits`` (mse)."""
+    if method == "minmax":
+        return amax_minmax(max_abs)
+    if method == "entropy":
+        keys = ("num_levels", "start_bin", "stride")
+        return amax_entropy(counts, edges, **{k: int(v) for k, v in options.items() if k in keys})
+    if method == "percentile":
+        return amax_percentile(counts, edges, float(options.get("percentile", DEFAULT_PERCENTILE)))
+    if method == "mse":
+        keys = ("start_bin", "num_bits")
+        return amax_mse(counts, edges, **{k: int(v) for k, v in options.items() if k in keys})
+    raise ValueError(f"unknown calibration method '{method}' (expected one of {', '.join(METHODS)})")
+
+
+def summarize(counts: np.ndarray, edges: np.ndarray, amax: float | None = None) -> dict[str, float | int]:
+    """A small JSON-able summary of a histogram: totals, zero fraction, a few percentiles and,
+    when ``amax`` is given, the fraction of values above it (clipped by quantization)."""
+    c, e = _as_counts(counts, edges)
+    total = float(c.sum())
+    out: dict[str, float | int] = {
+        "num_values": int(total),
+        "num_bins": len(c),
+        "max_abs": float(e[-1]),
+        "bin_width": float(e[1] - e[0]) if len(e) > 1 else 0.0,
+        "first_bin_fraction": float(c[0] / total) if total else 0.0,
+    }
+    for p in (99.0, 99.9, 99.99):
+        out[f"p{p:g}"] = amax_percentile(c, e, p)
+    if amax is not None and total:
+        cum = np.cumsum(c)
+        k = int(np.searchsorted(e, amax, side="left"))  # bins fully at or above amax start here
+        out["clipped_fraction"] = float((total - (cum[k - 1] if k > 0 else 0.0)) / total) if k < len(c) else 0.0
+    return out
