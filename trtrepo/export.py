@@ -336,6 +336,10 @@ def export_onnx(
     output_names = list(output_names)
     if len(output_names) != len(ref_out):
         raise UsageError(f"--output-names lists {len(output_names)} names but the model returns {len(ref_out)} outputs")
+    if source.kind == "demo-text":
+        from .demo import text
+
+        dynamic_axes = {**text.dynamic_axes(), **(dynamic_axes or {})}
     axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in (*names, *output_names)}
     for tensor, extra in (dynamic_axes or {}).items():
         if tensor not in axes:
