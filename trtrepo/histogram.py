@@ -58,16 +58,26 @@ def histogram_edges(max_abs: float, num_bins: int = DEFAULT_NUM_BINS) -> np.ndar
     return np.linspace(0.0, float(max_abs), num_bins + 1)
 
 
-def bin_index(abs_x: np.ndarray, max_abs: float, num_bins: int) -> np.ndarray:
-    """Bin of each value of ``abs_x`` (already absolute, ``<= max_abs``) as int64.
+def _scaled_abs(x: np.ndarray, max_abs: float, num_bins: int) -> np.ndarray:
+    """``|x| * (num_bins / max_abs)`` in a fresh array (float32 for float16/float32 input)."""
+    x = np.asarray(x)
+    dtype = np.float64 if x.dtype == np.float64 else np.float32
+    a = np.abs(x.reshape(-1), dtype=dtype)
+    np.multiply(a, dtype(num_bins / float(max_abs)), out=a)
+    return a
 
-    Bin ``k`` holds ``[k w, (k+1) w)`` with ``w = max_abs / num_bins``; ``max_abs`` itself goes
-    to the last bin. Computed in float64, element by element, so a value always lands in the
-    same bin whatever batch it arrives in.
+
+def bin_index(abs_x: np.ndarray, max_abs: float, num_bins: int) -> np.ndarray:
+    """Bin of each value of ``|abs_x|`` (flattened, ``<= max_abs``) as an int array.
+
+    Bin ``k`` holds ``[k w, (k+1) w)`` with ``w = max_abs / num_bins``, up to the rounding of
+    one float32 (float64 for float64 tensors) multiplication; ``max_abs`` itself goes to the
+    last bin. The bin of a value depends only on the value and ``max_abs``, never on the batch
+    it arrives in.
     """
     if max_abs <= 0:
-        return np.zeros(abs_x.shape, dtype=np.int64)
-    idx = (abs_x.astype(np.float64, copy=False) * (num_bins / float(max_abs))).astype(np.int64)
+        return np.zeros(np.size(abs_x), dtype=np.intp)
+    idx = _scaled_abs(abs_x, max_abs, num_bins).astype(np.intp)
     np.minimum(idx, num_bins - 1, out=idx)
     return idx
 
@@ -79,10 +89,9 @@ def accumulate(counts: np.ndarray, x: np.ndarray, max_abs: float) -> np.ndarray:
     last bin. Non-finite values must be rejected by the caller beforehand.
     """
     num_bins = len(counts)
-    flat = np.abs(np.asarray(x).reshape(-1))
-    if flat.size == 0:
+    if np.size(x) == 0:
         return counts
-    counts += np.bincount(bin_index(flat, max_abs, num_bins), minlength=num_bins)
+    counts += np.bincount(bin_index(x, max_abs, num_bins), minlength=num_bins)
     return counts
 
 
