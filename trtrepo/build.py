@@ -1,9 +1,58 @@
-"""Stage 3: TensorRT engine build (adapter). TensorRT is imported lazily, only here."""
+"""Stage 3: TensorRT engine build (adapter). TensorRT and cuda-python are imported lazily, only here.
+
+Two INT8 routes:
+
+* **strongly typed Q/DQ** (TensorRT 10 and 11): the Q/DQ model from ``trtrepo quantize`` is parsed into a
+  strongly typed network (TensorRT 10: the ``STRONGLY_TYPED`` creation flag; TensorRT 11: strong typing is
+  always on and ``create_network(0)`` is used, ``EXPLICIT_BATCH`` no longer exists). Precision comes from
+  the Q/DQ nodes; no precision flags are set.
+* **implicit INT8 with a calibrator** (TensorRT 8.6-10.x only, deprecated since 10.1): the FP32 model,
+  ``BuilderFlag.INT8`` and an ``IInt8EntropyCalibrator2`` / ``IInt8MinMaxCalibrator`` fed from trtrepo's
+  data sources through device buffers (cuda-python), or from a calibration cache written by
+  ``trtrepo calibrate`` (then no data is needed). TensorRT 11 removed this route.
+
+Everything that touches the ``tensorrt`` module is in the *route functions* below, which take the module
+as their first argument: the API conformance tests run them against the real 10.13 and 11.4 bindings
+(through a checking proxy) and the unit tests against a fake. Everything else (options, profile shapes,
+metadata, the trtexec command line, plan compatibility) is plain Python and tested directly.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import importlib.util
-from dataclasses import dataclass
+import json
+import logging
+import re
+import shlex
+import time
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import numpy as np
+
+from .errors import MissingDependencyError, TrtrepoError, UsageError
+from .fsutil import atomic_path, atomic_write_bytes
+from .modelio import ModelIO, TensorSpec
+
+log = logging.getLogger(__name__)
+
+INSTALL_HINT = "pip install 'trtrepo[tensorrt]' (tensorrt, cuda-python) on a machine with an NVIDIA GPU"
+TENSORRT_INSTALL = "pip install tensorrt  (or 'trtrepo[tensorrt]'; needs an NVIDIA driver and a GPU)"
+CUDA_INSTALL = "pip install cuda-python  (the major version matching your CUDA driver, e.g. cuda-python==12.*)"
+
+ROUTE_QDQ = "strongly-typed-qdq"
+ROUTE_IMPLICIT = "implicit-int8-calibrator"
+CALIBRATORS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}
+
+PLAN_METADATA_FORMAT = "trtrepo.plan-metadata/1"
+
+
+# --------------------------------------------------------------------------------------------
+# What is installed
 
 
 @dataclass(frozen=True)
@@ -11,9 +60,6 @@ class TensorRTStatus:
     available: bool
     version: str | None
     detail: str
-
-
-INSTALL_HINT = "pip install 'trtrepo[tensorrt]' (tensorrt, cuda-python) on a machine with an NVIDIA GPU"
 
 
 def tensorrt_status() -> TensorRTStatus:
@@ -26,3 +72,1079 @@ def tensorrt_status() -> TensorRTStatus:
         return TensorRTStatus(False, None, f"installed but fails to import: {type(exc).__name__}: {exc}")
     version = getattr(trt, "__version__", "unknown")
     return TensorRTStatus(True, version, f"{version}")
+
+
+@dataclass(frozen=True)
+class GPUInfo:
+    """The GPU a plan was built on (or the one present now)."""
+
+    name: str
+    compute_capability: str
+    driver_version: str | None = None
+    cuda_runtime_version: str | None = None
+    index: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "compute_capability": self.compute_capability,
+            "driver_version": self.driver_version,
+            "cuda_runtime_version": self.cuda_runtime_version,
+            "index": self.index,
+        }
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> GPUInfo:
+        return cls(
+            name=str(data["name"]),
+            compute_capability=str(data["compute_capability"]),
+            driver_version=data.get("driver_version"),
+            cuda_runtime_version=data.get("cuda_runtime_version"),
+            index=int(data.get("index", 0)),
+        )
+
+
+@dataclass(frozen=True)
+class GPUStatus:
+    available: bool
+    gpu: GPUInfo | None
+    detail: str
+
+
+def _cuda_version(v: int) -> str:
+    return f"{v // 1000}.{(v % 1000) // 10}"
+
+
+def _import_cudart() -> Any:
+    """cuda-python's runtime module: ``cuda.bindings.runtime`` (12.6+/13) or the older ``cuda.cudart``."""
+    try:
+        from cuda.bindings import runtime as cudart
+    except ImportError:
+        try:
+            from cuda import cudart  # type: ignore[no-redef]
+        except ImportError as exc:
+            raise MissingDependencyError("cuda-python", "to use the GPU (device buffers, GPU properties)", CUDA_INSTALL) from exc
+    return cudart
+
+
+class CudaRuntime:
+    """The few CUDA runtime calls trtrepo needs, over cuda-python's ``cudart`` (every call returns
+    ``(err, *values)``). Errors become :class:`TrtrepoError` naming the call."""
+
+    def __init__(self, cudart: Any) -> None:
+        self.rt = cudart
+        self.allocated: set[int] = set()
+
+    @classmethod
+    def load(cls) -> CudaRuntime:
+        return cls(_import_cudart())
+
+    def _check(self, result: Any, what: str) -> Any:
+        if isinstance(result, tuple):
+            err, rest = result[0], result[1:]
+        else:
+            err, rest = result, ()
+        if err != self.rt.cudaError_t.cudaSuccess:
+            raise TrtrepoError(f"CUDA {what} failed: {getattr(err, 'name', err)}")
+        if not rest:
+            return None
+        return rest[0] if len(rest) == 1 else rest
+
+    def device_count(self) -> int:
+        return int(self._check(self.rt.cudaGetDeviceCount(), "cudaGetDeviceCount"))
+
+    def device_info(self, index: int = 0) -> GPUInfo:
+        prop = self._check(self.rt.cudaGetDeviceProperties(index), "cudaGetDeviceProperties")
+        name = prop.name
+        if isinstance(name, (bytes, bytearray)):
+            name = bytes(name).split(b"\0", 1)[0].decode(errors="replace")
+        driver = self._check(self.rt.cudaDriverGetVersion(), "cudaDriverGetVersion")
+        runtime = self._check(self.rt.cudaRuntimeGetVersion(), "cudaRuntimeGetVersion")
+        return GPUInfo(
+            name=str(name).strip(),
+            compute_capability=f"{int(prop.major)}.{int(prop.minor)}",
+            driver_version=_cuda_version(int(driver)),
+            cuda_runtime_version=_cuda_version(int(runtime)),
+            index=index,
+        )
+
+    def malloc(self, nbytes: int) -> int:
+        ptr = int(self._check(self.rt.cudaMalloc(int(nbytes)), f"cudaMalloc({nbytes})"))
+        self.allocated.add(ptr)
+        return ptr
+
+    def free(self, ptr: int) -> None:
+        self.allocated.discard(int(ptr))
+        self._check(self.rt.cudaFree(int(ptr)), "cudaFree")
+
+    def memcpy_htod(self, ptr: int, array: np.ndarray) -> None:
+        array = np.ascontiguousarray(array)
+        kind = self.rt.cudaMemcpyKind.cudaMemcpyHostToDevice
+        self._check(self.rt.cudaMemcpy(int(ptr), array.ctypes.data, array.nbytes, kind), "cudaMemcpy (host to device)")
+
+
+def gpu_status(cuda: CudaRuntime | None = None) -> GPUStatus:
+    """Whether cuda-python imports and sees a GPU, with its name and compute capability. Never raises."""
+    try:
+        cuda = cuda or CudaRuntime.load()
+    except MissingDependencyError:
+        return GPUStatus(False, None, f"cuda-python not installed ({CUDA_INSTALL})")
+    except Exception as exc:
+        return GPUStatus(False, None, f"cuda-python fails to import: {type(exc).__name__}: {exc}")
+    try:
+        count = cuda.device_count()
+    except Exception as exc:
+        return GPUStatus(False, None, f"no usable NVIDIA GPU/driver ({exc})")
+    if count < 1:
+        return GPUStatus(False, None, "no NVIDIA GPU visible (cudaGetDeviceCount returned 0)")
+    try:
+        info = cuda.device_info(0)
+    except Exception as exc:
+        return GPUStatus(False, None, f"cannot read GPU 0's properties ({exc})")
+    return GPUStatus(True, info, f"{count} GPU(s); GPU 0: {info.name}, compute capability {info.compute_capability}, "
+                                 f"driver CUDA {info.driver_version}, runtime {info.cuda_runtime_version}")
+
+
+def tensorrt_major(version: str) -> int:
+    m = re.match(r"\s*(\d+)", version or "")
+    if not m:
+        raise UsageError(f"cannot read TensorRT's major version from '{version}'")
+    return int(m.group(1))
+
+
+def nv_tensorrt_version_int(version: str) -> int:
+    """``NV_TENSORRT_VERSION`` as in a calibration cache header: 10.3.0 -> 100300, 8.6.1 -> 8601."""
+    parts = [int(p) for p in re.findall(r"\d+", version)[:3]] + [0, 0, 0]
+    major, minor, patch = parts[:3]
+    return major * 10000 + minor * 100 + patch if major >= 10 else major * 1000 + minor * 100 + patch
+
+
+# --------------------------------------------------------------------------------------------
+# Options: sizes, shapes, profiles
+
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kib": 1 << 10, "kb": 1000,
+    "m": 1 << 20, "mib": 1 << 20, "mb": 1000**2,
+    "g": 1 << 30, "gib": 1 << 30, "gb": 1000**3,
+    "t": 1 << 40, "tib": 1 << 40, "tb": 1000**4,
+}
+
+
+def parse_size(text: str | int, what: str = "--workspace") -> int:
+    """``4GiB``, ``512MiB``, ``4G`` (binary, as trtexec), ``1GB`` (decimal) or plain bytes."""
+    if isinstance(text, int):
+        value = text
+    else:
+        m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+        if not m or m.group(2).lower() not in _SIZE_UNITS:
+            raise UsageError(f"{what} '{text}': expected a size like 4GiB, 512MiB, 4G or a number of bytes")
+        value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
+    if value <= 0:
+        raise UsageError(f"{what} '{text}': must be positive")
+    return value
+
+
+def parse_dims(text: str, what: str) -> tuple[int, ...]:
+    parts = text.strip().lower().split("x")
+    if not text.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
+        raise UsageError(f"{what}: '{text}' is not a shape like 8x64 (positive dims separated by 'x')")
+    return tuple(int(p) for p in parts)
+
+
+def _dims_str(dims: Sequence[int]) -> str:
+    return "x".join(str(int(d)) for d in dims)
+
+
+@dataclass(frozen=True)
+class ShapeRange:
+    """min/opt/max shapes of one input in an optimization profile."""
+
+    min: tuple[int, ...]
+    opt: tuple[int, ...]
+    max: tuple[int, ...]
+
+    def __post_init__(self) -> None:
+        for k in ("min", "opt", "max"):
+            object.__setattr__(self, k, tuple(int(d) for d in getattr(self, k)))
+        if not (len(self.min) == len(self.opt) == len(self.max)):
+            raise UsageError(f"shape range {self.describe()}: min, opt and max must have the same rank")
+        for axis, (a, b, c) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
+            if a <= 0:
+                raise UsageError(f"shape range {self.describe()}: dimensions must be positive")
+            if not a <= b <= c:
+                raise UsageError(f"shape range {self.describe()}: axis {axis} needs min <= opt <= max ({a}, {b}, {c})")
+
+    def describe(self) -> str:
+        return f"{_dims_str(self.min)},{_dims_str(self.opt)},{_dims_str(self.max)}"
+
+    def to_dict(self) -> dict[str, list[int]]:
+        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Sequence[int]]) -> ShapeRange:
+        return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
+
+
+def parse_shape_option(text: str) -> tuple[str, ShapeRange]:
+    """``NAME:MIN,OPT,MAX`` with trtexec-like dims (``input_ids:1x8,8x64,32x128``); ``NAME:DIMS`` fixes one shape."""
+    name, sep, dims = text.rpartition(":")
+    if not sep or not name:
+        raise UsageError(f"--shape '{text}': expected NAME:MIN,OPT,MAX, e.g. input_ids:1x8,8x64,32x128")
+    parts = dims.split(",")
+    if len(parts) not in (1, 3):
+        raise UsageError(f"--shape '{text}': expected three shapes MIN,OPT,MAX (or one fixed shape)")
+    shapes = [parse_dims(p, f"--shape '{text}'") for p in parts]
+    if len(shapes) == 1:
+        shapes = shapes * 3
+    try:
+        return name, ShapeRange(*shapes)
+    except UsageError as exc:
+        raise UsageError(f"--shape '{text}': {exc.message}") from exc
+
+
+@dataclass(frozen=True)
+class BuildOptions:
+    """What ``trtrepo build`` takes besides the model and the output path."""
+
+    min_batch: int = 1
+    opt_batch: int = 8
+    max_batch: int = 32
+    shapes: tuple[tuple[str, ShapeRange], ...] = ()
+    workspace: int | None = None
+    opt_level: int = 3
+    timing_cache: str | None = None
+    legacy_calibrator: str | None = None
+    calib_cache: str | None = None
+    data: Any = field(default=None, compare=False)  # trtrepo.data.DataOptions for the legacy calibrator
+    allow_fp32: bool = False
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
+            raise UsageError(f"batch range must satisfy 1 <= --min-batch <= --opt-batch <= --max-batch, "
+                             f"got {self.min_batch}, {self.opt_batch}, {self.max_batch}")
+        if not 0 <= self.opt_level <= 5:
+            raise UsageError(f"--opt-level must be 0..5, got {self.opt_level}")
+        if self.workspace is not None and self.workspace <= 0:
+            raise UsageError("--workspace must be positive")
+        if self.legacy_calibrator is not None and self.legacy_calibrator not in CALIBRATORS:
+            raise UsageError(f"--legacy-calibrator must be one of {', '.join(CALIBRATORS)}, got '{self.legacy_calibrator}'")
+        if self.legacy_calibrator is None and (self.data is not None or self.calib_cache is not None):
+            raise UsageError("--data and --cache are only used with --legacy-calibrator (the Q/DQ route needs no data)")
+        names = [n for n, _ in self.shapes]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise UsageError(f"--shape given more than once for {', '.join(dup)}")
+
+    @property
+    def route(self) -> str:
+        return ROUTE_IMPLICIT if self.legacy_calibrator else ROUTE_QDQ
+
+    @property
+    def shape_overrides(self) -> dict[str, ShapeRange]:
+        return dict(self.shapes)
+
+    @property
+    def batch_range(self) -> tuple[int, int, int]:
+        return self.min_batch, self.opt_batch, self.max_batch
+
+
+def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
+    """The optimization profile: a shape range for every input with a dynamic axis.
+
+    A dynamic axis 0 takes the batch range; every other dynamic axis needs ``--shape``. A ``--shape``
+    must fit the input's rank and fixed dims, and on a batched model its axis 0 must equal the batch
+    range (one batch range for the whole model, which Triton's ``max_batch_size`` follows).
+    """
+    overrides = options.shape_overrides
+    unknown = [n for n in overrides if n not in io.input_names]
+    if unknown:
+        raise UsageError(f"--shape names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})")
+    result: dict[str, ShapeRange] = {}
+    lo, mid, hi = options.batch_range
+    for spec in io.inputs:
+        if spec.name in overrides:
+            r = overrides[spec.name]
+            if len(r.min) != spec.rank:
+                raise UsageError(f"--shape {spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}")
+            for axis, d in enumerate(spec.shape):
+                if d != -1 and not (r.min[axis] == r.opt[axis] == r.max[axis] == d):
+                    raise UsageError(f"--shape {spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model")
+            if spec.shape and spec.shape[0] == -1 and (r.min[0], r.opt[0], r.max[0]) != (lo, mid, hi):
+                raise UsageError(
+                    f"--shape {spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
+                    f"--min/--opt/--max-batch {lo},{mid},{hi}")
+            if spec.dynamic_axes:
+                result[spec.name] = r
+            continue
+        if not spec.dynamic_axes:
+            continue
+        other = [a for a in spec.dynamic_axes if a != 0]
+        if other:
+            label = spec.dim_names[other[0]] if spec.dim_names and spec.dim_names[other[0]] else None
+            axis_desc = f"axis {other[0]}" + (f" ('{label}')" if label else "")
+            example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
+            raise UsageError(f"input '{spec.name}' has dynamic {axis_desc} (shape {example}); give its range with "
+                             f"--shape {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)")
+        result[spec.name] = ShapeRange(spec.with_batch(lo), spec.with_batch(mid), spec.with_batch(hi))
+    return result
+
+
+# --------------------------------------------------------------------------------------------
+# The trtexec equivalent
+
+
+def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, ShapeRange], options: BuildOptions,
+                    major: int) -> list[str]:
+    """The ``trtexec`` command that builds the same engine (as an argument list; ``shlex.join`` it).
+
+    10.x: ``--stronglyTyped`` for the Q/DQ route, ``--int8 --calib=CACHE`` for the calibrator route
+    (trtexec only *reads* a cache; it cannot calibrate from data). 11.x has no ``--int8``, ``--calib``
+    or ``--stronglyTyped`` (strong typing is always on)."""
+    if options.route == ROUTE_IMPLICIT and major >= 11:
+        raise UsageError(_legacy_on_11_message(f"{major}.x"))
+    cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}"]
+    if profile:
+        for flag, attr in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
+            cmd.append(flag + "=" + ",".join(f"{name}:{_dims_str(getattr(r, attr))}" for name, r in profile.items()))
+    if options.route == ROUTE_QDQ:
+        if major < 11:
+            cmd.append("--stronglyTyped")
+    else:
+        cmd.append("--int8")
+        if options.calib_cache:
+            cmd.append(f"--calib={options.calib_cache}")
+    if options.workspace:
+        mib = max(1, options.workspace >> 20)
+        cmd.append(f"--memPoolSize=workspace:{mib}M")
+    cmd.append(f"--builderOptimizationLevel={options.opt_level}")
+    if options.timing_cache:
+        cmd.append(f"--timingCacheFile={options.timing_cache}")
+    return cmd
+
+
+def _legacy_on_11_message(version: str) -> str:
+    return (f"--legacy-calibrator needs TensorRT 8.6-10.x: TensorRT {version} removed implicit INT8 calibration "
+            "(IInt8*Calibrator, BuilderFlag.INT8). Use the Q/DQ route instead: 'trtrepo quantize' the model and "
+            "'trtrepo build MODEL.qdq.onnx' without --legacy-calibrator")
+
+
+# --------------------------------------------------------------------------------------------
+# IO read back from the engine
+
+# TensorRT DataType member name -> numpy dtype name.
+_TRT_TO_NUMPY = {
+    "FLOAT": "float32",
+    "HALF": "float16",
+    "BF16": "bfloat16",
+    "INT8": "int8",
+    "INT32": "int32",
+    "INT64": "int64",
+    "BOOL": "bool",
+    "UINT8": "uint8",
+}
+
+
+@dataclass(frozen=True)
+class IOTensor:
+    """One IO tensor as the engine reports it."""
+
+    name: str
+    dtype: str  # numpy name
+    shape: tuple[int, ...]  # -1 for dynamic
+    mode: str  # "INPUT" | "OUTPUT"
+    trt_dtype: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "trt_dtype": self.trt_dtype, "shape": list(self.shape), "mode": self.mode}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> IOTensor:
+        return cls(d["name"], d["dtype"], tuple(d["shape"]), d["mode"], d.get("trt_dtype", ""))
+
+
+@dataclass(frozen=True)
+class EngineIO:
+    """IO tensors and the profile-0 shape ranges of a built engine."""
+
+    tensors: tuple[IOTensor, ...]
+    profile: Mapping[str, ShapeRange]
+    num_profiles: int = 1
+
+    def to_model_io(self, onnx_io: ModelIO | None = None, source: str = "") -> ModelIO:
+        """The :class:`ModelIO` the Triton config renderer takes. Symbolic dim names come from the ONNX
+        description where the names match; the batch axis is 0 when every tensor's axis 0 is dynamic."""
+        batched = all(t.shape and t.shape[0] == -1 for t in self.tensors)
+
+        def names_for(t: IOTensor) -> tuple[str | None, ...]:
+            if onnx_io is None:
+                return ()
+            for spec in (*onnx_io.inputs, *onnx_io.outputs):
+                if spec.name == t.name and spec.rank == len(t.shape) and spec.dim_names:
+                    return spec.dim_names
+            return ()
+
+        def spec(t: IOTensor) -> TensorSpec:
+            return TensorSpec(t.name, t.dtype, t.shape, 0 if batched else None, names_for(t))
+
+        return ModelIO(
+            inputs=tuple(spec(t) for t in self.tensors if t.mode == "INPUT"),
+            outputs=tuple(spec(t) for t in self.tensors if t.mode == "OUTPUT"),
+            source=source,
+        )
+
+
+# --------------------------------------------------------------------------------------------
+# Route functions: the only code that touches the tensorrt module. ``trt`` is the module.
+
+
+def make_logger(trt: Any, min_level: int = logging.WARNING) -> Any:
+    """A TensorRT logger that forwards to Python logging and keeps the last errors for messages."""
+
+    base = trt.ILogger
+    levels = {"INTERNAL_ERROR": logging.CRITICAL, "ERROR": logging.ERROR, "WARNING": logging.WARNING,
+              "INFO": logging.INFO, "VERBOSE": logging.DEBUG}
+
+    class TrtrepoLogger(base):  # type: ignore[misc, valid-type]
+        def __init__(self) -> None:
+            base.__init__(self)
+            self.errors: list[str] = []
+
+        def log(self, severity: Any, msg: str) -> None:
+            level = levels.get(getattr(severity, "name", str(severity)), logging.INFO)
+            if level >= logging.ERROR:
+                self.errors.append(str(msg).strip())
+            if level >= min_level:
+                log.log(level, "TensorRT: %s", msg)
+
+    return TrtrepoLogger()
+
+
+def create_network(trt: Any, builder: Any, route: str, major: int) -> Any:
+    """TensorRT 10: STRONGLY_TYPED for Q/DQ. TensorRT 11: flags 0 (always strongly typed, no EXPLICIT_BATCH).
+    Implicit route: 0 on 10.x (explicit batch is implied), EXPLICIT_BATCH on 8.6/9.x."""
+    if route == ROUTE_QDQ:
+        if major >= 11:
+            flags = 0
+        else:
+            flags = 1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED)
+    else:
+        flags = 0 if major >= 10 else 1 << int(trt.NetworkDefinitionCreationFlag.EXPLICIT_BATCH)
+    return builder.create_network(flags)
+
+
+def parse_onnx(trt: Any, network: Any, logger: Any, onnx_path: Path, major: int) -> Any:
+    """Parse into ``network``; every parser error goes into one message. Returns the parser (keep it alive
+    while the network is used: it owns the weights)."""
+    parser = trt.OnnxParser(network, logger)
+    ok = parser.parse_from_file(str(onnx_path))
+    errors = []
+    for i in range(parser.num_errors):
+        err = parser.get_error(i)
+        where = f"node {err.node()}"
+        if major >= 10:
+            name, op = err.node_name(), err.node_operator()
+            if name or op:
+                where += f" ({name or '?'}: {op or '?'})"
+        errors.append(f"{where}: {err.desc()} [{err.code().name}]")
+    if not ok or errors:
+        for e in errors:
+            log.error("ONNX parser: %s", e)
+        detail = "; ".join(errors) if errors else "no error reported"
+        raise TrtrepoError(f"{onnx_path}: TensorRT's ONNX parser failed with {len(errors)} error(s): {detail}")
+    return parser
+
+
+def network_inputs(trt: Any, network: Any) -> dict[str, tuple[int, ...]]:
+    result = {}
+    for i in range(network.num_inputs):
+        tensor = network.get_input(i)
+        result[tensor.name] = tuple(int(d) for d in tensor.shape)
+    return result
+
+
+def configure(trt: Any, builder: Any, config: Any, profile: Mapping[str, ShapeRange], options: BuildOptions,
+              timing_cache: bytes | None) -> Any:
+    """Memory pool, optimization level, timing cache and the optimization profile. Returns the profile."""
+    if options.workspace:
+        config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(options.workspace))
+    config.builder_optimization_level = int(options.opt_level)
+    cache = config.create_timing_cache(timing_cache or b"")
+    if not config.set_timing_cache(cache, False):
+        log.warning("timing cache %s does not match this TensorRT/GPU; starting an empty one", options.timing_cache)
+        config.set_timing_cache(config.create_timing_cache(b""), False)
+    if not profile:
+        return None
+    opt_profile = builder.create_optimization_profile()
+    for name, r in profile.items():
+        opt_profile.set_shape(name, r.min, r.opt, r.max)
+    if config.add_optimization_profile(opt_profile) < 0:
+        raise TrtrepoError("TensorRT rejected the optimization profile: " + "; ".join(f"{n}:{r.describe()}" for n, r in profile.items()))
+    return opt_profile
+
+
+def enable_implicit_int8(trt: Any, config: Any, opt_profile: Any, calibrator: Any) -> None:
+    """TensorRT <= 10 only: BuilderFlag.INT8, the calibrator, and the profile whose OPT shapes calibrate."""
+    config.set_flag(trt.BuilderFlag.INT8)
+    config.int8_calibrator = calibrator
+    if opt_profile is not None and not config.set_calibration_profile(opt_profile):
+        raise TrtrepoError("TensorRT rejected the calibration profile")
+
+
+def make_calibrator_class(trt: Any, method: str) -> type:
+    """The calibrator class (defined here: its TensorRT base class exists only after the import)."""
+    base = trt.IInt8EntropyCalibrator2 if method == "entropy" else trt.IInt8MinMaxCalibrator
+
+    class TrtrepoCalibrator(base):  # type: ignore[misc, valid-type]
+        """Feeds TensorRT batch by batch from a :class:`CalibrationFeed`; exceptions are kept (TensorRT
+        calls these methods from C++) and re-raised after the build."""
+
+        def __init__(self, feed: CalibrationFeed) -> None:
+            base.__init__(self)
+            self.feed = feed
+
+        def get_batch_size(self) -> int:
+            return self.feed.batch_size
+
+        def get_batch(self, names: list[str]) -> list[int] | None:
+            return self.feed.next_pointers(names)
+
+        def read_calibration_cache(self) -> bytes | None:
+            return self.feed.read_cache()
+
+        def write_calibration_cache(self, cache: Any) -> None:
+            self.feed.write_cache(bytes(cache))
+
+    TrtrepoCalibrator.__name__ = f"Trtrepo{'Entropy' if method == 'entropy' else 'MinMax'}Calibrator"
+    return TrtrepoCalibrator
+
+
+def build_serialized(trt: Any, builder: Any, network: Any, config: Any, logger: Any) -> bytes:
+    serialized = builder.build_serialized_network(network, config)
+    if serialized is None:
+        errors = getattr(logger, "errors", [])
+        raise TrtrepoError("TensorRT failed to build the engine: " + ("; ".join(errors[-5:]) if errors else "no error logged"))
+    return bytes(serialized)
+
+
+def save_timing_cache(trt: Any, config: Any) -> bytes:
+    return bytes(config.get_timing_cache().serialize())
+
+
+def inspect_engine(trt: Any, logger: Any, plan: bytes) -> EngineIO:
+    """IO tensors and profile-0 ranges, read back from the deserialized engine."""
+    runtime = trt.Runtime(logger)
+    engine = runtime.deserialize_cuda_engine(plan)
+    if engine is None:
+        raise TrtrepoError("TensorRT could not deserialize the plan it just built")
+    tensors = []
+    ranges: dict[str, ShapeRange] = {}
+    num_profiles = int(engine.num_optimization_profiles)
+    for i in range(engine.num_io_tensors):
+        name = engine.get_tensor_name(i)
+        mode = engine.get_tensor_mode(name).name
+        shape = tuple(int(d) for d in engine.get_tensor_shape(name))
+        trt_dtype = engine.get_tensor_dtype(name).name
+        if trt_dtype not in _TRT_TO_NUMPY:
+            raise TrtrepoError(f"engine tensor '{name}' has type {trt_dtype}, which Triton cannot exchange")
+        tensors.append(IOTensor(name, _TRT_TO_NUMPY[trt_dtype], shape, mode, trt_dtype))
+        if mode == "INPUT" and -1 in shape and num_profiles > 0:
+            lo, opt, hi = engine.get_tensor_profile_shape(name, 0)
+            ranges[name] = ShapeRange(tuple(lo), tuple(opt), tuple(hi))
+    return EngineIO(tuple(tensors), ranges, num_profiles)
+
+
+# --------------------------------------------------------------------------------------------
+# Calibration feed (legacy route): host batches -> device buffers; the calibration cache
+
+
+def calibration_cache_header(data: bytes) -> tuple[int, str] | None:
+    """``TRT-<version>-<Algorithm>`` from a cache's first line, or None."""
+    first = data.split(b"\n", 1)[0].decode(errors="replace").strip()
+    m = re.fullmatch(r"TRT-(\d+)-(\w+)", first)
+    return (int(m.group(1)), m.group(2)) if m else None
+
+
+class CalibrationFeed:
+    """What the calibrator hands TensorRT: batches of exactly the calibration shape copied into device
+    buffers (one per input, reused, freed by :meth:`close`), and the cache as bytes.
+
+    ``batches`` may be None when the cache holds everything (a cache from ``trtrepo calibrate``). A cache
+    whose header names another TensorRT version but the same algorithm is handed over with the running
+    version in its header (trtrepo's scales do not depend on the TensorRT version; TensorRT would
+    otherwise ignore it)."""
+
+    def __init__(self, batches: Iterable[Mapping[str, np.ndarray]] | None, batch_size: int, cuda: CudaRuntime,
+                 shapes: Mapping[str, tuple[int, ...]], method: str, tensorrt_version: str,
+                 cache_path: str | Path | None = None) -> None:
+        self._batches: Iterator[Mapping[str, np.ndarray]] | None = iter(batches) if batches is not None else None
+        self.batch_size = batch_size
+        self.cuda = cuda
+        self.shapes = dict(shapes)
+        self.method = method
+        self.tensorrt_version = tensorrt_version
+        self.cache_path = Path(cache_path) if cache_path else None
+        self.buffers: dict[str, tuple[int, int]] = {}  # name -> (pointer, nbytes)
+        self.batches_served = 0
+        self.error: BaseException | None = None
+        self.cache_used = False
+        self.cache_written = False
+
+    def next_pointers(self, names: Sequence[str]) -> list[int] | None:
+        if self.error is not None or self._batches is None:
+            return None
+        try:
+            batch = next(self._batches, None)
+            if batch is None:
+                return None
+            pointers = []
+            for name in names:
+                if name not in batch:
+                    raise UsageError(f"calibration data has no input '{name}' (has: {', '.join(batch)})")
+                array = np.ascontiguousarray(batch[name])
+                want = self.shapes.get(name)
+                if want is not None and tuple(array.shape) != tuple(want):
+                    raise UsageError(f"calibration batch {self.batches_served}: input '{name}' has shape {list(array.shape)}, "
+                                     f"TensorRT calibrates with the profile's opt shape {list(want)}")
+                ptr, size = self.buffers.get(name, (0, 0))
+                if size < array.nbytes:
+                    if ptr:
+                        self.cuda.free(ptr)
+                        del self.buffers[name]
+                    ptr, size = self.cuda.malloc(array.nbytes), array.nbytes
+                    self.buffers[name] = (ptr, size)
+                self.cuda.memcpy_htod(ptr, array)
+                pointers.append(int(ptr))
+            self.batches_served += 1
+            return pointers
+        except BaseException as exc:  # TensorRT calls this from C++: keep the error, stop calibration
+            self.error = exc
+            return None
+
+    def read_cache(self) -> bytes | None:
+        if self.cache_path is None or not self.cache_path.is_file() or self.cache_path.stat().st_size == 0:
+            return None
+        data = self.cache_path.read_bytes()
+        header = calibration_cache_header(data)
+        want_algo = CALIBRATORS[self.method]
+        if header is None:
+            log.warning("%s: not a TensorRT calibration cache (no TRT-<version>-<algorithm> header); ignored", self.cache_path)
+            return None
+        version, algo = header
+        if algo != want_algo:
+            log.warning("%s: cache was made for %s, not %s; TensorRT will calibrate from data", self.cache_path, algo, want_algo)
+            return None
+        running = nv_tensorrt_version_int(self.tensorrt_version)
+        if version != running:
+            log.info("%s: cache header version %d rewritten to the running TensorRT's %d", self.cache_path, version, running)
+            data = f"TRT-{running}-{algo}".encode() + data[data.index(b"\n"):] if b"\n" in data else data
+        self.cache_used = True
+        return data
+
+    def write_cache(self, data: bytes) -> None:
+        if self.cache_path is None or self.batches_served == 0:
+            return  # nothing new: the cache came from the file, which stays as it is
+        try:
+            atomic_write_bytes(self.cache_path, data)
+            self.cache_written = True
+        except BaseException as exc:
+            self.error = exc
+
+    def close(self) -> None:
+        for ptr, _ in self.buffers.values():
+            self.cuda.free(ptr)
+        self.buffers.clear()
+
+    def __enter__(self) -> CalibrationFeed:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+
+def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> None:
+    """Before any work: the legacy route needs TensorRT <= 10 and either data or a usable cache."""
+    if options.legacy_calibrator is None:
+        return
+    if tensorrt_major(tensorrt_version) >= 11:
+        raise UsageError(_legacy_on_11_message(tensorrt_version))
+    if options.data is not None:
+        return
+    if not options.calib_cache:
+        raise UsageError("--legacy-calibrator needs --data (calibration samples) or --cache (a calibration cache)")
+    path = Path(options.calib_cache)
+    if not path.is_file():
+        raise UsageError(f"{path}: calibration cache not found, and no --data to calibrate from")
+    header = calibration_cache_header(path.read_bytes())
+    if header is None:
+        raise UsageError(f"{path}: not a TensorRT calibration cache (first line must be TRT-<version>-<algorithm>)")
+    want = CALIBRATORS[options.legacy_calibrator]
+    if header[1] != want:
+        raise UsageError(f"{path}: cache holds {header[1]} ranges but --legacy-calibrator {options.legacy_calibrator} "
+                         f"needs {want}; TensorRT would ignore it and there is no --data to calibrate from")
+
+
+# --------------------------------------------------------------------------------------------
+# The adapter
+
+
+class EngineBuilder(Protocol):
+    """What :func:`build_engine` needs from TensorRT. :class:`TensorRTEngineBuilder` is the real one."""
+
+    @property
+    def tensorrt_version(self) -> str: ...
+
+    def gpu(self) -> GPUInfo: ...
+
+    def build(self, onnx_path: Path, profile: Mapping[str, ShapeRange], options: BuildOptions,
+              calibration: CalibrationFeed | None, timing_cache: bytes | None) -> tuple[bytes, bytes | None]:
+        """Serialized plan, and the timing cache to save (or None)."""
+        ...
+
+    def inspect(self, plan: bytes) -> EngineIO: ...
+
+    def cuda(self) -> CudaRuntime: ...
+
+
+class TensorRTEngineBuilder:
+    """The real adapter: ``tensorrt`` + cuda-python. ``trt``/``cuda`` may be injected (tests)."""
+
+    def __init__(self, trt: Any, cuda: CudaRuntime) -> None:
+        self.trt = trt
+        self._cuda = cuda
+        self.logger = make_logger(trt)
+
+    @classmethod
+    def load(cls) -> TensorRTEngineBuilder:
+        """Import TensorRT and cuda-python and check for a GPU; a :class:`UsageError` (exit 2) naming what is
+        missing and how to install it otherwise."""
+        status = tensorrt_status()
+        if not status.available:
+            if status.version is None and "not installed" in status.detail:
+                raise MissingDependencyError("TensorRT (the 'tensorrt' Python package)", "to build an engine", TENSORRT_INSTALL)
+            raise UsageError(f"TensorRT is needed to build an engine but {status.detail}")
+        import tensorrt as trt
+
+        cuda = CudaRuntime.load()
+        gstat = gpu_status(cuda)
+        if not gstat.available:
+            raise UsageError(f"building a TensorRT engine needs an NVIDIA GPU: {gstat.detail}")
+        return cls(trt, cuda)
+
+    @property
+    def tensorrt_version(self) -> str:
+        return str(self.trt.__version__)
+
+    @property
+    def major(self) -> int:
+        return tensorrt_major(self.tensorrt_version)
+
+    def gpu(self) -> GPUInfo:
+        return self._cuda.device_info(0)
+
+    def cuda(self) -> CudaRuntime:
+        return self._cuda
+
+    def build(self, onnx_path: Path, profile: Mapping[str, ShapeRange], options: BuildOptions,
+              calibration: CalibrationFeed | None, timing_cache: bytes | None) -> tuple[bytes, bytes | None]:
+        trt = self.trt
+        builder = trt.Builder(self.logger)
+        network = create_network(trt, builder, options.route, self.major)
+        parser = parse_onnx(trt, network, self.logger, onnx_path, self.major)
+        inputs = network_inputs(trt, network)
+        for name, shape in inputs.items():
+            if -1 in shape and name not in profile:
+                raise UsageError(f"TensorRT sees input '{name}' with dynamic shape {list(shape)} but the profile has no range for it")
+        config = builder.create_builder_config()
+        opt_profile = configure(trt, builder, config, profile, options, timing_cache)
+        calibrator = None
+        if options.route == ROUTE_IMPLICIT:
+            if calibration is None:
+                raise UsageError("--legacy-calibrator needs calibration input")
+            calibrator = make_calibrator_class(trt, options.legacy_calibrator or "entropy")(calibration)
+            enable_implicit_int8(trt, config, opt_profile, calibrator)
+        t0 = time.perf_counter()
+        plan = build_serialized(trt, builder, network, config, self.logger)
+        log.info("TensorRT built the engine in %.1f s", time.perf_counter() - t0)
+        if calibration is not None and calibration.error is not None:
+            raise calibration.error
+        new_cache = save_timing_cache(trt, config) if options.timing_cache else None
+        del parser, calibrator
+        return plan, new_cache
+
+    def inspect(self, plan: bytes) -> EngineIO:
+        return inspect_engine(self.trt, self.logger, plan)
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata beside the plan
+
+
+def plan_metadata_path(plan: str | Path) -> Path:
+    plan = Path(plan)
+    return plan.with_name(plan.name + ".json")
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass(frozen=True)
+class PlanMetadata:
+    """What ``model.plan.json`` holds: where and how the plan was built, and its IO."""
+
+    tensorrt_version: str
+    gpu: GPUInfo | None
+    precision_route: str
+    calibration_method: str | None
+    source_onnx: str
+    source_sha256: str
+    profile: Mapping[str, ShapeRange]
+    io_tensors: tuple[IOTensor, ...]
+    io: ModelIO
+    trtexec: str
+    build: Mapping[str, Any] = field(default_factory=dict)
+    plan_sha256: str = ""
+    created: str = ""
+    trtrepo_version: str = ""
+
+    @property
+    def max_batch_size(self) -> int:
+        """Largest batch every profile allows (0 when the model has no batch axis): Triton's max_batch_size."""
+        if not self.io.has_batch_axis:
+            return 0
+        return min((r.max[0] for r in self.profile.values()), default=0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_METADATA_FORMAT,
+            "tensorrt_version": self.tensorrt_version,
+            "gpu": self.gpu.to_dict() if self.gpu else None,
+            "precision_route": self.precision_route,
+            "calibration_method": self.calibration_method,
+            "source_onnx": {"path": self.source_onnx, "sha256": self.source_sha256},
+            "plan_sha256": self.plan_sha256,
+            "profiles": [{name: r.to_dict() for name, r in self.profile.items()}],
+            "max_batch_size": self.max_batch_size,
+            "io_tensors": [t.to_dict() for t in self.io_tensors],
+            "io": self.io.to_dict(),
+            "trtexec": self.trtexec,
+            "build": dict(self.build),
+            "created": self.created,
+            "trtrepo_version": self.trtrepo_version,
+        }
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any], source: str = "") -> PlanMetadata:
+        if d.get("format") != PLAN_METADATA_FORMAT:
+            raise UsageError(f"{source or 'plan metadata'}: unknown format {d.get('format')!r} (expected {PLAN_METADATA_FORMAT})")
+        profiles = d.get("profiles") or [{}]
+        return cls(
+            tensorrt_version=d["tensorrt_version"],
+            gpu=GPUInfo.from_dict(d["gpu"]) if d.get("gpu") else None,
+            precision_route=d["precision_route"],
+            calibration_method=d.get("calibration_method"),
+            source_onnx=d["source_onnx"]["path"],
+            source_sha256=d["source_onnx"]["sha256"],
+            profile={name: ShapeRange.from_dict(r) for name, r in profiles[0].items()},
+            io_tensors=tuple(IOTensor.from_dict(t) for t in d["io_tensors"]),
+            io=ModelIO.from_dict(d["io"], source=source),
+            trtexec=d.get("trtexec", ""),
+            build=d.get("build", {}),
+            plan_sha256=d.get("plan_sha256", ""),
+            created=d.get("created", ""),
+            trtrepo_version=d.get("trtrepo_version", ""),
+        )
+
+
+def read_plan_metadata(path: str | Path) -> PlanMetadata:
+    """Read ``model.plan.json`` (give the plan or the JSON path)."""
+    path = Path(path)
+    meta = path if path.suffix == ".json" else plan_metadata_path(path)
+    if not meta.is_file():
+        raise UsageError(f"{meta}: plan metadata not found (written by 'trtrepo build' beside the plan)")
+    try:
+        data = json.loads(meta.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{meta}: unreadable plan metadata ({exc})") from exc
+    try:
+        return PlanMetadata.from_dict(data, source=str(meta))
+    except (KeyError, TypeError) as exc:
+        raise UsageError(f"{meta}: incomplete plan metadata (missing {exc})") from exc
+
+
+def check_plan_compatibility(meta: PlanMetadata, tensorrt_version: str | None, gpu: GPUInfo | None) -> list[str]:
+    """Reasons the plan may not load or run well with this TensorRT/GPU (empty: matches). A plan is tied to
+    the exact TensorRT version and to the GPU's compute capability it was built for."""
+    problems = []
+    if tensorrt_version is not None and tensorrt_version != meta.tensorrt_version:
+        problems.append(f"plan was built with TensorRT {meta.tensorrt_version} but TensorRT {tensorrt_version} is installed "
+                        "(plans only load in the TensorRT version that built them; rebuild it)")
+    if gpu is not None and meta.gpu is not None:
+        if gpu.compute_capability != meta.gpu.compute_capability:
+            problems.append(f"plan was built for compute capability {meta.gpu.compute_capability} ({meta.gpu.name}) but this GPU "
+                            f"is {gpu.name} with compute capability {gpu.compute_capability}; it will not load, rebuild it")
+        elif gpu.name != meta.gpu.name:
+            problems.append(f"plan was built on {meta.gpu.name}, this GPU is {gpu.name} (same compute capability "
+                            f"{gpu.compute_capability}: it loads, but tactics were timed on the other GPU)")
+    return problems
+
+
+def warn_if_incompatible(plan: str | Path, *, tensorrt_version: str | None = None, gpu: GPUInfo | None = None,
+                         probe: bool = True) -> list[str]:
+    """Log a warning for each way the running TensorRT/GPU differ from the plan's (the repository writer calls
+    this before deploying a plan). With ``probe`` the running versions are detected; what is not installed
+    here is not compared. Returns the warnings."""
+    meta = read_plan_metadata(plan)
+    if probe and tensorrt_version is None:
+        status = tensorrt_status()
+        tensorrt_version = status.version if status.available else None
+    if probe and gpu is None:
+        gstat = gpu_status()
+        gpu = gstat.gpu
+    problems = check_plan_compatibility(meta, tensorrt_version, gpu)
+    for p in problems:
+        log.warning("%s: %s", plan, p)
+    if tensorrt_version is None and gpu is None:
+        log.info("%s: neither TensorRT nor a GPU here, so the plan (TensorRT %s, %s) was not checked against this machine",
+                 plan, meta.tensorrt_version, meta.gpu.name if meta.gpu else "unknown GPU")
+    return problems
+
+
+# --------------------------------------------------------------------------------------------
+# The stage
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    plan: Path
+    metadata_path: Path
+    metadata: PlanMetadata
+    timing_cache: Path | None = None
+    calibration_cache: Path | None = None
+
+
+def count_qdq_nodes(onnx_path: str | Path) -> int:
+    from .modelio import load_onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    return sum(1 for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear"))
+
+
+def _onnx_calibration_method(onnx_path: Path) -> str | None:
+    from .modelio import load_onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    for key in ("trtrepo.calibration_method", "trtrepo.calibration.method", "calibration_method"):
+        if key in props:
+            return props[key]
+    return None
+
+
+def prepare_build(onnx_path: str | Path, options: BuildOptions) -> tuple[ModelIO, dict[str, ShapeRange]]:
+    """Everything that can be checked without TensorRT: the model, the route fits it, the profile."""
+    onnx_path = Path(onnx_path)
+    io = ModelIO.from_onnx(onnx_path)
+    qdq = count_qdq_nodes(onnx_path)
+    if options.route == ROUTE_QDQ and qdq == 0 and not options.allow_fp32:
+        raise UsageError(f"{onnx_path}: the model has no QuantizeLinear/DequantizeLinear nodes, so the strongly typed build "
+                         "would give an FP32 engine; run 'trtrepo quantize' first, use --legacy-calibrator (TensorRT <= 10), "
+                         "or pass --allow-fp32")
+    if options.route == ROUTE_IMPLICIT and qdq > 0:
+        raise UsageError(f"{onnx_path}: the model already has {qdq} Q/DQ nodes; --legacy-calibrator needs the FP32 model "
+                         "(build the Q/DQ model without --legacy-calibrator)")
+    return io, profile_shapes(io, options)
+
+
+def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[str, ShapeRange]) -> Iterator[dict[str, np.ndarray]]:
+    """Batches of exactly the profile's opt batch (TensorRT calibrates with the OPT shapes); a short last
+    batch is dropped."""
+    from .data import iter_batches
+
+    source = options.data.open(io)
+    batch = options.opt_batch
+    served = 0
+    for b in iter_batches(source, batch, io):
+        if b.size < batch:
+            if served == 0:
+                raise UsageError(f"calibration data has {b.size} sample(s), fewer than one batch of --opt-batch {batch}")
+            log.info("dropping the last %d calibration sample(s) (not a full batch of %d)", b.size, batch)
+            break
+        served += 1
+        yield b.inputs
+
+
+def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOptions, *,
+                 builder: EngineBuilder | None = None, force: bool = True) -> BuildResult:
+    """Build ``output`` (model.plan) and ``output.json`` from ``onnx_path``. Nothing is written unless the
+    build succeeds; without TensorRT, cuda-python or a GPU a :class:`UsageError` says what is missing."""
+    from . import __version__
+
+    onnx_path = Path(onnx_path)
+    output = Path(output)
+    if not force and output.exists():
+        raise UsageError(f"{output}: already exists (use --force to overwrite)")
+    io, profile = prepare_build(onnx_path, options)
+    if builder is None:
+        builder = TensorRTEngineBuilder.load()
+    version = builder.tensorrt_version
+    major = tensorrt_major(version)
+    check_calibration_inputs(options, version)
+    gpu = builder.gpu()
+    timing_cache = None
+    if options.timing_cache and Path(options.timing_cache).is_file():
+        timing_cache = Path(options.timing_cache).read_bytes()
+
+    with contextlib.ExitStack() as stack:
+        feed = None
+        if options.route == ROUTE_IMPLICIT:
+            batches = _calibration_batches(options, io, profile) if options.data is not None else None
+            shapes = {name: r.opt for name, r in profile.items()}
+            for spec in io.inputs:
+                shapes.setdefault(spec.name, spec.shape)
+            feed = stack.enter_context(CalibrationFeed(batches, options.opt_batch, builder.cuda(), shapes,
+                                                       options.legacy_calibrator or "entropy", version, options.calib_cache))
+        plan, new_timing_cache = builder.build(onnx_path, profile, options, feed, timing_cache)
+        if feed is not None and not feed.cache_used and feed.batches_served == 0:
+            raise TrtrepoError("TensorRT got no calibration batches and no usable cache; the INT8 ranges would be missing")
+    engine_io = builder.inspect(plan)
+    model_io = engine_io.to_model_io(io, source=str(output))
+    trtexec = shlex.join(trtexec_command(onnx_path, output, engine_io.profile or profile, options, major))
+    meta = PlanMetadata(
+        tensorrt_version=version,
+        gpu=gpu,
+        precision_route=options.route,
+        calibration_method=(options.legacy_calibrator if options.route == ROUTE_IMPLICIT
+                            else _onnx_calibration_method(onnx_path) or "from Q/DQ scales in the model"),
+        source_onnx=str(onnx_path),
+        source_sha256=sha256_file(onnx_path),
+        profile=dict(engine_io.profile or profile),
+        io_tensors=engine_io.tensors,
+        io=model_io,
+        trtexec=trtexec,
+        build={
+            "batch_range": list(options.batch_range),
+            "workspace_bytes": options.workspace,
+            "builder_optimization_level": options.opt_level,
+            "timing_cache": options.timing_cache,
+            "calibration_cache": options.calib_cache,
+            "num_optimization_profiles": engine_io.num_profiles,
+        },
+        plan_sha256=hashlib.sha256(plan).hexdigest(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        trtrepo_version=__version__,
+    )
+    meta_path = plan_metadata_path(output)
+    with atomic_path(output, force=force) as tmp_plan, atomic_path(meta_path) as tmp_meta:
+        tmp_plan.write_bytes(plan)
+        tmp_meta.write_text(json.dumps(meta.to_dict(), indent=2) + "\n")
+    tc_path = None
+    if options.timing_cache and new_timing_cache:
+        tc_path = atomic_write_bytes(options.timing_cache, new_timing_cache)
+    calib_path = Path(options.calib_cache) if options.calib_cache and Path(options.calib_cache).is_file() else None
+    return BuildResult(output, meta_path, meta, tc_path, calib_path)

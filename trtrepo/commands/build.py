@@ -1,0 +1,102 @@
+"""``trtrepo build``."""
+
+from __future__ import annotations
+
+import shlex
+
+import click
+
+from ..errors import UsageError
+from ._options import data_options
+
+
+@click.command("build")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
+              help="The plan to write, e.g. model_repository/NAME/1/model.plan (metadata goes to model.plan.json).")
+@click.option("--min-batch", type=click.IntRange(min=1), default=1, show_default=True)
+@click.option("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
+              help="Range of an input with other dynamic axes, trtexec-style dims: input_ids:1x8,8x64,32x128 (repeatable).")
+@click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory pool limit, e.g. 4GiB (default: TensorRT's).")
+@click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True, help="Builder optimization level.")
+@click.option("--timing-cache", type=click.Path(dir_okay=False), default=None,
+              help="Timing cache file: loaded when it exists, saved after the build.")
+@click.option("--legacy-calibrator", type=click.Choice(["entropy", "minmax"]), default=None,
+              help="TensorRT 8.6-10.x only: implicit INT8 from the FP32 model with this calibrator (deprecated route).")
+@click.option("--cache", "calib_cache", type=click.Path(dir_okay=False), default=None,
+              help="Calibration cache for --legacy-calibrator: read when present (no --data needed), written after calibrating.")
+@data_options(required=False, batch_size=8)
+@click.option("--allow-fp32", is_flag=True, help="Build a model without Q/DQ nodes as an FP32 (strongly typed) engine.")
+@click.option("--print-trtexec", is_flag=True, help="Print the equivalent trtexec command and exit (needs no TensorRT).")
+@click.option("--for-tensorrt", "for_major", type=click.IntRange(8, 99), default=None, metavar="MAJOR",
+              help="With --print-trtexec: the TensorRT major version to print for (default: the installed one, else 10 and 11).")
+@click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing plan.")
+def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_batch: int, shapes: tuple[str, ...],
+            workspace: str | None, opt_level: int, timing_cache: str | None, legacy_calibrator: str | None,
+            calib_cache: str | None, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None,
+            seed: int, batch_size: int, allow_fp32: bool, print_trtexec: bool, for_major: int | None, force: bool) -> None:
+    """Build a TensorRT engine (model.plan) from MODEL.
+
+    MODEL is the Q/DQ ONNX model from 'trtrepo quantize' (strongly typed build: TensorRT 10 and 11), or
+    with --legacy-calibrator the FP32 ONNX model (implicit INT8, TensorRT 8.6-10.x). One optimization
+    profile spans --min/--opt/--max-batch. Needs TensorRT, cuda-python and an NVIDIA GPU, except with
+    --print-trtexec.
+    """
+    from ..build import (
+        BuildOptions,
+        build_engine,
+        parse_shape_option,
+        parse_size,
+        prepare_build,
+        tensorrt_major,
+        tensorrt_status,
+        trtexec_command,
+    )
+    from ..data import DataOptions
+
+    if output is None and not print_trtexec:
+        raise UsageError("-o/--output is required (e.g. model_repository/NAME/1/model.plan)")
+    ctx = click.get_current_context()
+    if ctx.get_parameter_source("batch_size") == click.core.ParameterSource.COMMANDLINE and batch_size != opt_batch:
+        raise UsageError(f"--batch-size {batch_size}: TensorRT calibrates with the profile's opt shape, so calibration "
+                         f"batches have --opt-batch ({opt_batch}) samples; set --opt-batch instead")
+    data = None
+    if data_spec is not None:
+        data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size)
+    options = BuildOptions(
+        min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
+        shapes=tuple(parse_shape_option(s) for s in shapes),
+        workspace=parse_size(workspace) if workspace else None,
+        opt_level=opt_level, timing_cache=timing_cache, legacy_calibrator=legacy_calibrator,
+        calib_cache=calib_cache, data=data, allow_fp32=allow_fp32,
+    )
+    if print_trtexec:
+        _, profile = prepare_build(model, options)
+        plan = output or "model.plan"
+        if for_major is not None:
+            majors = [for_major]
+        else:
+            status = tensorrt_status()
+            majors = [tensorrt_major(status.version)] if status.available and status.version else [10, 11]
+        if legacy_calibrator:
+            majors = [m for m in majors if m < 11] or majors  # trtexec_command explains 11
+        for m in majors:
+            if len(majors) > 1:
+                click.echo(f"# TensorRT {m}.x")
+            click.echo(shlex.join(trtexec_command(model, plan, profile, options, m)))
+        return
+    result = build_engine(model, str(output), options, force=force)
+    meta = result.metadata
+    gpu = f"{meta.gpu.name} (compute capability {meta.gpu.compute_capability})" if meta.gpu else "unknown GPU"
+    click.echo(f"built {result.plan} with TensorRT {meta.tensorrt_version} on {gpu}")
+    click.echo(f"  route: {meta.precision_route}, calibration: {meta.calibration_method}")
+    for t in meta.io_tensors:
+        rng = meta.profile.get(t.name)
+        extra = f"  profile {rng.describe()}" if rng else ""
+        click.echo(f"  {t.mode.lower():<6} {t.name}: {t.dtype} {list(t.shape)}{extra}")
+    click.echo(f"  metadata: {result.metadata_path}")
+    if result.timing_cache:
+        click.echo(f"  timing cache: {result.timing_cache}")
+    click.echo(f"  trtexec equivalent: {meta.trtexec}")
