@@ -1,0 +1,463 @@
+"""Triton model repositories: the only module that knows ``REPO/NAME/VERSION/model.<ext>``.
+
+:func:`add_model` renders a :class:`~trtrepo.tritonconfig.ModelConfig`, validates the text
+(protobuf schema + Triton's load-time rules, against the model file's IO) and only then writes:
+everything is staged under ``REPO/.trtrepo-staging/`` and moved into place with ``os.rename``/
+``os.replace``; a new version number is allocated unless ``version`` is given; an existing
+version is never replaced without ``force``; a file lock (``REPO/.trtrepo.lock``) serialises
+concurrent writers. A failure at any point leaves the repository as it was.
+
+Helpers build the usual models from an ONNX file (:func:`add_onnx_model`: ONNX Runtime or the
+Python backend running ONNX Runtime), from a TensorRT plan (:func:`add_plan_model`, reading the
+builder's ``model.plan.json``) and the image ensemble (:func:`add_image_ensemble`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import shutil
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .modelio import ModelIO
+from .tritonconfig import (
+    ModelConfig,
+    ModelOptions,
+    check_model_name,
+    config_from_io,
+    ensemble_config,
+    normalize_profiles,
+    parse_config_text,
+    preprocess_config,
+    render_config,
+    template_file,
+    validate_config_text,
+)
+
+log = logging.getLogger(__name__)
+
+LOCK_NAME = ".trtrepo.lock"
+STAGING_NAME = ".trtrepo-staging"
+PLAN_METADATA_SUFFIX = ".json"  # model.plan -> model.plan.json (written by the build stage)
+LOCK_TIMEOUT_S = 120.0
+
+# Source of a file to write: a path (file or folder, copied) or the bytes themselves.
+FileSource = Path | str | bytes
+
+# Test hook: called with the name of each commit step ("version", "files", "config"); an
+# exception raised there simulates a crash mid-way (the write must roll back).
+_commit_hook: Callable[[str], None] | None = None
+
+
+@dataclass
+class WriteResult:
+    name: str
+    version: int
+    model_dir: Path
+    config_text: str
+    files: list[str]
+    warnings: list[str] = field(default_factory=list)
+    replaced: bool = False
+
+    @property
+    def version_dir(self) -> Path:
+        return self.model_dir / str(self.version)
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+def versions_of(model_dir: Path) -> list[int]:
+    if not model_dir.is_dir():
+        return []
+    return sorted(int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit() and not p.name.startswith("0"))
+
+
+def read_config(model_dir: Path) -> Any:
+    p = model_dir / "config.pbtxt"
+    if not p.is_file():
+        raise UsageError(f"{p}: config.pbtxt not found")
+    return parse_config_text(p.read_text(), str(p))
+
+
+@dataclass
+class ModelEntry:
+    name: str
+    kind: str
+    max_batch_size: int | None
+    versions: dict[int, list[str]]
+    problem: str | None = None
+    inputs: list[str] = field(default_factory=list)
+    outputs: list[str] = field(default_factory=list)
+
+
+def list_repository(repo: str | Path) -> list[ModelEntry]:
+    """Models in ``repo`` with their versions and what each version folder holds."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise UsageError(f"{repo}: model repository not found")
+    entries = []
+    for d in sorted(p for p in repo.iterdir() if p.is_dir() and not p.name.startswith(".")):
+        versions = {v: sorted(str(f.relative_to(d / str(v))) for f in (d / str(v)).iterdir()) for v in versions_of(d)}
+        try:
+            msg = read_config(d)
+            kind = msg.platform or msg.backend or "?"
+            entries.append(ModelEntry(d.name, kind, msg.max_batch_size, versions, None,
+                                      [t.name for t in msg.input], [t.name for t in msg.output]))
+        except UsageError as exc:
+            entries.append(ModelEntry(d.name, "?", None, versions, exc.message))
+    return entries
+
+
+# --------------------------------------------------------------------------------------------
+# Plan metadata (written by the build stage beside the plan)
+
+
+def read_plan_metadata(plan: str | Path) -> dict[str, Any] | None:
+    p = Path(str(plan) + PLAN_METADATA_SUFFIX)
+    if not p.is_file():
+        return None
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"{p}: not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{p}: plan metadata must be a JSON object")
+    return data
+
+
+def _major_minor(version: str | None) -> tuple[int, ...] | None:
+    if not version:
+        return None
+    try:
+        return tuple(int(x) for x in str(version).split(".")[:2])
+    except ValueError:
+        return None
+
+
+def check_plan_target(meta: Mapping[str, Any] | None, *, tensorrt_version: str | None = None,
+                      compute_capability: str | None = None) -> list[str]:
+    """Warnings when a plan was built for another TensorRT version or GPU than the target.
+
+    A plan only loads under the TensorRT version that built it and (without hardware
+    compatibility) on the GPU architecture it was built on (spec section 6, pain points 1-2).
+    """
+    if not meta:
+        return []
+    warnings = []
+    built = meta.get("tensorrt_version")
+    if tensorrt_version and built and _major_minor(built) != _major_minor(tensorrt_version):
+        warnings.append(f"plan built with TensorRT {built} but the target server has TensorRT {tensorrt_version}: it will not load")
+    built_cc = meta.get("compute_capability")
+    if compute_capability and built_cc and str(built_cc) != str(compute_capability) and not meta.get("hardware_compatibility"):
+        warnings.append(f"plan built for compute capability {built_cc} but the target GPU is {compute_capability}: rebuild on the target")
+    return warnings
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+@contextlib.contextmanager
+def repository_lock(repo: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
+    import filelock
+
+    repo.mkdir(parents=True, exist_ok=True)
+    lock = filelock.FileLock(str(repo / LOCK_NAME), timeout=timeout)
+    try:
+        with lock:
+            yield
+    except filelock.Timeout as exc:
+        raise UsageError(f"{repo}: another writer holds {LOCK_NAME} (waited {timeout:.0f}s)") from exc
+
+
+def _check_relpath(rel: str, what: str) -> str:
+    p = Path(rel)
+    if p.is_absolute() or ".." in p.parts or not p.parts or rel.startswith("."):
+        raise UsageError(f"{what} '{rel}': must be a relative path inside the model folder")
+    return rel
+
+
+def _place(source: FileSource, dest: Path) -> None:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(source, bytes):
+        dest.write_bytes(source)
+        return
+    src = Path(source)
+    if src.is_dir():
+        shutil.copytree(src, dest, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    elif src.is_file():
+        shutil.copyfile(src, dest)
+    else:
+        raise UsageError(f"{src}: file not found")
+
+
+def _known_models(repo: Path, pending: Mapping[str, Any] | None) -> dict[str, Any]:
+    known: dict[str, Any] = {}
+    if repo.is_dir():
+        for d in repo.iterdir():
+            if d.is_dir() and not d.name.startswith(".") and (d / "config.pbtxt").is_file():
+                with contextlib.suppress(UsageError):
+                    known[d.name] = read_config(d)
+    known.update(pending or {})
+    return known
+
+
+def add_model(
+    repo: str | Path,
+    config: ModelConfig,
+    version_files: Mapping[str, FileSource],
+    *,
+    model_files: Mapping[str, FileSource] | None = None,
+    version: int | None = None,
+    force: bool = False,
+    io: ModelIO | None = None,
+    profiles: Mapping[str, Any] | None = None,
+    template_dir: str | Path | None = None,
+    warnings: Sequence[str] = (),
+) -> WriteResult:
+    """Render, validate and write one model. Nothing is written when anything fails."""
+    repo = Path(repo)
+    name = check_model_name(config.name)
+    if version is not None and version < 1:
+        raise UsageError(f"--version {version}: versions are integers >= 1")
+    model_files = dict(model_files or {})
+    for rel in (*version_files, *model_files):
+        _check_relpath(rel, "file")
+    for reserved in ("config.pbtxt",):
+        if reserved in model_files:
+            raise UsageError(f"model file '{reserved}' is written by trtrepo itself")
+    expected = [config.model_filename] if config.model_filename else []
+    expected += [f for _, f in config.cc_model_filenames]
+    missing = [f for f in expected if f not in version_files]
+    if missing:
+        raise UsageError(f"model '{name}': the version folder needs {', '.join(missing)}")
+    for rel, src in (*version_files.items(), *model_files.items()):
+        if not isinstance(src, bytes) and not Path(src).exists():
+            raise UsageError(f"{src}: file not found (for {name}/{rel})")
+
+    text = render_config(config, template_dir)
+    where = f"{name}/config.pbtxt"
+    known = _known_models(repo, None) if config.kind == "ensemble" else None
+    validate_config_text(text, where, io=io, profiles=profiles, model_dir_name=name, known_models=known,
+                         model_files=sorted(model_files))
+
+    with repository_lock(repo):
+        model_dir = repo / name
+        existing = versions_of(model_dir)
+        if version is None:
+            version = (max(existing) + 1) if existing else 1
+        replaced = version in existing
+        if replaced and not force:
+            raise UsageError(f"{model_dir / str(version)}: version {version} already exists (use --force to replace it, "
+                             f"or leave --version out to add version {max(existing) + 1})")
+        staging_root = repo / STAGING_NAME
+        staging = staging_root / f"{name}-{uuid.uuid4().hex[:12]}"
+        staging.mkdir(parents=True)
+        try:
+            new_model = staging / "model"
+            (new_model / str(version)).mkdir(parents=True)
+            for rel, src in version_files.items():
+                _place(src, new_model / str(version) / rel)
+            for rel, src in model_files.items():
+                _place(src, new_model / rel)
+            (new_model / "config.pbtxt").write_text(text)
+            _commit(model_dir, new_model, version, list(model_files), staging)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            with contextlib.suppress(OSError):
+                staging_root.rmdir()  # only when empty: another writer may be staging
+    files = sorted(str(p.relative_to(model_dir / str(version))) for p in (model_dir / str(version)).rglob("*") if p.is_file())
+    for w in warnings:
+        log.warning("%s: %s", name, w)
+    return WriteResult(name, version, model_dir, text, files, list(warnings), replaced)
+
+
+def _commit(model_dir: Path, new_model: Path, version: int, model_files: list[str], staging: Path) -> None:
+    """Move a staged model into place; roll back to the previous state on any exception."""
+    hook = _commit_hook
+    if not model_dir.exists():
+        if hook:
+            hook("version")
+        os.rename(new_model, model_dir)  # one atomic step for a new model
+        return
+    undo: list[Callable[[], None]] = []
+    backup = staging / "backup"
+    backup.mkdir()
+    try:
+        vdir = model_dir / str(version)
+        if vdir.exists():
+            os.rename(vdir, backup / str(version))
+            undo.append(lambda: os.rename(backup / str(version), vdir))
+        if hook:
+            hook("version")
+        os.rename(new_model / str(version), vdir)
+        undo.append(lambda: shutil.rmtree(vdir))
+        for rel in [*model_files, "config.pbtxt"]:
+            if rel == "config.pbtxt" and hook:
+                hook("config")
+            elif hook:
+                hook("files")
+            target = model_dir / rel
+            saved = backup / "files" / rel
+            if target.exists():
+                saved.parent.mkdir(parents=True, exist_ok=True)
+                os.rename(target, saved)
+                undo.append(lambda t=target, s=saved: os.replace(s, t))
+            else:
+                undo.append(lambda t=target: t.unlink() if t.exists() else None)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(new_model / rel, target)
+    except BaseException:
+        for step in reversed(undo):
+            with contextlib.suppress(OSError):
+                step()
+        raise
+
+
+# --------------------------------------------------------------------------------------------
+# Model helpers
+
+
+def labels_bytes(labels: Sequence[str] | str | Path) -> bytes:
+    if isinstance(labels, (str, Path)):
+        p = Path(labels)
+        if not p.is_file():
+            raise UsageError(f"{p}: labels file not found")
+        return p.read_bytes()
+    return ("\n".join(str(x) for x in labels) + "\n").encode()
+
+
+def add_onnx_model(
+    repo: str | Path,
+    name: str,
+    onnx_path: str | Path,
+    *,
+    backend: str = "onnxruntime",
+    options: ModelOptions | None = None,
+    labels: Sequence[str] | str | Path | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, ModelConfig]:
+    """An ONNX model for the ONNX Runtime backend, or for the Python backend running ONNX Runtime."""
+    if backend not in ("onnxruntime", "python"):
+        raise UsageError(f"--backend {backend!r}: an ONNX model deploys to 'onnxruntime' or 'python'")
+    onnx_path = Path(onnx_path)
+    io = ModelIO.from_onnx(onnx_path)
+    options = options or ModelOptions()
+    if labels is not None:
+        from dataclasses import replace
+
+        options = replace(options, has_labels=True)
+    kind = "onnxruntime_onnx" if backend == "onnxruntime" else "python_onnx"
+    config = config_from_io(name, io, kind, options)
+    files: dict[str, FileSource] = {"model.onnx": onnx_path}
+    if kind == "python_onnx":
+        files["model.py"] = template_file("python_onnx_model.py", template_dir)
+    model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
+                       template_dir=template_dir)
+    return result, config
+
+
+def add_plan_model(
+    repo: str | Path,
+    name: str,
+    plan: str | Path,
+    *,
+    io: ModelIO | None = None,
+    options: ModelOptions | None = None,
+    profiles: Mapping[str, Any] | None = None,
+    labels: Sequence[str] | str | Path | None = None,
+    target_tensorrt: str | None = None,
+    target_compute_capability: str | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, ModelConfig]:
+    """A TensorRT plan; IO and profiles come from ``model.plan.json`` when not given."""
+    plan = Path(plan)
+    if not plan.is_file():
+        raise UsageError(f"{plan}: plan file not found")
+    meta = read_plan_metadata(plan)
+    if io is None:
+        if not meta or "io" not in meta:
+            raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep {plan.name}{PLAN_METADATA_SUFFIX} beside it")
+        io = ModelIO.from_dict(meta["io"], source=str(plan))
+    if profiles is None and meta:
+        profiles = normalize_profiles(meta.get("profiles"))
+    options = options or ModelOptions()
+    if labels is not None:
+        from dataclasses import replace
+
+        options = replace(options, has_labels=True)
+    config = config_from_io(name, io, "tensorrt_plan", options, profiles=profiles)
+    files: dict[str, FileSource] = {"model.plan": plan}
+    for _, fname in config.cc_model_filenames:
+        files.setdefault(fname, plan.parent / fname)
+    meta_path = Path(str(plan) + PLAN_METADATA_SUFFIX)
+    if meta_path.is_file():
+        files["model.plan" + PLAN_METADATA_SUFFIX] = meta_path
+    warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
+    model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
+                       profiles=profiles, template_dir=template_dir, warnings=warnings)
+    return result, config
+
+
+def preprocess_package_files() -> dict[str, FileSource]:
+    """trtrepo's own preprocessing code, copied into the preprocessing model's version folder so
+    the server runs exactly ``Preprocess.apply`` (data.py plus the modules it imports)."""
+    pkg = Path(__file__).parent
+    files: dict[str, FileSource] = {"trtrepo_preprocess/__init__.py": b'"""Copy of trtrepo preprocessing (written by trtrepo)."""\n'}
+    for mod in ("data.py", "errors.py", "modelio.py", "fsutil.py"):
+        files[f"trtrepo_preprocess/{mod}"] = pkg / mod
+    return files
+
+
+def add_image_ensemble(
+    repo: str | Path,
+    model: ModelConfig,
+    preprocess: Any,
+    *,
+    name: str | None = None,
+    image_input: str = "IMAGE",
+    options: ModelOptions | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, WriteResult]:
+    """``<model>_preprocess`` (Python: image bytes -> input tensor) and ``<model>_ensemble``."""
+    name = name or f"{model.name}_ensemble"
+    pre_name = f"{model.name}_preprocess"
+    if len(model.inputs) != 1:
+        raise UsageError(f"ensemble '{name}': model '{model.name}' has {len(model.inputs)} inputs; an image ensemble needs one")
+    tensor = model.inputs[0]
+    from .modelio import TensorSpec
+
+    dtype = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8"}.get(tensor.data_type)
+    if dtype is None or dtype != preprocess.dtype:
+        raise UsageError(f"ensemble '{name}': preprocessing produces {preprocess.dtype} but input '{tensor.name}' is {tensor.data_type}")
+    spec = TensorSpec(tensor.name, dtype, ((-1,) if model.max_batch_size > 0 else ()) + tuple(tensor.dims),
+                      0 if model.max_batch_size > 0 else None)
+    pre_cfg = preprocess_config(pre_name, image_input, spec, model.max_batch_size, options)
+    ens_cfg = ensemble_config(name, image_input, pre_cfg, model)
+    pre_spec = json.dumps(preprocess.to_dict(), indent=2).encode() + b"\n"
+    files: dict[str, FileSource] = {"model.py": template_file("preprocess_model.py", template_dir), "preprocess.json": pre_spec}
+    files.update(preprocess_package_files())
+    # Render and validate the ensemble before writing anything (its steps must resolve).
+    ens_text = render_config(ens_cfg, template_dir)
+    known = _known_models(Path(repo), {pre_name: parse_config_text(render_config(pre_cfg, template_dir), pre_name)})
+    validate_config_text(ens_text, f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
+    pre = add_model(repo, pre_cfg, files, version=version, force=force, template_dir=template_dir)
+    ens = add_model(repo, ens_cfg, {}, version=version, force=force, template_dir=template_dir)
+    return pre, ens
