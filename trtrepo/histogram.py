@@ -41,6 +41,9 @@ Conventions:
 
 from __future__ import annotations
 
+import math
+from fractions import Fraction
+
 import numpy as np
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
@@ -61,9 +64,12 @@ def histogram_edges(max_abs: float, num_bins: int = DEFAULT_NUM_BINS) -> np.ndar
 def _scaled_abs(x: np.ndarray, max_abs: float, num_bins: int) -> np.ndarray:
     """``|x| * (num_bins / max_abs)`` in a fresh array (float32 for float16/float32 input)."""
     x = np.asarray(x)
-    dtype = np.float64 if x.dtype == np.float64 else np.float32
+    factor = num_bins / float(max_abs)
+    # float32 is exact enough and twice as fast; float64 for float64 data and for ranges so
+    # small (below ~1e-34) that the factor would overflow float32.
+    dtype = np.float64 if x.dtype == np.float64 or factor > 1e36 else np.float32
     a = np.abs(x.reshape(-1), dtype=dtype)
-    np.multiply(a, dtype(num_bins / float(max_abs)), out=a)
+    np.multiply(a, dtype(factor), out=a)
     return a
 
 
@@ -119,7 +125,10 @@ def amax_percentile(counts: np.ndarray, edges: np.ndarray, percentile: float = D
     if total <= 0 or e[-1] <= 0:
         return float(e[-1]) if total > 0 else 0.0
     cum = np.cumsum(c)  # exact: integer counts below 2**53
-    idx = int(np.searchsorted(cum, total * (percentile / 100.0), side="left"))
+    # The count to reach, exactly: the percentile read as the decimal it was written as.
+    target = math.ceil(Fraction(int(total)) * Fraction(repr(float(percentile))) / 100) if total == int(total) \
+        else total * percentile / 100.0
+    idx = int(np.searchsorted(cum, target, side="left"))
     idx = min(idx, len(c) - 1)
     return float(e[idx + 1])
 
