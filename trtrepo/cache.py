@@ -71,7 +71,7 @@ def trt_version_int(version: str | int) -> int:
     if isinstance(version, int):
         return version
     text = str(version).strip()
-    if text.isdigit():
+    if text.isdigit() and int(text) >= 1000:  # already encoded (8601, 101300)
         return int(text)
     parts = text.split(".")
     if not 2 <= len(parts) <= 4 or not all(p.isdigit() for p in parts):
