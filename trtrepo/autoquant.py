@@ -1,0 +1,424 @@
+"""Calibrate, quantize and evaluate in one loop: ``--method auto`` and ``--accuracy-target``.
+
+:func:`run_quantize` is the Python twin of ``trtrepo quantize``:
+
+1. ranges come from a ranges JSON, a TensorRT cache, or one calibration pass over ``data``
+   (:class:`trtrepo.calibrate.Calibrator`; its statistics serve every method and carry the
+   signed min/max the onnxruntime target needs);
+2. with ``method="auto"`` the model is quantized with each of entropy, minmax, percentile and
+   mse and each is evaluated against FP32 on a held-out split that calibration never saw (a
+   deterministic ``holdout`` fraction of ``data``, or ``eval_data``); the best by accuracy
+   (labels, else top-1 agreement), then cosine, wins;
+3. with an :class:`~trtrepo.evaluate.AccuracyTarget` the quantized layers are ranked by
+   sensitivity (one layer's Q/DQ removed at a time) and the most sensitive are left in float,
+   one more per step, until the target holds. A target that FP32 itself misses, or that only
+   holds with every layer in float, is an error and nothing is written.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import UsageError
+from .evaluate import AccuracyTarget, OutputMetrics, RunOutputs, compare_outputs, metrics_table, run_onnx, score
+from .quantize import (
+    ActivationRange,
+    QuantizedModel,
+    QuantizeOptions,
+    QuantizeResult,
+    _result,
+    insert_qdq,
+    load_model,
+    plan_qdq,
+    prepare_model,
+    ranges_from_cache,
+    save_model,
+)
+
+log = logging.getLogger(__name__)
+
+METHODS = ("entropy", "minmax", "percentile", "mse")
+DEFAULT_HOLDOUT = 0.2
+
+
+# --------------------------------------------------------------------------------------------
+# Data splits and ranges
+
+
+def _take(source: Any, positions: np.ndarray) -> Any:
+    """A clone of ``source`` restricted to ``positions`` (indices into its current samples)."""
+    clone = object.__new__(type(source))
+    clone.__dict__.update(source.__dict__)
+    clone._indices = np.asarray(source._indices)[np.asarray(positions, dtype=np.int64)]
+    return clone
+
+
+def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0) -> tuple[Any, Any]:
+    """Deterministic split into (calibration, held-out) parts; no sample is in both."""
+    if not 0.0 < fraction < 1.0:
+        raise UsageError(f"--holdout {fraction}: expected a fraction between 0 and 1")
+    n = len(source)
+    k = int(round(n * fraction))
+    if n < 2 or k < 1 or k >= n:
+        raise UsageError(f"{source.name}: {n} samples are too few to hold out {fraction:.0%} for evaluation; "
+                         "give more data or --eval-data")
+    held = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+    calib = np.setdiff1d(np.arange(n), held)
+    return _take(source, calib), _take(source, held)
+
+
+def activation_ranges(amax: Mapping[str, float], statistics: Any = None,
+                      minmax: Mapping[str, tuple[float, float]] | None = None) -> dict[str, ActivationRange]:
+    """``{tensor: ActivationRange}`` from amax plus the signed min/max of the calibration
+    statistics (or an explicit ``minmax`` table) where known."""
+    out = {}
+    for name, a in amax.items():
+        lo = hi = None
+        if statistics is not None and name in statistics:
+            lo, hi = float(statistics[name].min), float(statistics[name].max)
+        elif minmax is not None and name in minmax:
+            lo, hi = (float(v) for v in minmax[name])
+        out[name] = ActivationRange(float(a), lo, hi)
+    return out
+
+
+def ranges_from_json_file(path: str | Path) -> dict[str, ActivationRange]:
+    """A ranges JSON (``trtrepo calibrate``) with min/max where it holds them."""
+    import json
+
+    from .calibrate import Ranges
+
+    ranges = Ranges.load_json(path)
+    data = json.loads(Path(path).read_text())
+    minmax = {}
+    for name, entry in (data.get("tensors") or {}).items():
+        if isinstance(entry, Mapping) and "min" in entry and "max" in entry:
+            minmax[name] = (float(entry["min"]), float(entry["max"]))
+    return activation_ranges(ranges, minmax=minmax)
+
+
+def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
+    """What to calibrate: the calibration module's default selection plus every activation the
+    target's placement quantizes (without exclusions, so fallback never runs short)."""
+    from .calibrate import select_tensors
+
+    names = list(select_tensors(model))
+    no_excl = QuantizeOptions(target=options.target, per_channel=options.per_channel)
+    for t in plan_qdq(prepare_model(model), no_excl).activation_tensors():
+        if t not in names:
+            names.append(t)
+    return names
+
+
+# --------------------------------------------------------------------------------------------
+# Evaluation of candidates
+
+
+@dataclass
+class Candidate:
+    label: str
+    quantized: QuantizedModel
+    metrics: dict[str, OutputMetrics] | None = None
+
+    def row(self) -> dict[str, Any]:
+        d: dict[str, Any] = {"label": self.label}
+        if self.metrics:
+            d["outputs"] = {k: v.to_dict() for k, v in self.metrics.items()}
+        return d
+
+
+class Evaluator:
+    """FP32 outputs on the held-out data once; candidates compared against them."""
+
+    def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None) -> None:
+        self.source = source
+        self.batch_size = batch_size
+        self.threads = threads
+        self.reference: RunOutputs = run_onnx(fp32_model, source, batch_size=batch_size, threads=threads)
+        self.count = 0
+
+    def __call__(self, model: Any) -> dict[str, OutputMetrics]:
+        self.count += 1
+        cand = run_onnx(model, self.source, batch_size=self.batch_size, threads=self.threads)
+        return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels)
+
+    def fp32_metrics(self) -> dict[str, OutputMetrics]:
+        return compare_outputs(self.reference.outputs, self.reference.outputs, self.reference.labels)
+
+
+def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,
+                  evaluator: Evaluator | None) -> tuple[Candidate, list[Candidate]]:
+    """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.score` wins
+    (the first method on ties; without an evaluator the first method)."""
+    candidates = []
+    for method, ranges in ranges_per_method.items():
+        qm = insert_qdq(model, ranges, options, source=f"{method} ranges")
+        cand = Candidate(method, qm)
+        if evaluator is not None:
+            cand.metrics = evaluator(qm.model)
+            log.info("method %s: %s", method, _brief(cand.metrics))
+        candidates.append(cand)
+    if evaluator is None or len(candidates) == 1:
+        return candidates[0], candidates
+    best = candidates[0]
+    for c in candidates[1:]:
+        if score(c.metrics) > score(best.metrics):  # type: ignore[arg-type]
+            best = c
+    return best, candidates
+
+
+def _brief(metrics: Mapping[str, OutputMetrics]) -> str:
+    m = next(iter(metrics.values()))
+    parts = []
+    if m.candidate_accuracy is not None:
+        parts.append(f"accuracy {100 * m.candidate_accuracy:.2f}% (FP32 {100 * (m.reference_accuracy or 0):.2f}%)")
+    if m.top1_agreement is not None:
+        parts.append(f"top-1 agreement {100 * m.top1_agreement:.2f}%")
+    parts.append(f"cosine {m.cosine_mean:.6f}")
+    return ", ".join(parts)
+
+
+@dataclass
+class FallbackStep:
+    layers_in_float: list[str]
+    value: float
+    met: bool
+    cosine: float
+
+
+@dataclass
+class FallbackResult:
+    chosen: QuantizedModel
+    metrics: dict[str, OutputMetrics]
+    sensitivity: list[dict[str, Any]]
+    steps: list[FallbackStep]
+
+
+def _goodness(target: AccuracyTarget, metrics: Mapping[str, OutputMetrics]) -> tuple[float, float]:
+    v = target.measure(metrics)
+    return (-v if target.kind == "top1-drop" else v, next(iter(metrics.values())).cosine_mean)
+
+
+def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, evaluator: Evaluator,
+             target: AccuracyTarget, start: Candidate) -> FallbackResult:
+    """Leave the most sensitive layers in float until ``target`` holds (see the module doc)."""
+    fp32 = evaluator.fp32_metrics()
+    if not target.met(fp32):
+        raise UsageError(f"--accuracy-target {target} cannot be met even with every layer in float "
+                         f"(the FP32 model itself gives {target.measure(fp32):.6g} on {evaluator.source.name})")
+    metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
+    steps = [FallbackStep([], target.measure(metrics), target.met(metrics), next(iter(metrics.values())).cosine_mean)]
+    if steps[0].met:
+        return FallbackResult(start.quantized, metrics, [], steps)
+    layers = list(start.quantized.plan.layers)
+    sensitivity = []
+    for layer in layers:
+        try:
+            qm = insert_qdq(model, ranges, options.with_excluded_nodes([layer]))
+        except UsageError:
+            continue  # nothing left to quantize without it
+        m = evaluator(qm.model)
+        g = _goodness(target, m)
+        sensitivity.append({"layer": layer, "value": target.measure(m), "cosine": g[1], "_key": g})
+        log.info("without %s: %s=%.6g", layer, target.kind, target.measure(m))
+    sensitivity.sort(key=lambda s: s["_key"], reverse=True)
+    for s in sensitivity:
+        s.pop("_key")
+    ranked = [s["layer"] for s in sensitivity]
+    for k in range(1, len(ranked)):
+        in_float = ranked[:k]
+        qm = insert_qdq(model, ranges, options.with_excluded_nodes(in_float))
+        m = evaluator(qm.model)
+        step = FallbackStep(list(in_float), target.measure(m), target.met(m), next(iter(m.values())).cosine_mean)
+        steps.append(step)
+        log.info("%d layer(s) in float: %s=%.6g%s", k, target.kind, step.value, " (met)" if step.met else "")
+        if step.met:
+            return FallbackResult(qm, m, sensitivity, steps)
+    raise UsageError(f"--accuracy-target {target} is only met with every layer in float "
+                     f"(best with INT8 left: {max((s.value for s in steps), key=lambda v: -v if target.kind == 'top1-drop' else v):.6g}); "
+                     "nothing written")
+
+
+# --------------------------------------------------------------------------------------------
+# The quantize command's engine
+
+
+def run_quantize(
+    onnx_path: str | Path,
+    out_path: str | Path,
+    *,
+    ranges: str | Path | None = None,
+    cache: str | Path | None = None,
+    data: Any = None,
+    method: str = "entropy",
+    options: QuantizeOptions | None = None,
+    accuracy_target: AccuracyTarget | str | None = None,
+    eval_data: Any = None,
+    holdout: float = DEFAULT_HOLDOUT,
+    seed: int = 0,
+    batch_size: int = 32,
+    threads: int | None = None,
+    data_args: Mapping[str, Any] | None = None,
+    report_dir: str | Path | None = None,
+    force: bool = True,
+    progress: bool = False,
+) -> QuantizeResult:
+    """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
+    (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
+    ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
+    anything fails."""
+    from .data import open_data
+    from .modelio import ModelIO
+
+    options = options or QuantizeOptions()
+    if isinstance(accuracy_target, str):
+        accuracy_target = AccuracyTarget.parse(accuracy_target)
+    given = [n for n, v in (("--ranges", ranges), ("--cache", cache)) if v is not None]
+    if len(given) > 1:
+        raise UsageError("give only one of --ranges, --cache")
+    if method != "auto" and method not in METHODS:
+        raise UsageError(f"--method '{method}': expected one of {', '.join(METHODS)}, auto")
+    if given and method == "auto":
+        raise UsageError("--method auto calibrates: it needs --data, not --ranges/--cache")
+    if not given and data is None:
+        raise UsageError("no ranges: give --ranges R.json, --cache C.cache or --data SPEC")
+    onnx_path = Path(onnx_path)
+    model = load_model(onnx_path)
+    io = ModelIO.from_onnx(model)
+    data_args = dict(data_args or {})
+    if Path(out_path).exists() and not force:
+        raise UsageError(f"{out_path}: already exists (use --force to overwrite)")
+
+    def open_(spec: Any, with_args: bool = True) -> Any:
+        return open_data(spec, io=io, **(data_args if with_args else {}))
+
+    need_eval = method == "auto" or accuracy_target is not None
+    calib_src = eval_src = None
+    if given:
+        if eval_data is not None:
+            eval_src = open_(eval_data, with_args=False)
+        elif data is not None:
+            eval_src = open_(data)
+    else:
+        source = open_(data)
+        if eval_data is not None:
+            calib_src, eval_src = source, open_(eval_data, with_args=False)
+        elif need_eval:
+            calib_src, eval_src = split_holdout(source, holdout, seed)
+            log.info("holding out %d of %d samples of %s for evaluation", len(eval_src), len(source), source.name)
+        else:
+            calib_src = source
+    if accuracy_target is not None and eval_src is None:
+        raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
+
+    stats = None
+    if ranges is not None:
+        per_method = {"ranges": ranges_from_json_file(ranges)}
+    elif cache is not None:
+        per_method = {"cache": activation_ranges(ranges_from_cache(cache, model))}
+    else:
+        from .calibrate import Calibrator
+
+        cal = Calibrator(onnx_path, calib_src, batch_size=batch_size, progress=progress,
+                         tensors=calibration_tensors(model, options))
+        stats = cal.collect()
+        methods = METHODS if method == "auto" else (method,)
+        per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
+    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads) if eval_src is not None else None
+    best, candidates = select_method(model, per_method, options, evaluator)
+    chosen, metrics = best.quantized, best.metrics
+    fb = None
+    if accuracy_target is not None:
+        if evaluator is None:  # pragma: no cover - eval_src is required above
+            raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
+        fb = fallback(model, per_method[best.label], options, evaluator, accuracy_target, best)
+        chosen, metrics = fb.chosen, fb.metrics
+
+    path = save_model(chosen.model, out_path, force=force)
+    result = _result(chosen, path, options, best.label)
+    result.layers_in_float = list(chosen.plan.excluded)
+    report = _report(onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src,
+                     calib_src, stats)
+    result.report = report
+    if report_dir is not None:
+        from .fsutil import atomic_write_text
+
+        folder = Path(report_dir)
+        import json
+
+        atomic_write_text(folder / "quantize.json", json.dumps(report, indent=2, default=_json_default) + "\n")
+        atomic_write_text(folder / "quantize.md", report_markdown(report))
+    return result
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o).__name__)
+
+
+def _report(onnx_path: Path, out: Path, options: QuantizeOptions, method: str, best: Candidate,
+            candidates: Sequence[Candidate], metrics: Mapping[str, OutputMetrics] | None,
+            target: AccuracyTarget | None, fb: FallbackResult | None, eval_src: Any, calib_src: Any,
+            stats: Any) -> dict[str, Any]:
+    return {
+        "model": str(onnx_path),
+        "output": str(out),
+        "target": options.target,
+        "method_requested": method,
+        "method": best.label,
+        "calibration_samples": None if calib_src is None else len(calib_src),
+        "evaluation_data": None if eval_src is None else {"name": eval_src.name, "samples": len(eval_src)},
+        "methods": [c.row() for c in candidates] if len(candidates) > 1 else [],
+        "accuracy_target": None if target is None else str(target),
+        "sensitivity": [] if fb is None else fb.sensitivity,
+        "steps": [] if fb is None else [vars(s) for s in fb.steps],
+        "layers_in_float": [] if fb is None else list(fb.chosen.plan.excluded),
+        "excluded": list(options.exclude_nodes) + list(options.exclude_ops),
+        "metrics": None if metrics is None else {k: v.to_dict() for k, v in metrics.items()},
+    }
+
+
+def report_markdown(report: Mapping[str, Any]) -> str:
+    lines = [f"# Quantization report: {Path(report['output']).name}", "",
+             f"- model: `{report['model']}`, target `{report['target']}`",
+             f"- method: {report['method']} (requested {report['method_requested']})"]
+    if report.get("evaluation_data"):
+        ev = report["evaluation_data"]
+        lines.append(f"- evaluated on `{ev['name']}` ({ev['samples']} held-out samples; "
+                     f"{report.get('calibration_samples') or '-'} calibration samples)")
+    if report["methods"]:
+        lines += ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | max abs err |", "|---|---|---|---|---|"]
+        for row in report["methods"]:
+            m = next(iter(row.get("outputs", {}).values()), None)
+            if m is None:
+                continue
+            acc = "-" if m["candidate_accuracy"] is None else f"{100 * m['candidate_accuracy']:.2f}%"
+            agree = "-" if m["top1_agreement"] is None else f"{100 * m['top1_agreement']:.2f}%"
+            mark = " (chosen)" if row["label"] == report["method"] else ""
+            lines.append(f"| {row['label']}{mark} | {agree} | {acc} | {m['cosine_mean']:.6f} | {m['max_abs_error']:.4g} |")
+    if report["accuracy_target"]:
+        lines += ["", f"## Accuracy target {report['accuracy_target']}", ""]
+        if report["sensitivity"]:
+            lines += ["Sensitivity (value with only that layer in float, most sensitive first):", "",
+                      "| layer | value | cosine |", "|---|---|---|"]
+            lines += [f"| `{s['layer']}` | {s['value']:.6g} | {s['cosine']:.6f} |" for s in report["sensitivity"]]
+            lines.append("")
+        lines += ["| step | layers in float | value | met |", "|---|---|---|---|"]
+        for i, s in enumerate(report["steps"]):
+            lines.append(f"| {i} | {len(s['layers_in_float'])} | {s['value']:.6g} | {'yes' if s['met'] else 'no'} |")
+        lines += ["", "Layers left in float: " + (", ".join(f"`{n}`" for n in report["layers_in_float"]) or "none")]
+    if report["metrics"]:
+        from .evaluate import OutputMetrics
+
+        outs = {k: OutputMetrics(**{f: v[f] for f in OutputMetrics.__dataclass_fields__}) for k, v in report["metrics"].items()}
+        lines += ["", "## Result vs FP32", "", metrics_table(outs)]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,398 @@
+"""Compare a reference (FP32) model with a candidate (INT8 Q/DQ) model on the same data.
+
+Metrics are pure numpy functions over ``[N, ...]`` arrays (sample axis first), general enough
+for classification logits and embeddings; the validation harness reuses them::
+
+    top_k_agreement(reference, candidate, k=1) -> float     # fraction, in [0, 1]
+    accuracy(outputs, labels, k=1) -> float
+    max_abs_error(a, b) / mean_abs_error(a, b) -> float
+    cosine_similarity(a, b) -> np.ndarray                   # one value per sample
+    compare_outputs(reference, candidate, labels=None) -> dict[output name, OutputMetrics]
+
+The ONNX Runtime side: :func:`run_onnx` runs a model (path, bytes or ModelProto) over a
+:class:`~trtrepo.data.DataSource` batch by batch; :func:`evaluate` runs both models and returns
+an :class:`EvaluationReport` (JSON and Markdown). :class:`AccuracyTarget` parses
+``top1-drop=0.5`` / ``cosine=0.999`` / ``top1=98`` and tells whether metrics meet it.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import TrtrepoError, UsageError
+
+# --------------------------------------------------------------------------------------------
+# Pure metrics
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, dtype=np.float64)
+    return x.reshape(len(x), -1) if x.ndim > 1 else x.reshape(-1, 1)
+
+
+def _check_pair(a: np.ndarray, b: np.ndarray) -> None:
+    if np.shape(a) != np.shape(b):
+        raise UsageError(f"outputs have different shapes: {list(np.shape(a))} vs {list(np.shape(b))}")
+
+
+def top_k(outputs: np.ndarray, k: int) -> np.ndarray:
+    """Indices of the ``k`` largest values per sample (``[N, C]`` -> ``[N, k]``, best first)."""
+    x = np.asarray(outputs).reshape(len(outputs), -1)
+    k = min(k, x.shape[1])
+    part = np.argpartition(-x, k - 1, axis=1)[:, :k]
+    order = np.argsort(-np.take_along_axis(x, part, axis=1), axis=1, kind="stable")
+    return np.take_along_axis(part, order, axis=1)
+
+
+def top_k_agreement(reference: np.ndarray, candidate: np.ndarray, k: int = 1) -> float:
+    """Fraction of samples whose reference top-1 class is among the candidate's top ``k``
+    (``k=1``: the two argmaxes agree)."""
+    _check_pair(reference, candidate)
+    if len(reference) == 0:
+        return float("nan")
+    ref1 = np.argmax(np.asarray(reference).reshape(len(reference), -1), axis=1)
+    cand = top_k(candidate, k)
+    return float(np.mean(np.any(cand == ref1[:, None], axis=1)))
+
+
+def accuracy(outputs: np.ndarray, labels: np.ndarray, k: int = 1) -> float:
+    """Fraction of samples whose label is among the top ``k`` outputs."""
+    labels = np.asarray(labels).reshape(-1)
+    if len(labels) != len(outputs):
+        raise UsageError(f"{len(labels)} labels for {len(outputs)} samples")
+    if len(labels) == 0:
+        return float("nan")
+    return float(np.mean(np.any(top_k(outputs, k) == labels[:, None], axis=1)))
+
+
+def max_abs_error(a: np.ndarray, b: np.ndarray) -> float:
+    _check_pair(a, b)
+    if np.size(a) == 0:
+        return 0.0
+    return float(np.max(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def mean_abs_error(a: np.ndarray, b: np.ndarray) -> float:
+    _check_pair(a, b)
+    if np.size(a) == 0:
+        return 0.0
+    return float(np.mean(np.abs(np.asarray(a, np.float64) - np.asarray(b, np.float64))))
+
+
+def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Cosine similarity per sample (each sample flattened). Two zero vectors count as 1, one
+    zero vector against a non-zero one as 0."""
+    _check_pair(a, b)
+    fa, fb = _flat(a), _flat(b)
+    na, nb = np.linalg.norm(fa, axis=1), np.linalg.norm(fb, axis=1)
+    dot = np.sum(fa * fb, axis=1)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        cos = dot / (na * nb)
+    cos = np.where((na == 0) & (nb == 0), 1.0, np.where((na == 0) | (nb == 0), 0.0, cos))
+    return np.clip(cos, -1.0, 1.0)
+
+
+def is_classification(outputs: np.ndarray) -> bool:
+    """``[N, C]`` with at least 2 classes: top-k metrics make sense."""
+    return np.ndim(outputs) == 2 and np.shape(outputs)[1] >= 2
+
+
+@dataclass
+class OutputMetrics:
+    """Metrics of one output. Fractions are in [0, 1]; ``None`` where not applicable."""
+
+    name: str
+    samples: int
+    max_abs_error: float
+    mean_abs_error: float
+    cosine_mean: float
+    cosine_min: float
+    top1_agreement: float | None = None
+    top5_agreement: float | None = None
+    reference_accuracy: float | None = None
+    candidate_accuracy: float | None = None
+
+    @property
+    def accuracy_drop_points(self) -> float | None:
+        """FP32 accuracy minus candidate accuracy, in percentage points."""
+        if self.reference_accuracy is None or self.candidate_accuracy is None:
+            return None
+        return 100.0 * (self.reference_accuracy - self.candidate_accuracy)
+
+    @property
+    def top1_drop_points(self) -> float | None:
+        """Accuracy drop against labels when present, else the top-1 disagreement with the
+        reference, in percentage points."""
+        if self.accuracy_drop_points is not None:
+            return self.accuracy_drop_points
+        if self.top1_agreement is None:
+            return None
+        return 100.0 * (1.0 - self.top1_agreement)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["accuracy_drop_points"] = self.accuracy_drop_points
+        return d
+
+
+def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> OutputMetrics:
+    _check_pair(reference, candidate)
+    cos = cosine_similarity(reference, candidate)
+    m = OutputMetrics(
+        name=name,
+        samples=len(reference),
+        max_abs_error=max_abs_error(reference, candidate),
+        mean_abs_error=mean_abs_error(reference, candidate),
+        cosine_mean=float(np.mean(cos)) if len(cos) else float("nan"),
+        cosine_min=float(np.min(cos)) if len(cos) else float("nan"),
+    )
+    if is_classification(reference):
+        m.top1_agreement = top_k_agreement(reference, candidate, 1)
+        m.top5_agreement = top_k_agreement(reference, candidate, 5)
+        if labels is not None:
+            m.reference_accuracy = accuracy(reference, labels, 1)
+            m.candidate_accuracy = accuracy(candidate, labels, 1)
+    return m
+
+
+def compare_outputs(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
+                    labels: np.ndarray | None = None) -> dict[str, OutputMetrics]:
+    """Metrics per output name present in both (labels apply to classification outputs)."""
+    missing = [n for n in reference if n not in candidate]
+    if missing:
+        raise UsageError(f"output '{missing[0]}' of the reference model is missing from the candidate")
+    return {name: compare_output(name, reference[name], candidate[name], labels) for name in reference}
+
+
+# --------------------------------------------------------------------------------------------
+# Accuracy targets
+
+
+@dataclass(frozen=True)
+class AccuracyTarget:
+    """``top1-drop=P``: top-1 drop at most P points (vs labels when present, else disagreement
+    with FP32); ``top1=A``: top-1 accuracy (or agreement) at least A percent; ``cosine=C``: mean
+    cosine similarity to FP32 at least C. Checked on the first output (or ``output``)."""
+
+    kind: str
+    value: float
+    output: str | None = None
+
+    KINDS = ("top1-drop", "top1", "cosine")
+
+    @classmethod
+    def parse(cls, text: str) -> AccuracyTarget:
+        kind, sep, value = text.partition("=")
+        kind = kind.strip()
+        if not sep or kind not in cls.KINDS:
+            raise UsageError(f"--accuracy-target '{text}': expected top1-drop=POINTS, top1=PERCENT or cosine=MIN")
+        try:
+            v = float(value)
+        except ValueError:
+            raise UsageError(f"--accuracy-target '{text}': '{value}' is not a number") from None
+        if not math.isfinite(v) or (kind == "cosine" and not -1.0 <= v <= 1.0) or (kind == "top1" and not 0 <= v <= 100):
+            raise UsageError(f"--accuracy-target '{text}': value out of range")
+        return cls(kind, v)
+
+    def __str__(self) -> str:
+        return f"{self.kind}={self.value:g}"
+
+    def _metrics(self, metrics: Mapping[str, OutputMetrics]) -> OutputMetrics:
+        if self.output is not None:
+            if self.output not in metrics:
+                raise UsageError(f"--accuracy-target: no output named '{self.output}'")
+            return metrics[self.output]
+        return next(iter(metrics.values()))
+
+    def measure(self, metrics: Mapping[str, OutputMetrics]) -> float:
+        """The value the target is checked on (points, percent or cosine)."""
+        m = self._metrics(metrics)
+        if self.kind == "cosine":
+            return m.cosine_mean
+        if self.kind == "top1-drop":
+            if m.top1_drop_points is None:
+                raise UsageError(f"--accuracy-target {self}: output '{m.name}' is not a classification output; use cosine=MIN")
+            return m.top1_drop_points
+        acc = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
+        if acc is None:
+            raise UsageError(f"--accuracy-target {self}: output '{m.name}' is not a classification output; use cosine=MIN")
+        return 100.0 * acc
+
+    def met(self, metrics: Mapping[str, OutputMetrics]) -> bool:
+        v = self.measure(metrics)
+        # Tolerance for float rounding: an all-float model must meet cosine=1.0 / top1-drop=0.
+        return v <= self.value + 1e-9 if self.kind == "top1-drop" else v >= self.value - 1e-6
+
+
+def score(metrics: Mapping[str, OutputMetrics]) -> tuple[float, ...]:
+    """Sort key (higher is better) for choosing between candidates: accuracy vs labels, else
+    top-1 agreement, then mean cosine, then lower mean abs error; on the first output."""
+    m = next(iter(metrics.values()))
+    primary = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
+    return (primary if primary is not None else 0.0, m.cosine_mean, -m.mean_abs_error)
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX Runtime runner
+
+
+def make_session(model: Any, *, threads: int | None = None, optimization: str = "all",
+                 optimized_path: str | Path | None = None) -> Any:
+    """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.log_severity_level = 3
+    so.graph_optimization_level = {
+        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
+        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
+        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
+        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
+    }[optimization]
+    if threads is not None:
+        so.intra_op_num_threads = threads
+        so.inter_op_num_threads = 1
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if optimized_path is not None:
+        so.optimized_model_filepath = str(optimized_path)
+    if hasattr(model, "SerializeToString"):
+        model = model.SerializeToString()
+    what = "model" if isinstance(model, bytes) else str(model)
+    try:
+        return ort.InferenceSession(model if isinstance(model, bytes) else str(model), so, providers=["CPUExecutionProvider"])
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise TrtrepoError(f"{what}: ONNX Runtime cannot load the model ({first})") from exc
+
+
+@dataclass
+class RunOutputs:
+    outputs: dict[str, np.ndarray]
+    labels: np.ndarray | None
+
+
+def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
+             session: Any = None, io: Any = None) -> RunOutputs:
+    """Run ``model`` over every sample of ``source``; outputs concatenated along the sample axis."""
+    from .data import iter_batches
+    from .modelio import ModelIO
+
+    sess = session or make_session(model, threads=threads)
+    if io is None:
+        io = _io_of(model)
+    names = [o.name for o in sess.get_outputs()]
+    parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
+    labels: list[np.ndarray] = []
+    has_labels = True
+    for batch in iter_batches(source, batch_size, io if isinstance(io, ModelIO) else None):
+        feed = {k: v for k, v in batch.inputs.items() if k in {i.name for i in sess.get_inputs()}}
+        try:
+            values = sess.run(names, feed)
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrtrepoError(f"ONNX Runtime failed on samples {batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
+        for n, v in zip(names, values, strict=True):
+            parts[n].append(v)
+        if batch.labels is None:
+            has_labels = False
+        else:
+            labels.append(batch.labels)
+    outputs = {n: np.concatenate(v) for n, v in parts.items()}
+    return RunOutputs(outputs, np.concatenate(labels) if has_labels and labels else None)
+
+
+def _io_of(model: Any) -> Any:
+    from .modelio import ModelIO
+
+    try:
+        if isinstance(model, (str, Path)):
+            import onnx
+
+            return ModelIO.from_onnx(onnx.load(str(model), load_external_data=False))
+        if hasattr(model, "graph"):
+            return ModelIO.from_onnx(model)
+    except Exception:  # the IO description is only used to check and cast feeds
+        return None
+    return None
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class EvaluationReport:
+    reference: str
+    candidate: str
+    data: str
+    samples: int
+    outputs: dict[str, OutputMetrics]
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"reference": self.reference, "candidate": self.candidate, "data": self.data, "samples": self.samples,
+                "outputs": {k: v.to_dict() for k, v in self.outputs.items()}, **self.extra}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n"
+
+    def to_markdown(self) -> str:
+        lines = [f"# Evaluation: {Path(self.candidate).name} vs {Path(self.reference).name}", "",
+                 f"Data: `{self.data}` ({self.samples} samples).", "", metrics_table(self.outputs)]
+        return "\n".join(lines) + "\n"
+
+    def write(self, folder: str | Path, stem: str = "evaluation") -> tuple[Path, Path]:
+        from .fsutil import atomic_write_text
+
+        folder = Path(folder)
+        j = atomic_write_text(folder / f"{stem}.json", self.to_json())
+        m = atomic_write_text(folder / f"{stem}.md", self.to_markdown())
+        return j, m
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o).__name__)
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def metrics_table(outputs: Mapping[str, OutputMetrics]) -> str:
+    """A Markdown table, one row per output."""
+    rows = ["| output | top-1 agree | top-5 agree | FP32 acc | INT8 acc | drop (pts) | max abs err | mean abs err | cosine mean | cosine min |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    for m in outputs.values():
+        drop = m.accuracy_drop_points
+        rows.append(f"| {m.name} | {_pct(m.top1_agreement)} | {_pct(m.top5_agreement)} | {_pct(m.reference_accuracy)} | "
+                    f"{_pct(m.candidate_accuracy)} | {'-' if drop is None else f'{drop:.2f}'} | {m.max_abs_error:.4g} | "
+                    f"{m.mean_abs_error:.4g} | {m.cosine_mean:.6f} | {m.cosine_min:.6f} |")
+    return "\n".join(rows)
+
+
+def evaluate(reference_model: Any, candidate_model: Any, source: Any, *, batch_size: int = 32,
+             threads: int | None = None, reference_outputs: RunOutputs | None = None,
+             names: Sequence[str] = ("", "")) -> EvaluationReport:
+    """Run both models with ONNX Runtime on ``source`` and compare every output."""
+    ref = reference_outputs or run_onnx(reference_model, source, batch_size=batch_size, threads=threads)
+    cand = run_onnx(candidate_model, source, batch_size=batch_size, threads=threads)
+    labels = ref.labels
+    metrics = compare_outputs(ref.outputs, cand.outputs, labels)
+    return EvaluationReport(
+        reference=names[0] or (str(reference_model) if isinstance(reference_model, (str, Path)) else "reference"),
+        candidate=names[1] or (str(candidate_model) if isinstance(candidate_model, (str, Path)) else "candidate"),
+        data=getattr(source, "name", str(source)),
+        samples=len(next(iter(ref.outputs.values()))) if ref.outputs else 0,
+        outputs=metrics,
+    )

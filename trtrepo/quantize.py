@@ -1,0 +1,826 @@
+"""Explicit INT8 quantization: insert QuantizeLinear/DequantizeLinear (Q/DQ) nodes into an ONNX model.
+
+Two targets, because their consumers need different graphs:
+
+``tensorrt`` (TensorRT 10/11 explicit quantization, the placement ModelOpt uses)
+    * the activation inputs and the weights of Conv, ConvTranspose, Gemm and MatMul get Q/DQ;
+    * weights: symmetric int8 per output channel (Conv axis 0, ConvTranspose axis 1, Gemm
+      axis 0 with ``transB=1`` else 1, MatMul the last axis), FP32 weights behind Q -> DQ so
+      TensorRT quantizes them at build time;
+    * activations: symmetric int8 per tensor, zero point 0, scale ``amax / 127``;
+    * residual Add: the input coming from the convolution backbone gets no Q/DQ, the other
+      (residual) input does, so TensorRT fuses Conv + Add (+ ReLU) with INT8 I/O;
+    * outputs of quantized ops get no Q (TensorRT picks output precision itself), network
+      outputs are never quantized.
+
+``onnxruntime`` (ONNX Runtime's CPU integer kernels)
+    * full node units: the activation inputs *and* the output of Conv, ConvTranspose, Gemm,
+      MatMul, Add, Mul, AveragePool and GlobalAveragePool are quantized, so ONNX Runtime turns
+      ``DQ -> Conv -> Q`` into QLinearConv, ``DQ -> Add -> Q`` into QLinearAdd and so on. An
+      output that feeds a single Relu/Clip is quantized after the activation instead (ONNX
+      Runtime drops a Relu in front of a Q whose zero point is the type minimum);
+    * activations: uint8 asymmetric per tensor over ``[min, max]`` (clipped to the method's
+      ``amax``) -- symmetric int8 activations ran at 0.1-0.8x FP32 speed here, u8 asymmetric at
+      1.2-2.1x; without measured min/max a tensor that is provably non-negative (after Relu,
+      Softmax, pooling of those, ...) gets ``[0, amax]``, any other ``[-amax, amax]``;
+    * weights: int8 per output channel, symmetric, stored as int8 initializers behind a DQ;
+      biases of Conv/Gemm as int32 with scale ``s_x * s_w`` (what QLinearConv/QGemm need);
+    * network outputs are never quantized.
+
+The placement is a list of named rule functions (:data:`RULES`), each returning
+:class:`QuantPoint` s for one node; :func:`plan_qdq` runs them and :func:`insert_qdq` rewrites
+the graph in one pass. Nothing here patches ONNX Runtime or imports ModelOpt.
+
+Stable API::
+
+    QuantizeOptions(target="tensorrt", exclude_ops=(), exclude_nodes=(), per_channel=True)
+    ActivationRange(amax, lo=None, hi=None)
+    plan_qdq(model, options) -> QdqPlan
+    insert_qdq(model, ranges, options) -> QuantizedModel     # in memory; ranges: {tensor: amax | ActivationRange}
+    quantize_model(onnx_path, ranges, out_path, options) -> QuantizeResult   # file in, file out (atomic)
+    quantize_for_deploy(onnx_path, data_source, out_path, target) -> QuantizeResult
+    ranges_from_cache(path, model) / ranges_from_json(path)
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .errors import TrtrepoError, UsageError
+
+log = logging.getLogger(__name__)
+
+TARGETS = ("tensorrt", "onnxruntime")
+WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
+# ONNX Runtime node units with CPU integer kernels (QLinearConv, QGemm, QLinearMatMul, QLinearAdd, ...).
+ORT_UNIT_OPS = WEIGHTED_OPS + ("Add", "Mul", "AveragePool", "GlobalAveragePool")
+# Activations ONNX Runtime removes in front of a Q whose zero point is the type minimum.
+ORT_FUSED_ACTIVATIONS = ("Relu", "Clip")
+MIN_OPSET = 13
+AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
+_FLOAT = 1  # onnx.TensorProto.FLOAT
+_INT8_MAX = 127.0
+
+
+# --------------------------------------------------------------------------------------------
+# Options and inputs
+
+
+@dataclass(frozen=True)
+class QuantizeOptions:
+    """Where Q/DQ go. ``exclude_nodes`` are node names or regular expressions (full match);
+    ``exclude_ops`` op types. Excluded nodes keep float inputs, weights and outputs."""
+
+    target: str = "tensorrt"
+    exclude_ops: tuple[str, ...] = ()
+    exclude_nodes: tuple[str, ...] = ()
+    per_channel: bool = True
+
+    def __post_init__(self) -> None:
+        if self.target not in TARGETS:
+            raise UsageError(f"--target '{self.target}' is not one of {', '.join(TARGETS)}")
+        object.__setattr__(self, "exclude_ops", tuple(self.exclude_ops))
+        object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        for pattern in self.exclude_nodes:
+            try:
+                re.compile(pattern)
+            except re.error as exc:
+                raise UsageError(f"--exclude-node '{pattern}': not a valid regular expression ({exc})") from exc
+
+    def with_excluded_nodes(self, names: Iterable[str]) -> QuantizeOptions:
+        """A copy that also excludes the given exact node names."""
+        extra = tuple(re.escape(n) for n in names)
+        return QuantizeOptions(self.target, self.exclude_ops, self.exclude_nodes + extra, self.per_channel)
+
+    def excludes(self, node_name: str, op_type: str) -> bool:
+        if op_type in self.exclude_ops:
+            return True
+        return any(node_name == p or re.fullmatch(p, node_name) for p in self.exclude_nodes)
+
+
+@dataclass(frozen=True)
+class ActivationRange:
+    """Calibrated range of one activation: ``amax`` (the method's |x| threshold) and, when
+    measured, the signed ``lo``/``hi`` (min and max seen). The onnxruntime target quantizes
+    over ``[max(lo, -amax), min(hi, amax)]``; the tensorrt target uses ``amax`` only."""
+
+    amax: float
+    lo: float | None = None
+    hi: float | None = None
+
+
+RangeLike = float | ActivationRange
+
+
+def _as_range(value: RangeLike | Sequence[float]) -> ActivationRange:
+    if isinstance(value, ActivationRange):
+        return value
+    if isinstance(value, (tuple, list)) and len(value) == 2:
+        lo, hi = float(value[0]), float(value[1])
+        return ActivationRange(max(abs(lo), abs(hi)), lo, hi)
+    return ActivationRange(float(value))  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------------------------
+# Graph view and placement rules
+
+
+@dataclass(frozen=True)
+class QuantPoint:
+    """One tensor to quantize for one consumer.
+
+    ``consumer`` is the node name reading the tensor at ``input_index``; ``None`` (onnxruntime
+    output Q) means every consumer that is not excluded. ``kind`` is ``activation``, ``weight``
+    or ``bias``; ``axis`` the per-channel axis of a weight; ``node`` the node whose rule placed
+    the point (the layer to exclude to undo it)."""
+
+    tensor: str
+    consumer: str | None
+    input_index: int | None
+    kind: str
+    rule: str
+    axis: int | None = None
+    node: str = ""  # the node whose rule placed it (the "layer" excluded to undo it)
+
+
+class GraphView:
+    """Producers, consumers, initializers and float tensors of a graph (read-only helper)."""
+
+    def __init__(self, model: Any) -> None:
+        import onnx
+
+        self.model = model
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.constants: dict[str, Any] = {}
+        for node in self.nodes:
+            if node.op_type == "Constant" and node.output:
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        self.constants[node.output[0]] = attr.t
+        self.graph_inputs = [i.name for i in graph.input if i.name not in self.initializers]
+        self.graph_outputs = {o.name for o in graph.output}
+        self.producer: dict[str, Any] = {}
+        self.consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
+        for node in self.nodes:
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for i, name in enumerate(node.input):
+                if name:
+                    self.consumers[name].append((node, i))
+        self.elem_type: dict[str, int] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(model)
+        except Exception as exc:  # shape inference is a help, not a requirement
+            log.debug("shape inference failed: %s", exc)
+            inferred = model
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            if vi.type.HasField("tensor_type"):
+                self.elem_type[vi.name] = vi.type.tensor_type.elem_type
+        for name, t in {**self.initializers, **self.constants}.items():
+            self.elem_type[name] = t.data_type
+        self.order = {node.name: i for i, node in enumerate(self.nodes)}
+        self._nonneg: dict[str, bool] = {}
+
+    def is_constant(self, name: str) -> bool:
+        return name in self.initializers or name in self.constants
+
+    def constant_array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        t = self.initializers.get(name) or self.constants[name]
+        return numpy_helper.to_array(t)
+
+    def is_float_activation(self, name: str) -> bool:
+        """A float32 tensor computed at run time (or a graph input). Unknown types count as
+        float when the producer is a float op -- shape inference fills them for normal models."""
+        if not name or self.is_constant(name):
+            return False
+        return self.elem_type.get(name, _FLOAT) == _FLOAT
+
+    def attr(self, node: Any, name: str, default: Any = None) -> Any:
+        import onnx
+
+        for a in node.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+    def non_negative(self, name: str) -> bool:
+        """Whether ``name`` is provably >= 0 (Relu output and ops that keep the sign)."""
+        if name in self._nonneg:
+            return self._nonneg[name]
+        self._nonneg[name] = False  # cycles cannot happen in a DAG; guards recursion anyway
+        node = self.producer.get(name)
+        result = False
+        if node is not None:
+            op = node.op_type
+            if op in ("Relu", "Sigmoid", "Softmax", "Abs", "Exp", "Sqrt", "Softplus"):
+                result = True
+            elif op == "Clip":
+                lo = node.input[1] if len(node.input) > 1 else ""
+                lo_val = self.constant_array(lo) if lo and self.is_constant(lo) else self.attr(node, "min")
+                result = lo_val is not None and float(np.min(lo_val)) >= 0.0
+            elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Flatten", "Reshape",
+                        "Transpose", "Squeeze", "Unsqueeze", "Identity", "Resize", "Slice", "Gather", "Expand"):
+                result = self.non_negative(node.input[0])
+            elif op in ("Concat", "Max", "Add", "Mul"):
+                result = all(self.non_negative(i) for i in node.input if i)
+        elif self.is_constant(name):
+            result = bool(np.all(self.constant_array(name) >= 0))
+        self._nonneg[name] = result
+        return result
+
+
+Rule = Callable[[GraphView, Any, QuantizeOptions], list[QuantPoint]]
+
+
+def weight_axis(view: GraphView, node: Any, weight_index: int) -> int | None:
+    """The output-channel axis of a weight input, or None for per-tensor.
+
+    Conv: 0 (``[Cout, Cin/g, k...]``); ConvTranspose: 1 (``[Cin, Cout/g, k...]``); Gemm: 0 with
+    ``transB=1`` (``[N, K]``), else 1 (``[K, N]``); MatMul: the last axis of B (``[..., K, N]``).
+    A weight in the A position of Gemm/MatMul is quantized per tensor."""
+    op = node.op_type
+    shape = view.constant_array(node.input[weight_index]).shape
+    if op == "Conv":
+        return 0
+    if op == "ConvTranspose":
+        return 1 if len(shape) > 1 else None
+    if op == "Gemm":
+        if weight_index != 1:
+            return None
+        return 0 if view.attr(node, "transB", 0) else 1
+    if op == "MatMul":
+        if weight_index != 1 or len(shape) < 2:
+            return None
+        return len(shape) - 1
+    return None
+
+
+def rule_weighted_op_inputs(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """Conv, ConvTranspose, Gemm, MatMul: every float activation input (per tensor) and every
+    constant weight input (per output channel). Biases stay float for TensorRT."""
+    if node.op_type not in WEIGHTED_OPS:
+        return []
+    n_data = 2  # X, W (Conv/ConvTranspose) or A, B (Gemm/MatMul); bias handled separately
+    points = []
+    for i, name in enumerate(node.input[:n_data]):
+        if not name:
+            continue
+        if view.is_constant(name):
+            if view.elem_type.get(name) != _FLOAT:
+                continue
+            axis = weight_axis(view, node, i) if options.per_channel else None
+            points.append(QuantPoint(name, node.name, i, "weight", "weighted_op_inputs", axis))
+        elif view.is_float_activation(name):
+            points.append(QuantPoint(name, node.name, i, "activation", "weighted_op_inputs"))
+    return points
+
+
+def _backbone_producer(view: GraphView, name: str) -> Any | None:
+    """The Conv/ConvTranspose producing ``name`` (through an optional BatchNormalization) when
+    that path has no other consumer, i.e. TensorRT can fuse the Add into it."""
+    node = view.producer.get(name)
+    seen = name
+    if node is not None and node.op_type == "BatchNormalization" and len(view.consumers[seen]) == 1:
+        seen = node.input[0]
+        node = view.producer.get(seen)
+        if node is not None and len(view.consumers[seen]) != 1:
+            return None
+    if node is None or node.op_type not in ("Conv", "ConvTranspose"):
+        return None
+    if len(view.consumers[name]) != 1:
+        return None
+    return node
+
+
+def rule_residual_add(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """TensorRT residual Add (ModelOpt's recipe): of an Add with two activation inputs, the one
+    coming straight from a convolution (the backbone) stays float so TensorRT fuses the Add into
+    that convolution; the other (residual) input gets Q/DQ. When both come from convolutions the
+    later one in graph order is the backbone. No Q/DQ when neither does."""
+    if node.op_type != "Add" or len(node.input) != 2:
+        return []
+    a, b = node.input
+    if not (view.is_float_activation(a) and view.is_float_activation(b)):
+        return []
+    pa, pb = _backbone_producer(view, a), _backbone_producer(view, b)
+    if pa is None and pb is None:
+        return []
+    if pa is not None and pb is not None:
+        backbone = 0 if view.order[pa.name] > view.order[pb.name] else 1
+    else:
+        backbone = 0 if pa is not None else 1
+    residual = 1 - backbone
+    return [QuantPoint(node.input[residual], node.name, residual, "activation", "residual_add")]
+
+
+def _fused_output(view: GraphView, name: str) -> str:
+    """The tensor to put the output Q on: after a single following Relu/Clip (fused by ONNX Runtime)."""
+    consumers = view.consumers.get(name, [])
+    if name not in view.graph_outputs and len(consumers) == 1 and consumers[0][0].op_type in ORT_FUSED_ACTIVATIONS:
+        return consumers[0][0].output[0]
+    return name
+
+
+def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """ONNX Runtime node units: float activation inputs and the (activation-fused) output of
+    Conv, ConvTranspose, Gemm, MatMul, Add, Mul, AveragePool, GlobalAveragePool. Weights of the
+    weighted ops come from :func:`rule_weighted_op_inputs`, biases are int32. Add/Mul only when
+    both inputs are activations."""
+    op = node.op_type
+    if op not in ORT_UNIT_OPS:
+        return []
+    if op in ("Add", "Mul") and not all(view.is_float_activation(i) for i in node.input):
+        return []
+    points = []
+    if op not in WEIGHTED_OPS:
+        for i, name in enumerate(node.input):
+            if view.is_float_activation(name):
+                points.append(QuantPoint(name, node.name, i, "activation", "node_unit"))
+    else:
+        bias = node.input[2] if len(node.input) > 2 else ""
+        if bias and view.is_constant(bias) and view.elem_type.get(bias) == _FLOAT:
+            points.append(QuantPoint(bias, node.name, 2, "bias", "node_unit"))
+    out = node.output[0]
+    if view.is_float_activation(out):
+        target = _fused_output(view, out)
+        if target not in view.graph_outputs and view.consumers.get(target):
+            points.append(QuantPoint(target, None, None, "activation", "node_unit_output"))
+    return points
+
+
+RULES: dict[str, tuple[Rule, ...]] = {
+    "tensorrt": (rule_weighted_op_inputs, rule_residual_add),
+    "onnxruntime": (rule_weighted_op_inputs, rule_node_unit),
+}
+
+
+@dataclass
+class QdqPlan:
+    """The rules' result: the points to quantize, the layers (nodes that placed points, in graph
+    order; excluding one by name undoes its points) and the excluded unit/weighted nodes."""
+
+    points: list[QuantPoint]
+    layers: list[str]
+    excluded: list[str]
+    target: str
+
+    def activation_tensors(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for p in self.points:
+            if p.kind == "activation":
+                seen.setdefault(p.tensor)
+        return list(seen)
+
+
+def _unique_node_names(model: Any) -> None:
+    """Give every node a unique name (rules and exclusions refer to nodes by name)."""
+    used: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        base, k = name, 1
+        while name in used:
+            name = f"{base}_{k}"
+            k += 1
+        node.name = name
+        used.add(name)
+
+
+def _ensure_opset(model: Any) -> Any:
+    import onnx
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise UsageError("the model imports no default ONNX opset")
+    if opset >= MIN_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:
+        raise UsageError(f"the model has opset {opset}; converting it to opset {MIN_OPSET} (needed for per-channel "
+                         f"Q/DQ) failed: {exc}") from exc
+    log.info("converted the model from opset %d to %d", opset, MIN_OPSET)
+    return onnx.ModelProto.FromString(converted.SerializeToString())
+
+
+def prepare_model(model: Any) -> Any:
+    """A copy of ``model`` with opset >= 13 and unique node names (what the rules work on)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy = _ensure_opset(copy)
+    _unique_node_names(copy)
+    return copy
+
+
+def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphView | None = None) -> QdqPlan:
+    """Run the target's rules over a prepared model (see :func:`prepare_model`)."""
+    options = options or QuantizeOptions()
+    view = view or GraphView(model)
+    points: list[QuantPoint] = []
+    excluded: list[str] = []
+    layers: list[str] = []
+    for node in view.nodes:
+        if options.excludes(node.name, node.op_type):
+            if node.op_type in ORT_UNIT_OPS or node.op_type in WEIGHTED_OPS:
+                excluded.append(node.name)
+            continue
+        node_points = [replace(p, node=node.name) for rule in RULES[options.target] for p in rule(view, node, options)]
+        points.extend(node_points)
+    # No Q/DQ on network outputs (the graph output tensor keeps its name and float value) and
+    # nothing produced by an excluded node is quantized on its output.
+    excluded_set = set(excluded)
+    kept = []
+    for p in points:
+        if p.consumer is None:
+            producer = view.producer.get(p.tensor)
+            if p.tensor in view.graph_outputs:
+                continue
+            if producer is not None and producer.op_type in ORT_FUSED_ACTIVATIONS:
+                producer = view.producer.get(producer.input[0])
+            if producer is not None and producer.name in excluded_set:
+                continue
+        kept.append(p)
+    for p in kept:
+        if p.node not in layers:
+            layers.append(p.node)
+    return QdqPlan(kept, layers, excluded, options.target)
+
+
+# --------------------------------------------------------------------------------------------
+# Quantization parameters
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: np.ndarray  # float32, scalar or 1-D
+    zero_point: np.ndarray  # int8 / uint8 / int32, same shape
+    axis: int | None = None
+
+
+def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, tensor: str = "") -> QParams:
+    """TensorRT: int8 symmetric, ``scale = amax / 127``, zp 0. ONNX Runtime: uint8 asymmetric over
+    ``[max(lo, -amax), min(hi, amax)]`` widened to contain 0 (``[0, amax]`` for a non-negative
+    tensor without measured bounds, else ``[-amax, amax]``)."""
+    amax = float(rng.amax)
+    if not np.isfinite(amax) or amax < 0:
+        raise UsageError(f"tensor '{tensor}': invalid range amax={rng.amax!r}")
+    if target == "tensorrt":
+        scale = amax / _INT8_MAX if amax > 0 else 1.0
+        return QParams(np.asarray(scale, np.float32), np.asarray(0, np.int8))
+    lo = rng.lo if rng.lo is not None else (0.0 if nonneg else -amax)
+    hi = rng.hi if rng.hi is not None else amax
+    lo, hi = max(float(lo), -amax), min(float(hi), amax)
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi - lo <= 0:
+        return QParams(np.asarray(1.0, np.float32), np.asarray(0, np.uint8))
+    scale = np.float32((hi - lo) / 255.0)
+    zp = int(np.clip(np.rint(-lo / float(scale)), 0, 255))
+    return QParams(np.asarray(scale, np.float32), np.asarray(zp, np.uint8))
+
+
+def weight_qparams(w: np.ndarray, axis: int | None) -> QParams:
+    """Symmetric int8 (narrow range [-127, 127]), per channel along ``axis`` or per tensor."""
+    w = np.asarray(w, np.float32)
+    if axis is None:
+        amax = np.asarray(np.max(np.abs(w)) if w.size else 0.0, np.float32)
+    else:
+        other = tuple(i for i in range(w.ndim) if i != axis)
+        amax = np.max(np.abs(w), axis=other) if w.size else np.zeros(w.shape[axis], np.float32)
+    scale = np.where(amax > 0, amax / _INT8_MAX, 1.0).astype(np.float32)
+    return QParams(scale, np.zeros(scale.shape, np.int8), axis)
+
+
+def quantize_weight(w: np.ndarray, qp: QParams) -> np.ndarray:
+    scale = qp.scale
+    if qp.axis is not None:
+        shape = [1] * w.ndim
+        shape[qp.axis] = -1
+        scale = scale.reshape(shape)
+    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+
+
+# --------------------------------------------------------------------------------------------
+# The rewrite
+
+
+@dataclass
+class QuantizedModel:
+    model: Any  # onnx.ModelProto
+    plan: QdqPlan
+    activation_qparams: dict[str, QParams]
+
+
+def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
+               *, source: str = "ranges") -> QuantizedModel:
+    """Return a copy of ``model`` with Q/DQ nodes placed by the target's rules.
+
+    ``ranges`` maps activation tensor names to an amax (float) or an :class:`ActivationRange`.
+    Every activation the plan quantizes must be covered; otherwise a :class:`UsageError` names
+    the first missing tensor. Raises when the model has no quantizable operator."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    options = options or QuantizeOptions()
+    work = prepare_model(model)
+    view = GraphView(work)
+    if not any(n.op_type in WEIGHTED_OPS for n in view.nodes):
+        raise UsageError(f"the model has no quantizable operator ({', '.join(WEIGHTED_OPS)}); nothing to quantize")
+    plan = plan_qdq(work, options, view=view)
+    if not plan.points:
+        raise UsageError("every quantizable operator is excluded (--exclude-op/--exclude-node); nothing to quantize")
+
+    needed = plan.activation_tensors()
+    missing = [t for t in needed if t not in ranges]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise UsageError(f"{source} do not cover the model: no range for tensor '{missing[0]}'{more}; "
+                         "were they calibrated on another model?")
+
+    used_names = {n for node in work.graph.node for n in list(node.input) + list(node.output)}
+    used_names |= set(view.initializers) | {i.name for i in work.graph.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in used_names:
+            name = f"{base}_{k}"
+            k += 1
+        used_names.add(name)
+        return name
+
+    new_inits: list[Any] = []
+    # Nodes to insert after the producer of a tensor (None key: before every node).
+    inserted_after: dict[str | None, list[Any]] = defaultdict(list)
+    rewires: dict[tuple[str, int], str] = {}  # (node name, input index) -> new input
+    act_q: dict[str, QParams] = {}
+    act_dq_out: dict[str, str] = {}
+
+    def add_init(base: str, array: np.ndarray) -> str:
+        name = fresh(base)
+        new_inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def anchor(tensor: str) -> str | None:
+        prod = view.producer.get(tensor)
+        return prod.name if prod is not None else None
+
+    # Activations: one Q -> DQ pair per tensor, shared by the consumers the plan names.
+    for tensor in needed:
+        rng = _as_range(ranges[tensor])
+        qp = activation_qparams(rng, options.target, nonneg=view.non_negative(tensor), tensor=tensor)
+        act_q[tensor] = qp
+        s = add_init(f"{tensor}_scale", qp.scale)
+        z = add_init(f"{tensor}_zero_point", qp.zero_point)
+        q_out, dq_out = fresh(f"{tensor}_quantized"), fresh(f"{tensor}_dequantized")
+        inserted_after[anchor(tensor)] += [
+            helper.make_node("QuantizeLinear", [tensor, s, z], [q_out], name=fresh(f"{tensor}_QuantizeLinear")),
+            helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{tensor}_DequantizeLinear")),
+        ]
+        act_dq_out[tensor] = dq_out
+
+    excluded = set(plan.excluded)
+    weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
+    for p in plan.points:
+        if p.kind == "activation":
+            if p.consumer is not None:
+                rewires[(p.consumer, p.input_index)] = act_dq_out[p.tensor]  # type: ignore[index]
+            else:
+                for node, idx in view.consumers.get(p.tensor, []):
+                    if node.name not in excluded:
+                        rewires[(node.name, idx)] = act_dq_out[p.tensor]
+        elif p.kind == "weight":
+            key = (p.tensor, p.axis)
+            if key not in weight_dq:
+                w = view.constant_array(p.tensor).astype(np.float32)
+                qp = weight_qparams(w, p.axis)
+                s = add_init(f"{p.tensor}_scale", qp.scale)
+                z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
+                axis_kw = {"axis": p.axis} if p.axis is not None else {}
+                dq_out = fresh(f"{p.tensor}_dequantized")
+                if options.target == "tensorrt":
+                    # FP32 weights behind Q -> DQ: TensorRT quantizes them at build time.
+                    q_out = fresh(f"{p.tensor}_quantized")
+                    nodes = [
+                        helper.make_node("QuantizeLinear", [p.tensor, s, z], [q_out], name=fresh(f"{p.tensor}_QuantizeLinear"), **axis_kw),
+                        helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw),
+                    ]
+                else:
+                    wq = add_init(f"{p.tensor}_quantized", quantize_weight(w, qp))
+                    nodes = [helper.make_node("DequantizeLinear", [wq, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw)]
+                inserted_after[anchor(p.tensor)] += nodes
+                weight_dq[key] = (dq_out, qp)
+            rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
+
+    # Biases (onnxruntime target): int32 with scale s_x * s_w once input and weight are quantized.
+    for p in plan.points:
+        if p.kind != "bias":
+            continue
+        node = next(n for n in view.nodes if n.name == p.consumer)
+        x_name, w_name = node.input[0], node.input[1]
+        w_point = next((q for q in plan.points if q.kind == "weight" and q.consumer == node.name and q.input_index == 1), None)
+        if rewires.get((node.name, 0)) is None or w_point is None or x_name not in act_q:
+            continue
+        if node.op_type == "Gemm" and (view.attr(node, "transA", 0) or float(view.attr(node, "beta", 1.0)) != 1.0
+                                        or float(view.attr(node, "alpha", 1.0)) != 1.0):
+            continue
+        b = view.constant_array(p.tensor).astype(np.float32)
+        w_qp = weight_dq[(w_name, w_point.axis)][1]
+        n_out = int(b.size)
+        w_scale = np.broadcast_to(w_qp.scale, (n_out,)) if w_qp.scale.ndim == 0 else w_qp.scale
+        if b.ndim != 1 or w_scale.shape != (n_out,):
+            continue
+        b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
+        bq = np.clip(np.rint(b / b_scale), -(2**31), 2**31 - 1).astype(np.int32)
+        bq_name = add_init(f"{p.tensor}_quantized", bq)
+        s = add_init(f"{p.tensor}_scale", b_scale)
+        z = add_init(f"{p.tensor}_zero_point", np.zeros(n_out, np.int32))
+        dq_out = fresh(f"{p.tensor}_dequantized")
+        inserted_after[None].append(helper.make_node("DequantizeLinear", [bq_name, s, z], [dq_out],
+                                                     name=fresh(f"{p.tensor}_DequantizeLinear"), axis=0))
+        rewires[(node.name, 2)] = dq_out
+
+    # Rebuild the node list in topological order: Q/DQ right after the tensor's producer.
+    nodes_out = list(inserted_after.get(None, []))
+    for node in work.graph.node:
+        for i in range(len(node.input)):
+            new = rewires.get((node.name, i))
+            if new is not None:
+                node.input[i] = new
+        nodes_out.append(node)
+        nodes_out.extend(inserted_after.get(node.name, []))
+    del work.graph.node[:]
+    work.graph.node.extend(nodes_out)
+    work.graph.initializer.extend(new_inits)
+    # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
+    _drop_unused_initializers(work)
+    try:
+        onnx.checker.check_model(work)
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
+    return QuantizedModel(work, plan, act_q)
+
+
+def _drop_unused_initializers(model: Any) -> None:
+    used = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        graph_input_keep = [i for i in model.graph.input if i.name in used or i.name not in {t.name for t in keep}]
+        del model.graph.input[:]
+        model.graph.input.extend(graph_input_keep)
+
+
+# --------------------------------------------------------------------------------------------
+# Ranges from files
+
+
+def load_model(path: str | Path) -> Any:
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: model file not found")
+    try:
+        return onnx.load(str(p))
+    except Exception as exc:
+        raise UsageError(f"{p}: cannot read ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def model_tensor_names(model: Any) -> set[str]:
+    names = {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        names.update(o for o in node.output if o)
+    return names
+
+
+def ranges_from_json(path: str | Path) -> dict[str, float]:
+    """Amax per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`)."""
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: ranges file not found")
+    try:
+        from .calibrate import Ranges
+
+        loaded = Ranges.load_json(p)
+        return {str(k): float(v) for k, v in dict(loaded).items()}
+    except ImportError:  # calibration module not available: read the documented JSON directly
+        import json
+
+        data = json.loads(p.read_text())
+        table = data.get("ranges", data) if isinstance(data, dict) else None
+        if not isinstance(table, dict):
+            raise UsageError(f"{p}: expected a JSON object of tensor -> amax") from None
+        out = {}
+        for k, v in table.items():
+            out[str(k)] = float(v["amax"] if isinstance(v, dict) else v)
+        return out
+
+
+def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, float]:
+    """Amax per tensor (``scale * 127``) from a TensorRT calibration cache. With ``model``, a
+    cache whose names are not tensors of that model is refused (made for another model)."""
+    from .cache import read_cache
+
+    _header, scales = read_cache(path)
+    if model is not None:
+        known = model_tensor_names(model)
+        foreign = [n for n in scales if n not in known and not n.startswith("(Unnamed Layer")]
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise UsageError(f"{path}: calibration cache was made for another model: tensor '{foreign[0]}'{more} "
+                             "is not in this model")
+    return {name: float(np.float32(scale) * np.float32(_INT8_MAX)) for name, scale in scales.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# File-level API
+
+
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_model` / :func:`quantize_for_deploy` wrote."""
+
+    path: Path
+    target: str
+    method: str | None = None
+    layers: list[str] = field(default_factory=list)
+    layers_in_float: list[str] = field(default_factory=list)
+    activations: int = 0
+    weights: int = 0
+    report: dict[str, Any] | None = None
+
+
+def save_model(model: Any, out_path: str | Path, *, force: bool = True) -> Path:
+    """Write an ONNX model atomically (temporary file in the folder, then rename)."""
+    import onnx
+
+    from .fsutil import atomic_path
+
+    out = Path(out_path)
+    with atomic_path(out, force=force) as tmp:
+        onnx.save(model, str(tmp))
+    return out
+
+
+def quantize_model(onnx_path: str | Path, ranges: Mapping[str, RangeLike], out_path: str | Path,
+                   options: QuantizeOptions | None = None, *, method: str | None = None, force: bool = True,
+                   source: str = "ranges") -> QuantizeResult:
+    """Quantize ``onnx_path`` with ``ranges`` and write the Q/DQ model to ``out_path`` atomically."""
+    options = options or QuantizeOptions()
+    model = load_model(onnx_path)
+    qm = insert_qdq(model, ranges, options, source=source)
+    path = save_model(qm.model, out_path, force=force)
+    return _result(qm, path, options, method)
+
+
+def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: str | None) -> QuantizeResult:
+    return QuantizeResult(
+        path=path,
+        target=options.target,
+        method=method,
+        layers=list(qm.plan.layers),
+        layers_in_float=list(qm.plan.excluded),
+        activations=len(qm.activation_qparams),
+        weights=len({(p.tensor, p.axis) for p in qm.plan.points if p.kind == "weight"}),
+    )
+
+
+def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
+                        target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
+                        force: bool = True, progress: bool = False) -> QuantizeResult:
+    """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
+    or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
+    Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
+    of the data, and falls back to entropy (ModelOpt's default) below
+    :data:`AUTO_MIN_SAMPLES` samples. Returns the path, the method used and the report."""
+    from .autoquant import run_quantize
+    from .data import DataSource, open_data
+    from .modelio import ModelIO
+
+    if method == "auto":
+        source = data_source
+        if not isinstance(source, DataSource):
+            source = open_data(data_source, io=ModelIO.from_onnx(load_model(onnx_path)))
+        if len(source) < AUTO_MIN_SAMPLES:
+            log.info("%d samples: too few to hold some out; using entropy", len(source))
+            method = "entropy"
+        data_source = source
+    return run_quantize(onnx_path, out_path, data=data_source, method=method, options=QuantizeOptions(target=target),
+                        batch_size=batch_size, force=force, progress=progress)
