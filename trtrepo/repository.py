@@ -156,7 +156,7 @@ def check_plan_target(meta: Mapping[str, Any] | None, *, tensorrt_version: str |
     built = meta.get("tensorrt_version")
     if tensorrt_version and built and _major_minor(built) != _major_minor(tensorrt_version):
         warnings.append(f"plan built with TensorRT {built} but the target server has TensorRT {tensorrt_version}: it will not load")
-    built_cc = meta.get("compute_capability")
+    built_cc = meta.get("compute_capability") or (meta.get("gpu") or {}).get("compute_capability")
     if compute_capability and built_cc and str(built_cc) != str(compute_capability) and not meta.get("hardware_compatibility"):
         warnings.append(f"plan built for compute capability {built_cc} but the target GPU is {compute_capability}: rebuild on the target")
     return warnings

@@ -1,0 +1,51 @@
+"""``trtrepo deploy``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import click
+
+from ._model_options import build_model_options, model_config_options
+from ._options import data_options
+
+
+@click.command("deploy")
+@click.argument("source", default="demo")
+@click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False))
+@click.option("--name", default=None, help="Model name (default: from SOURCE; 'demo' for the demo).")
+@click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime", "python"]), default="auto", show_default=True,
+              help="auto: tensorrt with TensorRT and a GPU; else onnxruntime (python when the local tritonserver has no onnxruntime backend).")
+@click.option("--python-backend", "python_variant", is_flag=True,
+              help="Also write NAME_python: the Python-backend model running the same ONNX with ONNX Runtime.")
+@click.option("--ensemble", is_flag=True, help="Also write NAME_preprocess + NAME_ensemble (encoded image bytes in).")
+@click.option("--precision", type=click.Choice(["auto", "int8", "fp32"]), default="auto", show_default=True,
+              help="auto: INT8 when the quantization stage and calibration data are available, else FP32.")
+@click.option("--weights", type=click.Path(dir_okay=False), default=None, help="Weights for an entry point / torchvision source.")
+@click.option("--class-labels", type=click.Path(dir_okay=False, exists=True), default=None,
+              help="Class names file for the output's label_filename (the demo's are 0-9).")
+@click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep intermediate files (ONNX, Q/DQ, plan) here.")
+@data_options(required=False)
+@model_config_options
+def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
+            weights: str | None, class_labels: str | None, workdir: str | None, data_spec: str | None, preprocess: str | None,
+            labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
+    """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
+    Triton model repository (default model_repository/), then print a summary table.
+
+    Without TensorRT or a GPU the ONNX model is deployed for the ONNX Runtime backend (or the
+    Python backend) instead.
+    """
+    from ..deploy import DeployOptions, deploy
+
+    model = build_model_options(kw)
+    opts = DeployOptions(
+        source=source, repo=repo, name=name, backend=backend, python_variant=python_variant, ensemble=ensemble,
+        precision=precision, data=data_spec, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
+        batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
+        template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights,
+    )
+    report = deploy(opts)
+    for line in report.summary_lines():
+        click.echo(line)
+    click.echo(f"serve it with: trtrepo serve {repo}")

@@ -1,0 +1,66 @@
+"""``trtrepo serve``."""
+
+from __future__ import annotations
+
+import click
+
+
+@click.command("serve")
+@click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
+@click.option("--server-binary", type=click.Path(dir_okay=False), default=None,
+              help="tritonserver to run (default: $TRTREPO_TRITONSERVER, PATH, then .triton/bin/tritonserver).")
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
+@click.option("--http-port", type=click.IntRange(0, 65535), default=8000, show_default=True, help="0: a free port.")
+@click.option("--grpc-port", type=click.IntRange(0, 65535), default=8001, show_default=True, help="0: a free port.")
+@click.option("--metrics-port", type=click.IntRange(0, 65535), default=8002, show_default=True, help="0: a free port.")
+@click.option("--timeout", type=float, default=120.0, show_default=True, help="Seconds to wait for readiness.")
+@click.option("--in-place", is_flag=True, help="Serve REPO itself instead of a temporary copy (the Python backend writes __pycache__).")
+@click.option("--print-command", is_flag=True, help="Only print the container command for REPO.")
+@click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
+def command(repo: str, server_binary: str | None, host: str, http_port: int, grpc_port: int, metrics_port: int,
+            timeout: float, in_place: bool, print_command: bool, server_args: tuple[str, ...]) -> None:
+    """Start tritonserver on REPO, wait until it is ready and stay in the foreground (Ctrl-C stops it).
+
+    Without a tritonserver binary, print the container command instead, with the Triton release
+    whose TensorRT matches the plans in REPO. Arguments after '--' go to tritonserver.
+    """
+    import signal
+    import time
+    from pathlib import Path
+
+    from ..errors import UsageError
+    from ..repository import list_repository
+    from ..server import TritonServer, container_command, find_server_binary
+
+    if not Path(repo).is_dir():
+        raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
+    binary = find_server_binary(server_binary)
+    if print_command or binary is None:
+        if binary is None and server_binary:
+            raise UsageError(f"--server-binary {server_binary}: not a file")
+        cmd, _rel, notes = container_command(repo, http_port=http_port or 8000, grpc_port=grpc_port or 8001,
+                                             metrics_port=metrics_port or 8002)
+        if binary is None:
+            click.echo("tritonserver not found here (install it with scripts/install_tritonserver.sh, or give "
+                       "--server-binary); run the Triton container instead:", err=True)
+        for n in notes:
+            click.echo(f"# {n}")
+        click.echo(cmd)
+        return
+    server = TritonServer(repo, binary=binary, host=host, http_port=http_port or None, grpc_port=grpc_port or None,
+                          metrics_port=metrics_port or None, timeout=timeout, copy=not in_place, extra_args=server_args)
+    server.start()
+    try:
+        models = ", ".join(e.name for e in list_repository(repo))
+        click.echo(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {host}:{server.metrics_port}")
+        click.echo(f"models: {models}")
+        click.echo(f"log: {server.log_path}  (Ctrl-C to stop)")
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        while server.proc is not None and server.proc.poll() is None:
+            time.sleep(0.5)
+        code = server.proc.returncode if server.proc is not None else 0
+        raise click.ClickException(f"tritonserver exited with code {code}; log {server.log_path}:\n{server.log_tail()}")
+    except KeyboardInterrupt:
+        click.echo("stopping tritonserver")
+    finally:
+        server.stop()

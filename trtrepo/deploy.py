@@ -1,0 +1,302 @@
+"""``trtrepo deploy``: export -> INT8 (calibrate + quantize) -> build -> repository, as steps.
+
+Each step is a function that records a :class:`StepResult`; the command prints them as the
+summary table. The INT8 and build stages are separate modules written alongside this one:
+they are reached through one call point each (:func:`_int8_step` uses
+``trtrepo.quantize.quantize_for_deploy`` when it exists, :func:`_build_step` uses
+``trtrepo.build.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
+here, the step says why and the deploy continues with what it has (FP32 ONNX, ONNX Runtime
+backend), so the main job works on any machine.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from .errors import UsageError
+from .modelio import ModelIO
+from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
+from .tritonconfig import ModelConfig, ModelOptions, check_model_name
+
+log = logging.getLogger(__name__)
+
+BACKENDS = ("auto", "tensorrt", "onnxruntime", "python")
+PRECISIONS = ("auto", "int8", "fp32")
+
+
+@dataclass(frozen=True)
+class DeployOptions:
+    source: str = "demo"
+    repo: str = "model_repository"
+    name: str | None = None
+    backend: str = "auto"
+    python_variant: bool = False
+    ensemble: bool = False
+    precision: str = "auto"
+    data: str | None = None  # calibration data spec (demo:calib for the demo)
+    preprocess: str | None = None  # preprocessing spec file (ensemble; image-folder data)
+    data_labels: str | None = None
+    limit: int | None = None
+    seed: int | None = 0
+    batch_size: int = 32
+    class_labels: str | None = None  # labels file for the classification output
+    model: ModelOptions = field(default_factory=ModelOptions)
+    version: int | None = None
+    force: bool = False
+    template_dir: str | None = None
+    workdir: str | None = None
+    weights: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.backend not in BACKENDS:
+            raise UsageError(f"--backend {self.backend!r}: one of {', '.join(BACKENDS)}")
+        if self.precision not in PRECISIONS:
+            raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
+        if self.name is not None:
+            check_model_name(self.name, "--name")
+
+
+@dataclass
+class StepResult:
+    step: str
+    status: str  # done | skipped | fallback
+    detail: str
+    seconds: float = 0.0
+
+
+@dataclass
+class DeployedModel:
+    name: str
+    version: int
+    backend: str
+    precision: str
+    path: Path
+    note: str = ""
+
+
+@dataclass
+class DeployReport:
+    steps: list[StepResult] = field(default_factory=list)
+    models: list[DeployedModel] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    repo: Path = Path("model_repository")
+
+    def summary_lines(self) -> list[str]:
+        lines = [f"{'step':<11} {'status':<9} {'time':>7}  detail"]
+        for s in self.steps:
+            lines.append(f"{s.step:<11} {s.status:<9} {s.seconds:>6.1f}s  {s.detail}")
+        lines.append("")
+        lines.append(f"{'model':<24} {'version':>7}  {'backend':<18} {'precision':<10} path")
+        for m in self.models:
+            lines.append(f"{m.name:<24} {m.version:>7}  {m.backend:<18} {m.precision:<10} {m.path}")
+        lines.extend(f"note: {n}" for n in self.notes)
+        return lines
+
+
+@contextlib.contextmanager
+def _timed(report: DeployReport, step: str) -> Iterator[StepResult]:
+    result = StepResult(step, "done", "")
+    t0 = time.perf_counter()
+    try:
+        yield result
+    finally:
+        result.seconds = time.perf_counter() - t0
+        report.steps.append(result)
+
+
+def default_name(source: str) -> str:
+    if source in ("demo", "demo-text"):
+        return source.replace("-", "_")
+    base = Path(source).stem if ("/" in source or "." in Path(source).name and ":" not in source) else source.rsplit(":", 1)[-1].split(".")[-1]
+    name = re.sub(r"[^A-Za-z0-9_.\-]", "_", base) or "model"
+    if not re.match(r"[A-Za-z0-9_]", name):
+        name = "_" + name
+    return check_model_name(name[:128], "model name (from the source; give --name)")
+
+
+def server_backends() -> set[str] | None:
+    """Backends of the tritonserver found here (None when there is none or it cannot be told)."""
+    from .server import find_server_binary, local_install_dir
+
+    binary = find_server_binary(None)
+    if binary is None:
+        return None
+    candidates = []
+    if binary.resolve().parent == (local_install_dir() / "bin").resolve():
+        candidates.append(local_install_dir() / "pyt" / "pytriton" / "tritonserver" / "backends")
+    candidates.append(binary.resolve().parent.parent / "backends")
+    for d in candidates:
+        if d.is_dir():
+            return {p.name for p in d.iterdir() if p.is_dir()}
+    return None
+
+
+def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
+    from .build import gpu_status, tensorrt_status
+
+    if opts.backend != "auto":
+        return opts.backend
+    trt = tensorrt_status()
+    gpu = gpu_status() if trt.available else None
+    if trt.available and gpu is not None and gpu.available:
+        return "tensorrt"
+    why = f"TensorRT {trt.detail}" if not trt.available else f"no GPU ({gpu.detail if gpu else 'unknown'})"
+    backends = server_backends()
+    if backends is not None and "onnxruntime" not in backends and "python" in backends:
+        report.notes.append(f"backend auto -> python: {why}; the tritonserver here has no onnxruntime backend "
+                            f"(backends: {', '.join(sorted(backends))}), so the model runs ONNX Runtime inside the Python backend")
+        return "python"
+    report.notes.append(f"backend auto -> onnxruntime: {why}")
+    return "onnxruntime"
+
+
+def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple[Path, ModelIO]:
+    from .export import export_onnx, resolve_source
+
+    with _timed(report, "export") as step:
+        src = resolve_source(opts.source, opts.weights)
+        result = export_onnx(src, work / "model.onnx")
+        checked = f", max abs error vs PyTorch {result.max_abs_error:.2g}" if result.max_abs_error is not None else ""
+        step.detail = f"{src.describe()} -> ONNX{checked}"
+    return result.path, result.io
+
+
+def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
+               report: DeployReport) -> tuple[Path, str]:
+    """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
+    from . import quantize
+
+    with _timed(report, "int8") as step:
+        if opts.precision == "fp32":
+            step.status, step.detail = "skipped", "--precision fp32"
+            return onnx_path, "fp32"
+        data = opts.data or ("demo:calib" if opts.source == "demo" else None)
+        fn = getattr(quantize, "quantize_for_deploy", None)
+        reason = None
+        if fn is None:
+            reason = "trtrepo.quantize has no quantize_for_deploy in this version"
+        elif data is None:
+            reason = "no calibration data (give --data)"
+        if reason is not None:
+            if opts.precision == "int8":
+                raise UsageError(f"--precision int8: {reason}")
+            step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
+            return onnx_path, "fp32"
+        from .data import open_data
+
+        source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit, seed=opts.seed)
+        out = work / "model.int8.onnx"
+        try:
+            result = fn(onnx_path, source, out, target, batch_size=opts.batch_size)
+        except ModuleNotFoundError as exc:
+            if not (exc.name or "").startswith("trtrepo") or opts.precision == "int8":
+                raise
+            step.status, step.detail = "fallback", f"INT8 stage incomplete here ({exc.name} missing): deploying the FP32 ONNX model"
+            return onnx_path, "fp32"
+        method = getattr(result, "method", None)
+        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{', ' + method if method else ''})"
+        return Path(getattr(result, "path", out)), "int8"
+
+
+def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport) -> Path | None:
+    """The single call point of the TensorRT build. Returns the plan, or None when not built."""
+    with _timed(report, "build") as step:
+        if backend != "tensorrt":
+            step.status, step.detail = "skipped", f"backend {backend}: no TensorRT engine needed"
+            return None
+        from .build import BuildOptions, build_engine, gpu_status, tensorrt_status
+
+        trt = tensorrt_status()
+        if not trt.available:
+            raise UsageError(f"--backend tensorrt: TensorRT {trt.detail}; use --backend onnxruntime or python")
+        gpu = gpu_status()
+        if not gpu.available:
+            raise UsageError(f"--backend tensorrt: no GPU ({gpu.detail}); use --backend onnxruntime or python")
+        mbs = opts.model.max_batch_size or 32
+        result = build_engine(onnx_path, work / "model.plan", BuildOptions(max_batch=mbs, opt_batch=min(8, mbs)))
+        step.detail = f"TensorRT {trt.version} on {gpu.gpu.name if gpu.gpu else 'GPU'} -> model.plan"
+        return Path(result.plan)
+
+
+def _labels(opts: DeployOptions) -> Any:
+    if opts.class_labels:
+        return opts.class_labels
+    if opts.source == "demo":
+        from . import demo
+
+        return [str(i) for i in range(demo.NUM_CLASSES)]
+    return None
+
+
+def _preprocess_spec(opts: DeployOptions) -> Any:
+    from .data import Preprocess
+
+    if opts.preprocess:
+        return Preprocess.load(opts.preprocess)
+    if opts.source == "demo":
+        from . import demo
+
+        return demo.preprocess()
+    raise UsageError("--ensemble needs the preprocessing spec (--preprocess FILE, see 'trtrepo preprocess')")
+
+
+def deploy(opts: DeployOptions) -> DeployReport:
+    report = DeployReport(repo=Path(opts.repo))
+    name = opts.name or default_name(opts.source)
+    backend = _resolve_backend(opts, report)
+    if opts.ensemble:
+        preprocess = _preprocess_spec(opts)  # fail early, before any work
+    with contextlib.ExitStack() as stack:
+        if opts.workdir:
+            work = Path(opts.workdir)
+            work.mkdir(parents=True, exist_ok=True)
+        else:
+            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-deploy-")))
+        onnx_path, io = _export_step(opts, work, report)
+        target = "tensorrt" if backend == "tensorrt" else "onnxruntime"
+        model_path, precision = _int8_step(opts, onnx_path, io, target, work, report)
+        plan = _build_step(opts, model_path, backend, work, report)
+
+        with _timed(report, "repository") as step:
+            labels = _labels(opts)
+            common: dict[str, Any] = {"version": opts.version, "force": opts.force, "template_dir": opts.template_dir}
+            mopts = opts.model
+            if backend == "python" or opts.python_variant:
+                from .server import find_python_env
+
+                env = mopts.execution_env or find_python_env()
+                if env is None:
+                    report.notes.append("no Python-backend environment found (run scripts/install_tritonserver.sh or set "
+                                        "TRTREPO_PYTHON_ENV): the server's own Python must have numpy<2 and onnxruntime")
+                mopts = replace(mopts, execution_env=str(env) if env else None)
+            written: list[tuple[WriteResult, ModelConfig, str]] = []
+            if plan is not None:
+                res, cfg = add_plan_model(opts.repo, name, plan, io=io, options=mopts, labels=labels, **common)
+                written.append((res, cfg, "tensorrt_plan"))
+                report.notes.extend(res.warnings)
+            else:
+                res, cfg = add_onnx_model(opts.repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
+                written.append((res, cfg, "onnxruntime_onnx" if backend == "onnxruntime" else "python (onnxruntime)"))
+            primary = cfg
+            if opts.python_variant and backend != "python":
+                res, cfg = add_onnx_model(opts.repo, f"{name}_python", model_path, backend="python", options=mopts,
+                                          labels=labels, **common)
+                written.append((res, cfg, "python (onnxruntime)"))
+            for res, _cfg, kind in written:
+                report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir))
+            if opts.ensemble:
+                pre, ens = add_image_ensemble(opts.repo, primary, preprocess, options=mopts, **common)
+                report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess"))
+                report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir))
+            step.detail = f"{len(report.models)} model(s) in {opts.repo}"
+    if precision == "fp32":
+        report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")
+    return report
