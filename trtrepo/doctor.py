@@ -54,6 +54,13 @@ def _tensorrt() -> tuple[bool, str]:
     return status.available, status.detail
 
 
+def _gpu() -> tuple[bool, str]:
+    from .build import gpu_status
+
+    status = gpu_status()
+    return status.available, status.detail
+
+
 def _tritonclient() -> tuple[bool, str]:
     v = _version("tritonclient")
     if v is None:
@@ -77,6 +84,7 @@ def diagnose() -> dict[str, Any]:
         _probe("onnxruntime", _onnxruntime),
         _probe("torch", _torch),
         _probe("tensorrt", _tensorrt),
+        _probe("gpu", _gpu),
         _probe("tritonclient", _tritonclient),
         _probe("tritonserver", _tritonserver),
     ]
@@ -85,7 +93,8 @@ def diagnose() -> dict[str, Any]:
         "export": {"available": have["torch"], "detail": "needs torch for PyTorch sources (ONNX files pass through)"},
         "calibrate": {"available": have["onnxruntime"], "detail": "ONNX Runtime on the CPU"},
         "quantize": {"available": have["onnxruntime"], "detail": "pure onnx graph rewrite, checked with ONNX Runtime"},
-        "build": {"available": have["tensorrt"], "detail": "needs TensorRT and an NVIDIA GPU"},
+        "build": {"available": have["tensorrt"] and have["gpu"],
+                  "detail": "needs TensorRT, cuda-python and an NVIDIA GPU ('trtrepo build --print-trtexec' works without)"},
         "deploy": {"available": True, "detail": "TensorRT plan when build can run, else the INT8 ONNX model for onnxruntime"},
         "serve": {"available": have["tritonserver"], "detail": "needs a tritonserver binary (or the container)"},
         "validate": {"available": have["tritonclient"], "detail": "needs tritonclient and a running server"},
