@@ -29,3 +29,45 @@ def run_cli():
         return runner.invoke(cli, [str(a) for a in args], catch_exceptions=False, **kw)
 
     return run
+
+
+# --- Triton server (issue 6) -----------------------------------------------------------------
+# A real tritonserver (scripts/install_tritonserver.sh puts one in .triton/). Tests that need it
+# are marked `triton` and skipped with a reason when it is missing.
+
+
+def _tritonserver_binary():
+    from trtrepo.server import find_server_binary
+
+    return find_server_binary(None)
+
+
+requires_tritonserver = pytest.mark.skipif(
+    _tritonserver_binary() is None,
+    reason="tritonserver not installed (run scripts/install_tritonserver.sh or set TRTREPO_TRITONSERVER)",
+)
+
+
+@pytest.fixture(scope="module")
+def triton_server():
+    """Factory: ``server = triton_server(repo_path, **TritonServer kwargs)`` starts the real
+    tritonserver on free 127.0.0.1 ports (serving a temporary copy of the repository) and waits
+    until it is ready; ``server.http_url`` / ``server.grpc_url`` ("127.0.0.1:PORT") and
+    ``server.urls`` give the addresses. Every server is stopped (process group) at the end of the
+    module, also when a test fails. Skips when no tritonserver is installed."""
+    from trtrepo.server import TritonServer
+
+    if _tritonserver_binary() is None:
+        pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh or set TRTREPO_TRITONSERVER)")
+    servers: list[TritonServer] = []
+
+    def start(repo, **kw):
+        kw.setdefault("timeout", 120.0)
+        server = TritonServer(repo, **kw)
+        servers.append(server)
+        server.start()
+        return server
+
+    yield start
+    for server in servers:
+        server.stop()

@@ -170,6 +170,11 @@ class TritonServer:
     def grpc_url(self) -> str:
         return f"{self.host}:{self.grpc_port}"
 
+    @property
+    def urls(self) -> tuple[str, str]:
+        """(http_url, grpc_url)."""
+        return self.http_url, self.grpc_url
+
     def command(self, repo: Path) -> list[str]:
         binary = find_server_binary(self.binary)
         if binary is None:
