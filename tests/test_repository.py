@@ -249,20 +249,21 @@ def test_concurrent_writers_get_distinct_versions(tmp_path, demo_onnx):
 # --- generated input: valid config or a clear error, nothing written on failure ---------------
 
 NAME_CHARS = st.characters(codec="utf-8", categories=("L", "N", "P", "S", "Zs"))
-tensor_names = st.text(NAME_CHARS, min_size=0, max_size=12)
-dims = st.lists(st.integers(min_value=-3, max_value=64), min_size=0, max_size=4)
+tensor_names = st.one_of(st.from_regex(r"[A-Za-z_][A-Za-z0-9_:./]{0,10}", fullmatch=True), st.text(NAME_CHARS, max_size=12))
+dims = st.one_of(st.lists(st.sampled_from([-1, 1, 3, 32]), min_size=1, max_size=3),
+                 st.lists(st.integers(min_value=-3, max_value=64), min_size=0, max_size=4))
 
 
 @settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(
-    model_name=st.one_of(st.text(NAME_CHARS, max_size=20), st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,20}", fullmatch=True)),
+    model_name=st.one_of(st.from_regex(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,20}", fullmatch=True), st.text(NAME_CHARS, max_size=20)),
     in_name=tensor_names, out_name=tensor_names, in_dims=dims, out_dims=dims,
     batch=st.booleans(), dtype=st.sampled_from(["float32", "int64", "uint8", "float16", "bool"]),
     mbs=st.one_of(st.none(), st.integers(min_value=-2, max_value=64)),
-    preferred=st.lists(st.integers(min_value=-1, max_value=80), max_size=3),
+    preferred=st.one_of(st.just([]), st.lists(st.integers(min_value=-1, max_value=80), max_size=3)),
     kind=st.sampled_from(["auto", "cpu", "gpu", "model", "tpu"]),
     backend=st.sampled_from(["onnxruntime_onnx", "python_onnx", "tensorrt_plan"]),
-    count=st.integers(min_value=-1, max_value=3),
+    count=st.one_of(st.just(1), st.integers(min_value=-1, max_value=3)),
 )
 def test_generated_configs_are_valid_or_fail_clearly(tmp_path_factory, model_name, in_name, out_name, in_dims, out_dims,
                                                       batch, dtype, mbs, preferred, kind, backend, count):
