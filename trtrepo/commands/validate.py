@@ -1,0 +1,84 @@
+"""``trtrepo validate``: a deployment gate against a running Triton server."""
+
+from __future__ import annotations
+
+import click
+
+from ._options import data_options
+
+
+@click.command("validate")
+@click.option("--url", default="", metavar="HOST:PORT",
+              help="Server address (default 127.0.0.1:8001 for grpc, 127.0.0.1:8000 for http).")
+@click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
+@click.option("--model", required=True, help="Model name on the server.")
+@click.option("--version", "model_version", default="", help="Model version (default: the one the server serves).")
+@click.option("--reference", required=True, metavar="SOURCE",
+              help="The model to compare with: demo, demo-text, a TorchScript or .onnx file, package.module:factory.")
+@click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry-point reference.")
+@click.option("--onnx", type=click.Path(dir_okay=False), default=None,
+              help="The ONNX model that was deployed: the IO contract is read from it (default: from the reference).")
+@data_options(required=True, batch_size=1)
+@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Requests in flight, per level.")
+@click.option("--requests", type=click.IntRange(min=1), default=None, help="Measured requests per level (default 200).")
+@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, help="Measured seconds per level.")
+@click.option("--warmup", type=click.IntRange(min=0), default=20, show_default=True, help="Warm-up requests per level.")
+@click.option("--shared-memory", type=click.Choice(["none", "system", "cuda"]), default="none", show_default=True,
+              help="Pass tensors through shared memory (cuda: GPU machines only).")
+@click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
+              help="Fail when the top-1 accuracy drop (vs labels, else disagreement with the reference) exceeds this.")
+@click.option("--min-cosine", type=float, default=None, help="Fail when an output's mean cosine similarity is lower.")
+@click.option("--max-p99-ms", type=float, default=None, help="Fail when the client p99 latency exceeds this at any level.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
+              help="Seconds each request (and each server call) may take.")
+@click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
+              help="Seconds to wait for the server and the model to become ready.")
+@click.option("--worst", type=click.IntRange(min=0), default=5, show_default=True, help="Worst samples listed per output.")
+@click.option("--accuracy/--no-accuracy", default=True, show_default=True, help="Run the accuracy phase.")
+@click.option("--latency/--no-latency", default=True, show_default=True, help="Run the latency/throughput phase.")
+@click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), required=True,
+              help="Folder for validate.json, validate.md and latency.png.")
+def command(url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None, onnx: str | None,
+            data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
+            concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
+            max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
+            ready_timeout: float, worst: int, accuracy: bool, latency: bool, progress: bool | None, report_dir: str) -> None:
+    """Check a model served by Triton: its IO contract, its accuracy against the reference on
+    the data, and its latency/throughput per concurrency level.
+
+    Exit code 0 when every threshold holds, 1 when the contract or a threshold fails (named in
+    the message; the report is written), 2 for usage and connection errors.
+    """
+    from ..errors import TrtrepoError
+    from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
+
+    if requests is None and duration is None:
+        requests = 200
+    options = ValidateOptions(model=model, url=url, protocol=protocol, version=model_version,
+                              concurrency=parse_concurrency(concurrency), requests=requests, duration=duration,
+                              warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
+                              ready_timeout=ready_timeout, worst=worst, accuracy=accuracy, latency=latency, progress=progress)
+    thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
+    report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
+                      preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds)
+    s = report.server
+    click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
+    if report.accuracy:
+        for name, m in report.accuracy["outputs"].items():
+            top1 = m.get("top1_agreement")
+            agree = f"top-1 agreement {100 * top1:.2f}%, " if top1 is not None else ""
+            click.echo(f"  {name}: {agree}cosine {m['cosine_mean']:.6f}, max abs err {m['max_abs_error']:.3g}")
+    if report.latency:
+        for lv in report.latency["levels"]:
+            c = lv["client_ms"]
+            ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
+            click.echo(f"  c={lv['concurrency']}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
+                       f"client overhead {ov} ms")
+    for t in report.thresholds:
+        click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
+    click.echo(f"report: {report.files.get('markdown')}")
+    if not report.passed:
+        failed = [t for t in report.thresholds if not t.passed]
+        detail = "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed)
+        raise TrtrepoError(f"validation failed: {detail} (report {report.files.get('markdown')})")
