@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 DEFAULT_HOLDOUT = 0.2
+CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
 
 
 # --------------------------------------------------------------------------------------------
@@ -136,16 +137,33 @@ class Candidate:
 class Evaluator:
     """FP32 outputs on the held-out data once; candidates compared against them."""
 
-    def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None) -> None:
+    def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
+                 cache_bytes: int = CACHE_BYTES) -> None:
+        from .data import iter_batches
+        from .modelio import ModelIO
+
         self.source = source
         self.batch_size = batch_size
         self.threads = threads
-        self.reference: RunOutputs = run_onnx(fp32_model, source, batch_size=batch_size, threads=threads)
+        # Held-out data is evaluated many times: keep its batches in memory when they are small.
+        self.batches: list[Any] | None = []
+        size = 0
+        io = ModelIO.from_onnx(fp32_model) if hasattr(fp32_model, "graph") else None
+        for batch in iter_batches(source, batch_size, io):
+            size += sum(a.nbytes for a in batch.inputs.values())
+            if size > cache_bytes:
+                self.batches = None
+                break
+            self.batches.append(batch)  # type: ignore[union-attr]
+        self.reference: RunOutputs = self._run(fp32_model)
         self.count = 0
+
+    def _run(self, model: Any) -> RunOutputs:
+        return run_onnx(model, self.source, batch_size=self.batch_size, threads=self.threads, batches=self.batches)
 
     def __call__(self, model: Any) -> dict[str, OutputMetrics]:
         self.count += 1
-        cand = run_onnx(model, self.source, batch_size=self.batch_size, threads=self.threads)
+        cand = self._run(model)
         return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels)
 
     def fp32_metrics(self) -> dict[str, OutputMetrics]:
@@ -205,13 +223,18 @@ def _goodness(target: AccuracyTarget, metrics: Mapping[str, OutputMetrics]) -> t
     return (-v if target.kind == "top1-drop" else v, next(iter(metrics.values())).cosine_mean)
 
 
-def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, evaluator: Evaluator,
-             target: AccuracyTarget, start: Candidate) -> FallbackResult:
-    """Leave the most sensitive layers in float until ``target`` holds (see the module doc)."""
+def check_reachable(target: AccuracyTarget, evaluator: Evaluator) -> None:
+    """Refuse a target that the FP32 model (every layer in float) misses on the evaluation data."""
     fp32 = evaluator.fp32_metrics()
     if not target.met(fp32):
         raise UsageError(f"--accuracy-target {target} cannot be met even with every layer in float "
                          f"(the FP32 model itself gives {target.measure(fp32):.6g} on {evaluator.source.name})")
+
+
+def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, evaluator: Evaluator,
+             target: AccuracyTarget, start: Candidate) -> FallbackResult:
+    """Leave the most sensitive layers in float until ``target`` holds (see the module doc)."""
+    check_reachable(target, evaluator)
     metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
     steps = [FallbackStep([], target.measure(metrics), target.met(metrics), next(iter(metrics.values())).cosine_mean)]
     if steps[0].met:
@@ -317,6 +340,10 @@ def run_quantize(
     if accuracy_target is not None and eval_src is None:
         raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
 
+    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads) if eval_src is not None else None
+    if accuracy_target is not None and evaluator is not None:
+        check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
+
     stats = None
     if ranges is not None:
         per_method = {"ranges": ranges_from_json_file(ranges)}
@@ -330,7 +357,6 @@ def run_quantize(
         stats = cal.collect()
         methods = METHODS if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
-    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads) if eval_src is not None else None
     best, candidates = select_method(model, per_method, options, evaluator)
     chosen, metrics = best.quantized, best.metrics
     fb = None

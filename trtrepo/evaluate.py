@@ -279,8 +279,9 @@ class RunOutputs:
 
 
 def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
-             session: Any = None, io: Any = None) -> RunOutputs:
-    """Run ``model`` over every sample of ``source``; outputs concatenated along the sample axis."""
+             session: Any = None, io: Any = None, batches: Sequence[Any] | None = None) -> RunOutputs:
+    """Run ``model`` over every sample of ``source`` (or over prepared ``batches`` of
+    :class:`~trtrepo.data.Batch`); outputs concatenated along the sample axis."""
     from .data import iter_batches
     from .modelio import ModelIO
 
@@ -291,7 +292,8 @@ def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | No
     parts: dict[str, list[np.ndarray]] = {n: [] for n in names}
     labels: list[np.ndarray] = []
     has_labels = True
-    for batch in iter_batches(source, batch_size, io if isinstance(io, ModelIO) else None):
+    feeds = batches if batches is not None else iter_batches(source, batch_size, io if isinstance(io, ModelIO) else None)
+    for batch in feeds:
         feed = {k: v for k, v in batch.inputs.items() if k in {i.name for i in sess.get_inputs()}}
         try:
             values = sess.run(names, feed)

@@ -1,0 +1,493 @@
+"""Q/DQ placement (issue 4): rules per op type on tiny graphs built in code, validity, ONNX Runtime
+integer kernels, bad input, auto method selection and accuracy fallback on the demo model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtrepo.errors import UsageError
+from trtrepo.quantize import (
+    ActivationRange,
+    QuantizeOptions,
+    insert_qdq,
+    plan_qdq,
+    prepare_model,
+    quantize_model,
+)
+
+RNG = np.random.default_rng(0)
+INTEGER_KERNELS = {"QLinearConv", "ConvInteger", "MatMulInteger", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm",
+                   "QLinearAdd", "DynamicQuantizeMatMul", "QLinearGlobalAveragePool", "NhwcQLinearConv"}
+
+
+# --------------------------------------------------------------------------------------------
+# Tiny graphs
+
+
+def make_model(nodes, inputs, outputs, inits=(), opset=17):
+    graph = helper.make_graph(
+        nodes, "g",
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, TensorProto.FLOAT, s) for n, s in outputs],
+        [numpy_helper.from_array(np.asarray(a, np.float32), n) for n, a in inits],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", opset)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    return model
+
+
+def conv_model(opset=17):
+    w = RNG.standard_normal((4, 3, 3, 3)).astype(np.float32)
+    w[2] *= 10  # a channel with a larger range: per-channel scales differ
+    return make_model(
+        [helper.make_node("Conv", ["x", "w", "b"], ["y"], name="conv", pads=[1, 1, 1, 1])],
+        [("x", [1, 3, 8, 8])], [("y", [1, 4, 8, 8])], [("w", w), ("b", RNG.standard_normal(4))], opset=opset,
+    ), w
+
+
+def residual_model(swap=False, tail=False):
+    """x -> conv0 -> relu0 = r;  r -> conv1 -> relu1 -> conv2 = c;  Add(r, c) -> relu -> out
+    (with ``tail``: -> conv3 -> out)."""
+    ws = [RNG.standard_normal((4, c, 3, 3)).astype(np.float32) * 0.3 for c in (3, 4, 4, 4)]
+    add_in = ["c", "r"] if swap else ["r", "c"]
+    nodes = [
+        helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c0"], ["r"], name="relu0"),
+        helper.make_node("Conv", ["r", "w1"], ["c1"], name="conv1", pads=[1, 1, 1, 1]),
+        helper.make_node("Relu", ["c1"], ["r1"], name="relu1"),
+        helper.make_node("Conv", ["r1", "w2"], ["c"], name="conv2", pads=[1, 1, 1, 1]),
+        helper.make_node("Add", add_in, ["s"], name="add"),
+        helper.make_node("Relu", ["s"], ["t" if tail else "out"], name="relu_out"),
+    ]
+    if tail:
+        nodes.append(helper.make_node("Conv", ["t", "w3"], ["out"], name="conv3", pads=[1, 1, 1, 1]))
+    else:
+        ws = ws[:3]
+    return make_model(nodes, [("x", ["N", 3, 8, 8])], [("out", ["N", 4, 8, 8])], [(f"w{i}", w) for i, w in enumerate(ws)])
+
+
+def amax_all(model, x=None):
+    """Exact ranges of every float tensor (min, max) from one run with ONNX Runtime."""
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    names = [i.name for i in m.graph.input] + [o for n in m.graph.node for o in n.output]
+    have = {o.name for o in m.graph.output}
+    for n in names:
+        if n not in have:
+            m.graph.output.append(helper.make_tensor_value_info(n, TensorProto.FLOAT, None))
+    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+    feed = x if x is not None else {i.name: _random_input(i) for i in sess.get_inputs()}
+    values = sess.run(names, feed)
+    return {n: ActivationRange(float(np.abs(v).max()), float(v.min()), float(v.max())) for n, v in zip(names, values, strict=True)}, feed
+
+
+def _random_input(i):
+    shape = [d if isinstance(d, int) else 2 for d in i.shape]
+    return RNG.standard_normal(shape).astype(np.float32)
+
+
+def producers(model):
+    return {o: n for n in model.graph.node for o in n.output}
+
+
+def input_producer(model, node_name, index):
+    node = next(n for n in model.graph.node if n.name == node_name)
+    return producers(model).get(node.input[index])
+
+
+def init(model, name):
+    return numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == name))
+
+
+def q_params(model, dq_node):
+    return init(model, dq_node.input[1]), init(model, dq_node.input[2])
+
+
+def run(model, feed):
+    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+
+
+def integer_kernels(model_or_path, tmp_path, level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED):
+    so = ort.SessionOptions()
+    so.graph_optimization_level = level
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    data = model_or_path.SerializeToString() if hasattr(model_or_path, "SerializeToString") else str(model_or_path)
+    ort.InferenceSession(data, so, providers=["CPUExecutionProvider"])
+    ops = [n.op_type for n in onnx.load(str(tmp_path / "optimized.onnx")).graph.node]
+    return ops
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT target: placement per op type
+
+
+def test_conv_tensorrt_quantizes_input_and_weight_per_output_channel():
+    model, w = conv_model()
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    x_dq = input_producer(qm, "conv", 0)
+    w_dq = input_producer(qm, "conv", 1)
+    assert x_dq.op_type == "DequantizeLinear" and w_dq.op_type == "DequantizeLinear"
+    # activation: int8 symmetric per tensor, zp 0, scale amax/127
+    s, z = q_params(qm, x_dq)
+    assert z.dtype == np.int8 and z.shape == () and int(z) == 0
+    assert np.isclose(float(s), ranges["x"].amax / 127, rtol=1e-6)
+    # weight: FP32 behind Q -> DQ, per output channel (axis 0), scale max|w_c| / 127
+    w_q = producers(qm)[w_dq.input[0]]
+    assert w_q.op_type == "QuantizeLinear" and w_q.input[0] == "w"
+    assert helper.get_attribute_value(next(a for a in w_dq.attribute if a.name == "axis")) == 0
+    s, z = q_params(qm, w_dq)
+    np.testing.assert_allclose(s, np.abs(w).reshape(4, -1).max(axis=1) / 127, rtol=1e-6)
+    assert z.dtype == np.int8 and not z.any()
+    # bias stays float; the network output is not quantized
+    assert next(n for n in qm.graph.node if n.name == "conv").input[2] == "b"
+    assert producers(qm)["y"].op_type == "Conv"
+    onnx.checker.check_model(qm, full_check=True)
+    (ref,), (got,) = run(model, feed), run(qm, feed)
+    assert np.abs(ref - got).max() < 0.05 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("trans_b, axis", [(1, 0), (0, 1)])
+def test_gemm_weight_axis_follows_transB(trans_b, axis):
+    n_out, k = 5, 6
+    w = RNG.standard_normal((n_out, k) if trans_b else (k, n_out)).astype(np.float32)
+    model = make_model([helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="fc", transB=trans_b)],
+                       [("x", [2, k])], [("y", [2, n_out])], [("w", w), ("b", np.zeros(n_out))])
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    w_dq = input_producer(qm, "fc", 1)
+    assert helper.get_attribute_value(next(a for a in w_dq.attribute if a.name == "axis")) == axis
+    scale, _ = q_params(qm, w_dq)
+    assert scale.shape == (n_out,)
+    np.testing.assert_allclose(scale, np.abs(w).max(axis=1 - axis) / 127, rtol=1e-6)
+    assert input_producer(qm, "fc", 0).op_type == "DequantizeLinear"
+    (ref,), (got,) = run(model, feed), run(qm, feed)
+    np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
+
+
+def test_matmul_weight_last_axis_and_two_activation_inputs_per_tensor():
+    w = RNG.standard_normal((6, 3)).astype(np.float32)
+    model = make_model(
+        [helper.make_node("MatMul", ["x", "w"], ["h"], name="mm_w"),
+         helper.make_node("MatMul", ["h", "y"], ["out"], name="mm_act")],
+        [("x", [2, 4, 6]), ("y", [2, 3, 5])], [("out", [2, 4, 5])], [("w", w)],
+    )
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    w_dq = input_producer(qm, "mm_w", 1)
+    assert helper.get_attribute_value(next(a for a in w_dq.attribute if a.name == "axis")) == 1
+    assert q_params(qm, w_dq)[0].shape == (3,)
+    for i in (0, 1):
+        dq = input_producer(qm, "mm_act", i)
+        assert dq.op_type == "DequantizeLinear"
+        assert q_params(qm, dq)[0].shape == ()  # activations per tensor
+    onnx.checker.check_model(qm, full_check=True)
+
+
+def test_conv_transpose_weight_axis_1():
+    w = RNG.standard_normal((3, 5, 2, 2)).astype(np.float32)  # [Cin, Cout, kh, kw]
+    model = make_model([helper.make_node("ConvTranspose", ["x", "w"], ["y"], name="deconv", strides=[2, 2])],
+                       [("x", [1, 3, 4, 4])], [("y", [1, 5, 8, 8])], [("w", w)])
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    w_dq = input_producer(qm, "deconv", 1)
+    assert helper.get_attribute_value(next(a for a in w_dq.attribute if a.name == "axis")) == 1
+    np.testing.assert_allclose(q_params(qm, w_dq)[0], np.abs(w).transpose(1, 0, 2, 3).reshape(5, -1).max(axis=1) / 127, rtol=1e-6)
+    (ref,), (got,) = run(model, feed), run(qm, feed)
+    np.testing.assert_allclose(got, ref, atol=0.05 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("swap", [False, True])
+def test_residual_add_quantizes_residual_input_not_backbone(swap):
+    model = residual_model(swap)
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    add = next(n for n in qm.graph.node if n.name == "add")
+    backbone, residual = (0, 1) if swap else (1, 0)
+    assert add.input[backbone] == "c"  # straight from conv2: TensorRT fuses the Add into it
+    assert producers(qm)[add.input[residual]].op_type == "DequantizeLinear"
+    # the residual's Q/DQ is the same pair conv1 reads (one Q per tensor)
+    assert add.input[residual] == next(n for n in qm.graph.node if n.name == "conv1").input[0]
+    assert producers(qm)["out"].op_type == "Relu"
+    plan = plan_qdq(prepare_model(model))
+    assert [p.rule for p in plan.points if p.consumer == "add"] == ["residual_add"]
+
+
+def test_add_without_conv_input_gets_no_qdq():
+    model = make_model([helper.make_node("Add", ["a", "b"], ["s"], name="add"),
+                        helper.make_node("MatMul", ["s", "w"], ["y"], name="mm")],
+                       [("a", [2, 4]), ("b", [2, 4])], [("y", [2, 3])], [("w", RNG.standard_normal((4, 3)))])
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    add = next(n for n in qm.graph.node if n.name == "add")
+    assert list(add.input) == ["a", "b"]
+
+
+def test_exclusions_by_op_type_and_node_pattern():
+    model = residual_model()
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(exclude_nodes=("conv[12]",))).model
+    for name in ("conv1", "conv2"):
+        node = next(n for n in qm.graph.node if n.name == name)
+        assert not any(producers(qm).get(i) is not None and producers(qm)[i].op_type == "DequantizeLinear" for i in node.input)
+    assert input_producer(qm, "conv0", 0).op_type == "DequantizeLinear"
+    qm = insert_qdq(model, ranges, QuantizeOptions(exclude_ops=("Add",))).model
+    assert list(next(n for n in qm.graph.node if n.name == "add").input) == ["r", "c"]
+    with pytest.raises(UsageError, match="every quantizable operator is excluded"):
+        insert_qdq(model, ranges, QuantizeOptions(exclude_ops=("Conv",), exclude_nodes=("add",)))
+    with pytest.raises(UsageError, match="--exclude-node"):
+        QuantizeOptions(exclude_nodes=("conv[",))
+
+
+def test_low_opset_is_upgraded_to_13_and_passes_checker():
+    model, _ = conv_model(opset=11)
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges).model
+    assert next(o.version for o in qm.opset_import if o.domain in ("", "ai.onnx")) >= 13
+    onnx.checker.check_model(qm, full_check=True)
+    assert np.isfinite(run(qm, feed)[0]).all()
+
+
+def test_unnamed_nodes_get_names_and_graph_outputs_stay_float():
+    model = residual_model()
+    for n in model.graph.node:
+        n.name = ""
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    names = [n.name for n in qm.graph.node]
+    assert all(names) and len(set(names)) == len(names)
+    assert producers(qm)["out"].op_type == "Relu"
+
+
+# --------------------------------------------------------------------------------------------
+# ONNX Runtime target
+
+
+def test_onnxruntime_target_forms_node_units_with_uint8_activations():
+    model = residual_model()
+    x = RNG.uniform(-1.0, 3.0, (2, 3, 8, 8)).astype(np.float32)
+    x.flat[:2] = (-1.0, 3.0)
+    ranges, feed = amax_all(model, {"x": x})
+    assert (ranges["x"].lo, ranges["x"].hi) == (-1.0, 3.0)  # an asymmetric input range
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    x_dq = input_producer(qm, "conv0", 0)
+    s, z = q_params(qm, x_dq)
+    assert z.dtype == np.uint8 and int(z) == round(1.0 / (4.0 / 255))  # zp != 0 for a signed range
+    assert np.isclose(float(s), 4.0 / 255)
+    # the Relu after conv0 is followed by the output Q (zp 0: ONNX Runtime drops the Relu)
+    relu_consumers = [n for n in qm.graph.node if "r" in n.input and n.op_type == "QuantizeLinear"]
+    assert relu_consumers and int(init(qm, relu_consumers[0].input[2])) == 0
+    # weights stored as int8, bias-free convs, Add inputs and output quantized
+    w_dq = input_producer(qm, "conv1", 1)
+    assert init(qm, w_dq.input[0]).dtype == np.int8
+    add = next(n for n in qm.graph.node if n.name == "add")
+    assert all(producers(qm)[i].op_type == "DequantizeLinear" for i in add.input)
+    onnx.checker.check_model(qm, full_check=True)
+    (ref,), (got,) = run(model, feed), run(qm, feed)
+    assert np.abs(ref - got).max() < 0.05 * np.abs(ref).max()
+
+
+def test_onnxruntime_target_runs_integer_kernels(tmp_path):
+    model = residual_model(tail=True)
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    ops = integer_kernels(qm, tmp_path)
+    assert ops.count("QLinearConv") == 3, ops  # conv3 produces the network output: no output Q
+    assert "QLinearAdd" in ops and "Add" not in ops and ops.count("Conv") == 1
+    # the TensorRT placement has no output Q: ONNX Runtime keeps float convolutions
+    ops_trt = integer_kernels(insert_qdq(model, ranges).model, tmp_path)
+    assert "QLinearConv" not in ops_trt
+
+
+def test_onnxruntime_target_bias_is_int32_with_product_scale():
+    model, _ = conv_model()
+    ranges, feed = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    b_dq = input_producer(qm, "conv", 2)
+    x_scale = q_params(qm, input_producer(qm, "conv", 0))[0]
+    w_scale = q_params(qm, input_producer(qm, "conv", 1))[0]
+    assert init(qm, b_dq.input[0]).dtype == np.int32
+    np.testing.assert_allclose(q_params(qm, b_dq)[0], x_scale * w_scale, rtol=1e-6)
+
+
+def test_without_minmax_non_negative_tensors_get_zero_point_zero():
+    model = residual_model()
+    ranges, _ = amax_all(model)
+    amax_only = {k: v.amax for k, v in ranges.items()}
+    qm = insert_qdq(model, amax_only, QuantizeOptions(target="onnxruntime")).model
+    assert int(q_params(qm, input_producer(qm, "conv1", 0))[1]) == 0  # relu output: [0, amax]
+    assert int(q_params(qm, input_producer(qm, "conv0", 0))[1]) in (127, 128)  # network input: [-amax, amax]
+
+
+def test_demo_onnxruntime_target_integer_kernels(demo_onnx, demo_ranges, tmp_path):
+    out = tmp_path / "demo.ort.onnx"
+    quantize_model(demo_onnx, demo_ranges, out, QuantizeOptions(target="onnxruntime"))
+    for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
+        ops = integer_kernels(out, tmp_path, level)
+        convs = [o for o in ops if o.endswith("QLinearConv")]
+        assert len(convs) == 9, ops
+        assert "QGemm" in ops and "Conv" not in ops and "FusedConv" not in ops
+
+
+# --------------------------------------------------------------------------------------------
+# Bad input
+
+
+def test_model_without_quantizable_ops(tmp_path):
+    model = make_model([helper.make_node("Relu", ["x"], ["y"])], [("x", [2])], [("y", [2])])
+    path = tmp_path / "relu.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UsageError, match="no quantizable operator"):
+        quantize_model(path, {"x": 1.0}, tmp_path / "out.onnx")
+    assert not (tmp_path / "out.onnx").exists()
+
+
+def test_ranges_not_covering_the_model_name_the_tensor(tmp_path):
+    model = residual_model()
+    ranges, _ = amax_all(model)
+    del ranges["r"]
+    path = tmp_path / "m.onnx"
+    onnx.save(model, path)
+    with pytest.raises(UsageError, match="no range for tensor 'r'"):
+        quantize_model(path, ranges, tmp_path / "out.onnx", source="R.json")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["m.onnx"]  # nothing written, no temp file
+
+
+def test_cache_for_another_model_is_refused(demo_onnx, tmp_path, run_cli):
+    from trtrepo.cache import write_cache
+
+    cache = tmp_path / "other.cache"
+    write_cache(cache, {"x": 1.0, "r": 2.0})
+    out = tmp_path / "q.onnx"
+    res = run_cli("quantize", demo_onnx, "--cache", cache, "-o", out)
+    assert res.exit_code == 2
+    assert "another model" in res.stderr and "'x'" in res.stderr
+    assert not out.exists()
+
+
+# --------------------------------------------------------------------------------------------
+# Demo model: CLI, auto selection, fallback
+
+
+@pytest.fixture(scope="module")
+def demo_stats(demo_onnx):
+    from trtrepo.calibrate import Calibrator
+
+    return Calibrator(demo_onnx, "demo:calib", limit=256, progress=False).collect()
+
+
+@pytest.fixture(scope="module")
+def demo_ranges(demo_stats):
+    from trtrepo.autoquant import activation_ranges
+
+    return activation_ranges(demo_stats.compute("entropy"), demo_stats)
+
+
+def test_cli_quantize_from_ranges_json_and_cache(demo_onnx, demo_stats, tmp_path, run_cli):
+    ranges = demo_stats.compute("minmax")
+    rj, cache = tmp_path / "r.json", tmp_path / "c.cache"
+    ranges.save_json(rj, demo_stats)
+    ranges.write_cache(cache)
+    for flag, path, target in (("--ranges", rj, "onnxruntime"), ("--cache", cache, "tensorrt")):
+        out = tmp_path / f"q.{target}.onnx"
+        res = run_cli("quantize", demo_onnx, flag, path, "--target", target, "-o", out)
+        assert res.exit_code == 0, res.output
+        qm = onnx.load(out)
+        onnx.checker.check_model(qm)
+        dq = [n for n in qm.graph.node if n.op_type == "DequantizeLinear"]
+        assert dq
+        first = input_producer(qm, "/features/features.0/features.0.0/Conv", 0)
+        s, z = q_params(qm, first)
+        assert z.dtype == (np.uint8 if target == "onnxruntime" else np.int8)
+        if target == "tensorrt":  # cache scale round-trips
+            assert np.isclose(float(s), ranges["input"] / 127, rtol=1e-6)
+        else:  # the ranges JSON carries min/max: input is in [-1, 1]
+            lo, hi = demo_stats["input"].min, demo_stats["input"].max
+            assert np.isclose(float(s), (hi - lo) / 255, rtol=1e-5)
+
+
+def test_cli_bad_options(demo_onnx, tmp_path, run_cli):
+    out = tmp_path / "q.onnx"
+    res = run_cli("quantize", demo_onnx, "-o", out)
+    assert res.exit_code == 2 and "--ranges" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--cache", tmp_path / "none.cache")
+    assert res.exit_code == 2 and "none.cache" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--data", "demo:calib", "--accuracy-target", "top1-drop")
+    assert res.exit_code == 2 and "--accuracy-target" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--cache", tmp_path / "c", "--method", "auto")
+    assert res.exit_code == 2 and "--method auto" in res.stderr
+    assert not out.exists()
+
+
+def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli):
+    out, rep = tmp_path / "q.onnx", tmp_path / "rep"
+    res = run_cli("quantize", demo_onnx, "-o", out, "--data", "demo:calib", "--limit", "64", "--eval-data", "demo:val",
+                  "--accuracy-target", "top1=100", "--report", rep, "--no-progress")
+    assert res.exit_code == 2
+    assert "cannot be met even with every layer in float" in res.stderr
+    assert not out.exists() and not rep.exists()
+
+
+@pytest.mark.slow
+def test_auto_selects_best_method_on_held_out_split(demo_onnx, tmp_path, run_cli):
+    out, rep = tmp_path / "q.onnx", tmp_path / "rep"
+    res = run_cli("quantize", demo_onnx, "-o", out, "--data", "demo:calib", "--limit", "400", "--method", "auto",
+                  "--target", "onnxruntime", "--report", rep, "--no-progress")
+    assert res.exit_code == 0, res.output
+    report = json.loads((rep / "quantize.json").read_text())
+    assert report["evaluation_data"]["samples"] == 80 and report["calibration_samples"] == 320
+    rows = {r["label"]: r["outputs"]["logits"] for r in report["methods"]}
+    assert set(rows) == {"entropy", "minmax", "percentile", "mse"}
+    key = {k: (v["candidate_accuracy"], v["cosine_mean"]) for k, v in rows.items()}
+    assert report["method"] == max(key, key=lambda k: key[k])
+    assert "(chosen)" in (rep / "quantize.md").read_text()
+    onnx.checker.check_model(onnx.load(out))
+
+
+@pytest.mark.slow
+def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx, tmp_path):
+    from trtrepo.autoquant import run_quantize
+    from trtrepo.data import open_data
+    from trtrepo.evaluate import evaluate
+
+    held_out = open_data("demo:val").subset(200, seed=0)
+    common = dict(data="demo:calib", eval_data=held_out, method="entropy", data_args={"limit": 256, "seed": 0},
+                  options=QuantizeOptions(target="onnxruntime"))
+    base = run_quantize(demo_onnx, tmp_path / "base.onnx", **common)
+    baseline = base.report["metrics"]["logits"]["cosine_mean"]
+    assert baseline < 0.99999
+    goal = baseline + (1.0 - baseline) * 0.5  # stricter than plain INT8 reaches
+    out = tmp_path / "fb.onnx"
+    res = run_quantize(demo_onnx, out, accuracy_target=f"cosine={goal}", report_dir=tmp_path / "rep", **common)
+    steps = res.report["steps"]
+    assert not steps[0]["met"] and steps[-1]["met"] and len(steps) >= 2
+    assert res.layers_in_float and res.layers_in_float == steps[-1]["layers_in_float"]
+    assert len(res.report["sensitivity"]) == len(base.layers)
+    # the written model really meets the target on the evaluation data, and keeps INT8 layers
+    rep = evaluate(demo_onnx, out, held_out)
+    assert rep.outputs["logits"].cosine_mean >= goal - 1e-6
+    qm = onnx.load(out)
+    assert any(n.op_type == "DequantizeLinear" for n in qm.graph.node)
+    for name in res.layers_in_float:
+        node = next(n for n in qm.graph.node if n.name == name)
+        assert not any((p := producers(qm).get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input)
+    assert "Layers left in float" in (tmp_path / "rep" / "quantize.md").read_text()
+
+
+def test_quantize_for_deploy(demo_onnx, tmp_path):
+    from trtrepo.data import open_data
+    from trtrepo.quantize import quantize_for_deploy
+
+    source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
+    res = quantize_for_deploy(demo_onnx, source, tmp_path / "d.onnx", "onnxruntime")
+    assert res.method == "entropy" and Path(res.path).is_file()
+    ops = integer_kernels(res.path, tmp_path)
+    assert "QLinearConv" in ops

@@ -1,0 +1,43 @@
+"""``trtrepo evaluate``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from ._options import data_options
+
+
+@click.command("evaluate")
+@click.argument("reference", type=click.Path(dir_okay=False))
+@click.argument("candidate", type=click.Path(dir_okay=False))
+@data_options(required=True)
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+              help="Write evaluation.json and evaluation.md into DIR.")
+def command(reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
+            limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None) -> None:
+    """Run REFERENCE (FP32 ONNX) and CANDIDATE (e.g. the Q/DQ model) with ONNX Runtime on the same
+    data; print per output top-1/top-5 agreement, accuracy against labels, max/mean absolute
+    error and cosine similarity.
+    """
+    from ..data import open_data
+    from ..errors import UsageError
+    from ..evaluate import evaluate
+    from ..modelio import ModelIO, load_onnx
+
+    for p in (reference, candidate):
+        if not Path(p).is_file():
+            raise UsageError(f"{p}: model file not found")
+    io_ref = ModelIO.from_onnx(load_onnx(reference, load_weights=False))
+    io_cand = ModelIO.from_onnx(load_onnx(candidate, load_weights=False))
+    if io_ref.input_names != io_cand.input_names or io_ref.output_names != io_cand.output_names:
+        raise UsageError(f"{candidate}: inputs/outputs {io_cand.input_names}/{io_cand.output_names} differ from "
+                         f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
+    source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+    report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads)
+    click.echo(report.to_markdown().rstrip())
+    if report_dir is not None:
+        j, m = report.write(report_dir)
+        click.echo(f"wrote {j} and {m}")

@@ -1,0 +1,95 @@
+"""``trtrepo quantize``."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import click
+
+from ..errors import UsageError
+from ._options import data_options
+
+METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
+
+
+@click.command("quantize")
+@click.argument("model", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Output Q/DQ ONNX file.")
+@click.option("--ranges", "ranges_path", type=click.Path(dir_okay=False), default=None,
+              help="Ranges JSON from 'trtrepo calibrate --ranges' (amax, and min/max for the onnxruntime target).")
+@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
+              help="TensorRT calibration cache (scales) instead of ranges; refused when made for another model.")
+@data_options(required=False)
+@click.option("--method", type=click.Choice(METHODS), default=None,
+              help="With --data: range calibrator [default: entropy]; auto quantizes with all four and keeps the best "
+                   "on held-out data.")
+@click.option("--target", type=click.Choice(("tensorrt", "onnxruntime")), default="tensorrt", show_default=True,
+              help="tensorrt: TensorRT placement, int8 symmetric; onnxruntime: full node units, uint8 activations (CPU integer kernels).")
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", help="Leave every node of this op type in float (repeatable).")
+@click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
+              help="Leave nodes whose name matches (exact or full-match regex) in float (repeatable).")
+@click.option("--accuracy-target", default=None, metavar="KIND=VALUE",
+              help="top1-drop=POINTS, top1=PERCENT or cosine=MIN: leave the most sensitive layers in float until it holds.")
+@click.option("--eval-data", default=None, metavar="SPEC",
+              help="Held-out evaluation data (default: a --holdout part of --data that calibration does not use).")
+@click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2, show_default=True,
+              help="Fraction of --data held out for --method auto / --accuracy-target when --eval-data is not given.")
+@click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads for evaluation.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+              help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
+@click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
+@click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
+def command(model: str, output: str, ranges_path: str | None, cache_path: str | None, data_spec: str | None,
+            preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
+            target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
+            eval_data: str | None, holdout: float, threads: int | None, report_dir: str | None, force: bool,
+            progress: bool) -> None:
+    """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
+
+    Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
+    follows TensorRT's placement (Conv/ConvTranspose/Gemm/MatMul inputs and per-channel weights,
+    residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
+    with integer kernels.
+    """
+    from ..autoquant import run_quantize
+    from ..evaluate import AccuracyTarget
+    from ..quantize import QuantizeOptions
+
+    if Path(model).resolve() == Path(output).resolve():
+        raise UsageError(f"-o {output}: would overwrite the input model")
+    if ranges_path is not None and cache_path is not None:
+        raise UsageError("give only one of --ranges, --cache")
+    if (ranges_path or cache_path) and method is not None:
+        flag = "--ranges" if ranges_path else "--cache"
+        raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {flag} (ranges are used as given)")
+    method = method or "entropy"
+    target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
+    options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes)
+    started = time.perf_counter()
+    result = run_quantize(
+        model, output,
+        ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
+        accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, seed=seed, batch_size=batch_size,
+        threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
+        report_dir=report_dir, force=force, progress=progress,
+    )
+    report = result.report or {}
+    took = time.perf_counter() - started
+    click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
+               f"{result.activations} activations, {result.weights} weights -> {result.path} in {took:.1f}s")
+    for row in report.get("methods", []):
+        m = next(iter(row.get("outputs", {}).values()), None)
+        if m:
+            acc = f"accuracy {100 * m['candidate_accuracy']:.2f}%, " if m["candidate_accuracy"] is not None else ""
+            agree = f"top-1 agreement {100 * m['top1_agreement']:.2f}%, " if m["top1_agreement"] is not None else ""
+            mark = "  <- chosen" if row["label"] == result.method else ""
+            click.echo(f"  {row['label']:<10} {acc}{agree}cosine {m['cosine_mean']:.6f}{mark}")
+    if report.get("accuracy_target"):
+        steps = report["steps"]
+        click.echo(f"  accuracy target {report['accuracy_target']}: met with {len(steps[-1]['layers_in_float'])} "
+                   f"layer(s) left in float (value {steps[-1]['value']:.6g})")
+        for name in report["layers_in_float"]:
+            click.echo(f"    float: {name}")
+    if report_dir is not None:
+        click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
