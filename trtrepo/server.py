@@ -155,6 +155,7 @@ class TritonServer:
     metrics_port: int | None = None
     host: str = "127.0.0.1"
     timeout: float = 60.0
+    exit_timeout: int = 5
     copy: bool = True
     extra_args: Sequence[str] = ()
     log_path: str | Path | None = None
@@ -182,7 +183,7 @@ class TritonServer:
             raise UsageError(f"tritonserver not found ({where}); run scripts/install_tritonserver.sh or pass --server-binary")
         return [str(binary), f"--model-repository={repo}", f"--http-address={self.host}", f"--grpc-address={self.host}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                "--allow-metrics=true", "--log-verbose=0", *self.extra_args]
+                "--allow-metrics=true", "--log-verbose=0", f"--exit-timeout-secs={self.exit_timeout}", *self.extra_args]
 
     def start(self) -> TritonServer:
         repo = Path(self.repo)
@@ -251,7 +252,8 @@ class TritonServer:
         with urllib.request.urlopen(req, timeout=5) as r:
             return list(json.loads(r.read()))
 
-    def stop(self, grace: float = 10.0) -> None:
+    def stop(self, grace: float | None = None) -> None:
+        grace = self.exit_timeout + 5.0 if grace is None else grace
         proc, self.proc = self.proc, None
         if proc is not None and proc.poll() is None:
             with contextlib.suppress(ProcessLookupError):

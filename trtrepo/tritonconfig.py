@@ -193,8 +193,7 @@ class ModelOptions:
 
     ``max_batch_size`` None: the plan's profile maximum, else 32 (0 without a batch axis).
     ``instance_kind`` auto: KIND_GPU for plans, KIND_CPU for Python models, KIND_AUTO for ONNX Runtime.
-    ``preferred_batch_sizes`` None: Triton's default (none); () turns dynamic batching off when
-    ``dynamic_batching`` is False.
+    ``preferred_batch_sizes`` empty: ``(max_batch_size,)``, what Triton itself fills in at load time.
     """
 
     max_batch_size: int | None = None
@@ -344,7 +343,9 @@ def config_from_io(
     )
     dyn = None
     if options.dynamic_batching and mbs > 1:
-        dyn = DynamicBatching(tuple(options.preferred_batch_sizes), options.max_queue_delay_us, options.preserve_ordering)
+        # Triton fills an empty preferred_batch_size with max_batch_size at load time: say so explicitly.
+        preferred = tuple(options.preferred_batch_sizes) or (mbs,)
+        dyn = DynamicBatching(preferred, options.max_queue_delay_us, options.preserve_ordering)
     elif options.preferred_batch_sizes and mbs <= 1:
         raise UsageError(f"model '{name}': --preferred-batch-size needs --max-batch-size > 1 (it is {mbs})")
     groups = (InstanceGroup(_instance_kind(options, kind), options.instance_count, tuple(options.gpus), tuple(options.profiles)),)
@@ -400,7 +401,8 @@ def preprocess_config(name: str, image_input: str, model_input: TensorSpec, max_
         max_batch_size=max_batch_size,
         inputs=(TensorConfig(image_input, "TYPE_STRING", (1,)),),
         outputs=(_tensor_config(model_input, batching),),
-        dynamic_batching=DynamicBatching((), options.max_queue_delay_us) if options.dynamic_batching and max_batch_size > 1 else None,
+        dynamic_batching=(DynamicBatching((max_batch_size,), options.max_queue_delay_us)
+                          if options.dynamic_batching and max_batch_size > 1 else None),
         instance_groups=(InstanceGroup("KIND_CPU", options.instance_count),),
         parameters=tuple(sorted(params.items())),
     )
