@@ -500,3 +500,17 @@ def test_doctor_reports_gpu() -> None:
     assert isinstance(gpu["available"], bool) and gpu["detail"]
     assert report["stages"]["build"]["available"] == (gpu["available"] and
                                                       next(c for c in report["components"] if c["name"] == "tensorrt")["available"])
+
+
+def test_plan_metadata_feeds_the_repository_writer(models: tuple[Path, Path], tmp_path: Path) -> None:
+    """The Triton config of a plan comes from the IO and profile read back from the engine (model.plan.json)."""
+    from trtrepo.repository import add_plan_model
+
+    plan = B.build_engine(models[1], tmp_path / "build" / "model.plan", B.BuildOptions(max_batch=16),
+                          builder=fake_builder()).plan
+    result, _ = add_plan_model(tmp_path / "repo", "demo", plan, target_tensorrt=V11, target_compute_capability="8.0")
+    text = result.config_text
+    assert 'platform: "tensorrt_plan"' in text or 'backend: "tensorrt"' in text
+    assert "max_batch_size: 16" in text and 'name: "input"' in text and 'name: "logits"' in text
+    assert len(result.warnings) == 2  # other TensorRT, other compute capability
+    assert (result.model_dir / str(result.version) / "model.plan.json").is_file()
