@@ -1,0 +1,152 @@
+"""Evaluation metrics against hand-computed values, accuracy targets, the ORT runner and
+``trtrepo evaluate`` (issue 4)."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+from trtrepo.errors import UsageError
+from trtrepo.evaluate import (
+    AccuracyTarget,
+    accuracy,
+    compare_outputs,
+    cosine_similarity,
+    max_abs_error,
+    mean_abs_error,
+    score,
+    top_k,
+    top_k_agreement,
+)
+
+REF = np.array([
+    [0.1, 0.9, 0.0, 0.2, 0.3, 0.4],   # top-1 = 1
+    [2.0, 1.0, 0.5, 0.0, 0.0, 0.0],   # top-1 = 0
+    [0.0, 0.0, 0.0, 0.0, 0.2, 0.1],   # top-1 = 4
+    [0.3, 0.2, 0.1, 0.6, 0.0, 0.0],   # top-1 = 3
+])
+CAND = np.array([
+    [0.1, 0.8, 0.0, 0.2, 0.3, 0.4],   # top-1 = 1 (agrees)
+    [1.0, 2.0, 0.5, 0.0, 0.0, 0.0],   # top-1 = 1; ref's 0 is 2nd
+    [0.5, 0.4, 0.3, 0.2, 0.0, 0.1],   # top-1 = 0; ref's 4 is 6th (last)
+    [0.3, 0.2, 0.1, 0.6, 0.0, 0.0],   # identical
+])
+LABELS = np.array([1, 0, 4, 2])
+
+
+def test_top_k_orders_best_first():
+    np.testing.assert_array_equal(top_k(REF, 3), [[1, 5, 4], [0, 1, 2], [4, 5, 0], [3, 0, 1]])
+
+
+def test_top_k_agreement_hand_computed():
+    assert top_k_agreement(REF, CAND, 1) == 0.5  # rows 0 and 3
+    assert top_k_agreement(REF, CAND, 2) == 0.75  # + row 1
+    assert top_k_agreement(REF, CAND, 5) == 0.75  # row 2's class is only 6th
+    assert top_k_agreement(REF, CAND, 6) == 1.0
+    assert top_k_agreement(REF, REF, 1) == 1.0
+
+
+def test_accuracy_hand_computed():
+    assert accuracy(REF, LABELS) == 0.75  # rows 0, 1, 2
+    assert accuracy(CAND, LABELS) == 0.25  # row 0
+    assert accuracy(CAND, LABELS, k=2) == 0.5  # + row 1 (label 0 is its 2nd)
+    with pytest.raises(UsageError, match="3 labels for 4 samples"):
+        accuracy(REF, LABELS[:3])
+
+
+def test_abs_errors_hand_computed():
+    a = np.array([[1.0, -2.0], [0.5, 0.0]])
+    b = np.array([[1.5, -2.0], [0.0, -3.0]])
+    assert max_abs_error(a, b) == 3.0
+    assert mean_abs_error(a, b) == pytest.approx((0.5 + 0 + 0.5 + 3.0) / 4)
+    with pytest.raises(UsageError, match="different shapes"):
+        max_abs_error(a, b[:1])
+
+
+def test_cosine_similarity_per_sample():
+    a = np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0], [0.0, 0.0], [3.0, 4.0]])
+    b = np.array([[0.0, 2.0], [2.0, 2.0], [0.0, 0.0], [1.0, 0.0], [-3.0, -4.0]])
+    np.testing.assert_allclose(cosine_similarity(a, b), [0.0, 1.0, 1.0, 0.0, -1.0])
+    # embeddings with more axes are flattened per sample
+    e = np.arange(24, dtype=np.float64).reshape(2, 3, 4) + 1
+    np.testing.assert_allclose(cosine_similarity(e, 2 * e), [1.0, 1.0])
+    x, y = np.array([[1.0, 2.0, 2.0]]), np.array([[2.0, 1.0, 2.0]])
+    np.testing.assert_allclose(cosine_similarity(x, y), [(2 + 2 + 4) / 9])
+
+
+def test_compare_outputs_classification_and_embedding():
+    emb_ref = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    emb = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 1.0]])
+    m = compare_outputs({"logits": REF}, {"logits": CAND}, LABELS)
+    m.update(compare_outputs({"emb": emb_ref}, {"emb": emb}))
+    lg = m["logits"]
+    assert (lg.top1_agreement, lg.top5_agreement) == (0.5, 0.75)
+    assert (lg.reference_accuracy, lg.candidate_accuracy) == (0.75, 0.25)
+    assert lg.accuracy_drop_points == pytest.approx(50.0) and lg.top1_drop_points == pytest.approx(50.0)
+    assert lg.max_abs_error == pytest.approx(1.0)
+    e = m["emb"]  # [N, 3] counts as classification-like; cosine per sample: 1, 1/sqrt(2)
+    assert e.cosine_mean == pytest.approx((1 + 1 / math.sqrt(2)) / 2) and e.cosine_min == pytest.approx(1 / math.sqrt(2))
+    d = lg.to_dict()
+    assert d["accuracy_drop_points"] == pytest.approx(50.0)
+    # without labels, top1-drop is the disagreement with the reference
+    nolab = compare_outputs({"logits": REF}, {"logits": CAND})["logits"]
+    assert nolab.reference_accuracy is None and nolab.top1_drop_points == pytest.approx(50.0)
+    # a 1-D output has no top-k metrics
+    flat = compare_outputs({"y": np.array([1.0, 2.0])}, {"y": np.array([1.0, 2.5])})["y"]
+    assert flat.top1_agreement is None and flat.max_abs_error == 0.5
+    with pytest.raises(UsageError, match="output 'z'"):
+        compare_outputs({"z": REF}, {"logits": CAND})
+
+
+def test_accuracy_target_parse_and_met():
+    m = compare_outputs({"logits": REF}, {"logits": CAND}, LABELS)
+    assert AccuracyTarget.parse("top1-drop=50").met(m)
+    assert not AccuracyTarget.parse("top1-drop=49.9").met(m)
+    assert AccuracyTarget.parse("top1=25").met(m) and not AccuracyTarget.parse("top1=26").met(m)
+    cos = m["logits"].cosine_mean
+    assert AccuracyTarget.parse(f"cosine={cos}").met(m) and not AccuracyTarget.parse(f"cosine={cos + 1e-3}").met(m)
+    same = compare_outputs({"logits": REF}, {"logits": REF}, LABELS)
+    assert AccuracyTarget.parse("cosine=1").met(same) and AccuracyTarget.parse("top1-drop=0").met(same)
+    for bad in ("top1-drop", "top5=1", "cosine=2", "top1=abc", "top1=101"):
+        with pytest.raises(UsageError, match="--accuracy-target"):
+            AccuracyTarget.parse(bad)
+    emb = compare_outputs({"y": np.ones(3)}, {"y": np.ones(3)})
+    with pytest.raises(UsageError, match="not a classification output"):
+        AccuracyTarget.parse("top1-drop=1").met(emb)
+
+
+def test_score_prefers_accuracy_then_cosine():
+    good = compare_outputs({"logits": REF}, {"logits": REF}, LABELS)
+    bad = compare_outputs({"logits": REF}, {"logits": CAND}, LABELS)
+    assert score(good) > score(bad)
+
+
+def test_evaluate_command_on_demo(demo_onnx, tmp_path, run_cli):
+    rep = tmp_path / "rep"
+    res = run_cli("evaluate", demo_onnx, demo_onnx, "--data", "demo:val", "--limit", "64", "--report", rep)
+    assert res.exit_code == 0, res.output
+    assert "| logits | 100.00% | 100.00% |" in res.output
+    data = json.loads((rep / "evaluation.json").read_text())
+    m = data["outputs"]["logits"]
+    assert data["samples"] == 64 and m["max_abs_error"] == 0.0 and m["cosine_min"] == pytest.approx(1.0)
+    assert m["reference_accuracy"] == m["candidate_accuracy"] and m["reference_accuracy"] > 0.9
+    assert (rep / "evaluation.md").read_text().startswith("# Evaluation")
+
+
+def test_evaluate_command_bad_input(demo_onnx, tmp_path, run_cli):
+    import onnx
+    from onnx import TensorProto, helper
+
+    res = run_cli("evaluate", demo_onnx, tmp_path / "missing.onnx", "--data", "demo:val")
+    assert res.exit_code == 2 and "missing.onnx" in res.stderr
+    g = helper.make_graph([helper.make_node("Relu", ["x"], ["y"])], "g",
+                          [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1])])
+    other = tmp_path / "other.onnx"
+    onnx.save(helper.make_model(g), other)
+    res = run_cli("evaluate", demo_onnx, other, "--data", "demo:val", "--report", tmp_path / "rep")
+    assert res.exit_code == 2 and "differ" in res.stderr
+    assert not (tmp_path / "rep").exists()
