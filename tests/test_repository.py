@@ -288,3 +288,16 @@ def test_generated_configs_are_valid_or_fail_clearly(tmp_path_factory, model_nam
     assert list(msg.input[0].dims) == list(cfg.inputs[0].dims)
     if msg.max_batch_size > 0:
         assert all(1 <= b <= msg.max_batch_size for b in msg.dynamic_batching.preferred_batch_size)
+
+
+def test_serve_without_server_prints_container_command(tmp_path, demo_onnx, run_cli, monkeypatch):
+    repo = tmp_path / "repo"
+    add_onnx_model(repo, "demo", demo_onnx, backend="python", options=ModelOptions(execution_env="/some/venv"))
+    monkeypatch.setenv("TRTREPO_TRITONSERVER", str(tmp_path / "no-such-binary"))
+    r = run_cli("serve", repo)
+    assert r.exit_code == 0, r.output
+    assert "tritonserver not found here" in r.output
+    assert f"-v {repo.resolve()}:/models nvcr.io/nvidia/tritonserver:" in r.output
+    assert "EXECUTION_ENV_PATH" in r.output
+    r = run_cli("serve", tmp_path / "missing")
+    assert r.exit_code == 2 and "model repository not found" in r.output

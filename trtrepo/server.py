@@ -121,6 +121,10 @@ def container_command(repo: str | Path, *, http_port: int = 8000, grpc_port: int
         notes.append(f"plans built with TensorRT {version}: Triton {rel.release} ships TensorRT {rel.tensorrt}")
     else:
         notes.append(f"no TensorRT plans in the repository: newest known release {rel.release}")
+    envs = sorted({str(c.parent.name) for c in Path(repo).glob("*/config.pbtxt") if "EXECUTION_ENV_PATH" in c.read_text()})
+    if envs:
+        notes.append(f"Python-backend models ({', '.join(envs)}) name an EXECUTION_ENV_PATH on this machine: inside the container "
+                     f"remove that parameter and pip install 'numpy<2' onnxruntime pillow, or mount the environment at the same path")
     repo_abs = Path(repo).resolve()
     gpu = "--gpus=all " if gpus else ""
     cmd = (f"docker run --rm {gpu}-p{http_port}:8000 -p{grpc_port}:8001 -p{metrics_port}:8002 "
