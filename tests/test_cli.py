@@ -100,3 +100,14 @@ def test_doctor_reports_components(run_cli):
         have_trt = False
     assert names["tensorrt"]["available"] == have_trt
     assert report["stages"]["build"]["available"] == have_trt
+
+
+def test_atomic_writes_are_readable_by_others(tmp_path):
+    import os
+    import stat
+
+    from trtrepo.fsutil import atomic_write_text
+
+    path = atomic_write_text(tmp_path / "f.txt", "x")
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert mode & stat.S_IROTH or os.umask(os.umask(0)) & stat.S_IROTH

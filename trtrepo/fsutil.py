@@ -29,6 +29,9 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
     tmp = Path(tmp_name)
     try:
         yield tmp
+        if tmp.is_file():
+            # mkstemp creates 0600; outputs are shared (a Triton container may run as another user)
+            os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
     except BaseException:
         with contextlib.suppress(FileNotFoundError):
@@ -37,6 +40,12 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
             else:
                 tmp.unlink()
         raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def atomic_write_bytes(target: str | Path, data: bytes, *, force: bool = True) -> Path:
