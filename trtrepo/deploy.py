@@ -94,9 +94,9 @@ class DeployReport:
         for s in self.steps:
             lines.append(f"{s.step:<11} {s.status:<9} {s.seconds:>6.1f}s  {s.detail}")
         lines.append("")
-        lines.append(f"{'model':<24} {'version':>7}  {'backend':<18} {'precision':<10} path")
+        lines.append(f"{'model':<24} {'version':>7}  {'backend':<21} {'precision':<10} path")
         for m in self.models:
-            lines.append(f"{m.name:<24} {m.version:>7}  {m.backend:<18} {m.precision:<10} {m.path}")
+            lines.append(f"{m.name:<24} {m.version:>7}  {m.backend:<21} {m.precision:<10} {m.path}")
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
