@@ -74,6 +74,7 @@ class ValidateOptions:
     timeout: float = 10.0
     ready_timeout: float = 30.0
     worst: int = 5
+    label_output: str | None = None
     accuracy: bool = True
     latency: bool = True
     progress: bool | None = None
@@ -294,14 +295,16 @@ class ThresholdResult:
 
 def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[ThresholdResult]:
     """Evaluate the limits on a report dict (``ValidationReport.to_dict()``); one result per
-    checked value, named ``top1_drop[OUTPUT]``, ``cosine[OUTPUT]``, ``p99_ms[c=N]``."""
+    checked value, named ``top1_drop[OUTPUT]`` (the label output only: the first ``[N, C]``
+    output unless ``--label-output``), ``cosine[OUTPUT]`` (every output), ``p99_ms[c=N]``."""
     results: list[ThresholdResult] = []
     acc = report.get("accuracy") or {}
     outputs = acc.get("outputs") or {}
     if thresholds.max_top1_drop is not None:
         if not acc:
             raise UsageError("--max-top1-drop needs the accuracy phase (drop --no-accuracy)")
-        checked = [(n, m) for n, m in outputs.items() if m.get("top1_drop_points") is not None]
+        primary = acc.get("label_output")
+        checked = [(n, m) for n, m in outputs.items() if n == primary and m.get("top1_drop_points") is not None]
         if not checked:
             raise UsageError("--max-top1-drop: no classification output ([N, C] logits); use --min-cosine")
         for name, m in checked:
@@ -375,6 +378,9 @@ class TritonTarget:
         self.model = options.model
         self.version = str(options.version or "")
         self.timeout = options.timeout
+        # Server calls other than inference (readiness, metadata, statistics) get at least 10 s,
+        # so a tight --timeout for requests does not fail the set-up.
+        self.admin_timeout = max(options.timeout, 10.0)
         if self.protocol == "grpc":
             import tritonclient.grpc as module
             import tritonclient.grpc.aio as aio
@@ -388,14 +394,14 @@ class TritonTarget:
         self._slots: list[_Slot] = []
         self._shm_kind = "none"
         self._io: ModelIO | None = None
-        self._run(self._connect(), self.timeout)
+        self._run(self._connect(), self.admin_timeout)
 
     # --- plumbing ---------------------------------------------------------------------------
     async def _connect(self) -> None:
         if self.protocol == "grpc":
             self._client = self._aio.InferenceServerClient(self.url)
         else:
-            self._client = self._aio.InferenceServerClient(self.url, conn_timeout=self.timeout)
+            self._client = self._aio.InferenceServerClient(self.url, conn_timeout=self.admin_timeout)
 
     def _run(self, coro: Any, timeout: float | None) -> Any:
         async def bounded() -> Any:
@@ -403,20 +409,21 @@ class TritonTarget:
 
         return self._loop.run_until_complete(bounded())
 
-    async def _call(self, name: str, *args: Any, **kw: Any) -> Any:
+    async def _call(self, name: str, *args: Any, bound: float | None = None, **kw: Any) -> Any:
         fn = getattr(self._client, name)
+        bound = self.admin_timeout if bound is None else max(0.05, min(bound, self.admin_timeout))
         if self.protocol == "grpc":
-            kw.setdefault("client_timeout", self.timeout)
+            kw.setdefault("client_timeout", bound)
             if name.startswith("get_"):
                 kw.setdefault("as_json", True)
-        return await asyncio.wait_for(fn(*args, **kw), self.timeout)
+        return await asyncio.wait_for(fn(*args, **kw), bound)
 
     def call(self, name: str, *args: Any, **kw: Any) -> Any:
         """One administrative call (``get_model_metadata``...) as JSON, bounded by the timeout."""
         try:
             return self._run(self._call(name, *args, **kw), None)
         except (asyncio.TimeoutError, TimeoutError):
-            raise TrtrepoError(f"{self._where()}: {name} got no answer within {self.timeout:g}s (--timeout)") from None
+            raise TrtrepoError(f"{self._where()}: {name} got no answer within {self.admin_timeout:g}s") from None
 
     def _where(self) -> str:
         return f"Triton at {self.url} ({self.protocol})"
@@ -463,14 +470,15 @@ class TritonTarget:
         while True:
             state = None
             try:
-                live = bool(self._run(self._call("is_server_live"), None))
+                left = deadline - time.monotonic()
+                live = bool(self._run(self._call("is_server_live", bound=left), None))
                 if live:
-                    info["server_ready"] = bool(self._run(self._call("is_server_ready"), None))
-                    if self._run(self._call("is_model_ready", self.model, self.version), None):
+                    info["server_ready"] = bool(self._run(self._call("is_server_ready", bound=left), None))
+                    if self._run(self._call("is_model_ready", self.model, self.version, bound=left), None):
                         break
                     state = self._model_state()
             except (asyncio.TimeoutError, TimeoutError):
-                last_error = f"no answer within {self.timeout:g}s"
+                last_error = f"no answer within {self.admin_timeout:g}s"
             except UsageError:
                 raise
             except TrtrepoError:
@@ -508,7 +516,10 @@ class TritonTarget:
                 have = ", ".join(sorted(str(m.get("version", "?")) for m in rows))
                 raise UsageError(f"model '{self.model}' has no version {self.version} on {self._where()} (versions: {have})")
             rows = vrows
-        states = [(str(m.get("version", "")), str(m.get("state", "")), str(m.get("reason", ""))) for m in rows]
+        # The reason can hold a Python traceback from the backend: keep its first line.
+        states = [(str(m.get("version", "")), str(m.get("state", "")), _one_line(Exception(str(m.get("reason", ""))))[:300])
+                  for m in rows]
+        states = [(v, st, "" if r == "Exception" else r) for v, st, r in states]
         text = "; ".join(f"version {v or '?'} {s or 'UNKNOWN'}{': ' + r if r else ''}" for v, s, r in states)
         if all(s == "UNAVAILABLE" and r and r != "unloaded" for _, s, r in states):
             raise TrtrepoError(f"model '{self.model}' failed to load on {self._where()}: {text}")
@@ -773,8 +784,10 @@ def _cuda_shm() -> Any:
         raise UsageError("--shared-memory cuda needs an NVIDIA GPU and cuda-python (cuda.bindings), which this machine "
                          "does not have; use --shared-memory system or none") from None
     err, count = cudart.cudaGetDeviceCount()
-    if int(err) != 0 or count < 1:
-        raise UsageError("--shared-memory cuda: no CUDA GPU is visible on this machine; use --shared-memory system or none")
+    if int(err) != 0 or not count:
+        why = getattr(err, "name", str(err))
+        raise UsageError(f"--shared-memory cuda: no CUDA GPU is visible on this machine ({why}); "
+                         f"use --shared-memory system or none")
     import tritonclient.utils.cuda_shared_memory as cudashm
 
     return cudashm
@@ -871,7 +884,7 @@ def reference_rows(reference: Callable[[dict[str, np.ndarray]], dict[str, np.nda
 def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
                  reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
                  labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
-                 progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 label_output: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
     """Send every payload once and compare its outputs with the reference's (a callable run on
     the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
     shapes are set to the reference's (the latency phase checks responses against them)."""
@@ -889,17 +902,23 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     has_labels = all(lb is not None for lb in labels)
     y = np.concatenate([np.asarray(lb) for lb in labels]) if has_labels and labels else None
     index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
+    names = list(ref_parts[0])
+    if label_output is not None and label_output not in names:
+        raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(names)})")
+    classifiers = [n for n in names if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)]
+    primary = label_output or (classifiers[0] if classifiers else None)
     metrics: dict[str, Any] = {}
     worst_rows: dict[str, list[dict[str, Any]]] = {}
-    for name in ref_parts[0]:
+    for name in names:
         refs = [r[name] for r in ref_parts]
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
-        m, cos = _merge_metrics(name, refs, served, y if all(r.ndim == 2 for r in refs) else None)
+        m, cos = _merge_metrics(name, refs, served, y if name == primary and name in classifiers else None)
         d = m.to_dict()
         d["top1_drop_points"] = m.top1_drop_points
         metrics[name] = d
         worst_rows[name] = _worst(cos, refs, served, index, y, worst)
-    return {"samples": int(len(index)), "requests": len(payloads), "outputs": metrics, "worst_samples": worst_rows}
+    return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
+            "worst_samples": worst_rows}
 
 
 def _worst(cos: np.ndarray, refs: list[np.ndarray], served: list[np.ndarray], index: np.ndarray,
@@ -1164,7 +1183,8 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
             bar = _progress(len(payloads), "accuracy", options.progress)
             try:
                 report.accuracy = run_accuracy(target, payloads, rows, batch_labels, concurrency=max(options.concurrency),
-                                               worst=options.worst, progress=bar.update)
+                                               worst=options.worst, label_output=options.label_output,
+                                               progress=bar.update)
             finally:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size

@@ -33,6 +33,8 @@ from ._options import data_options
               help="Seconds each request (and each server call) may take.")
 @click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
               help="Seconds to wait for the server and the model to become ready.")
+@click.option("--label-output", default=None, metavar="NAME",
+              help="Output the labels and --max-top1-drop apply to (default: the first [N, C] output).")
 @click.option("--worst", type=click.IntRange(min=0), default=5, show_default=True, help="Worst samples listed per output.")
 @click.option("--accuracy/--no-accuracy", default=True, show_default=True, help="Run the accuracy phase.")
 @click.option("--latency/--no-latency", default=True, show_default=True, help="Run the latency/throughput phase.")
@@ -43,7 +45,7 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
-            ready_timeout: float, worst: int, accuracy: bool, latency: bool, progress: bool | None, report_dir: str) -> None:
+            ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, progress: bool | None, report_dir: str) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
     the data, and its latency/throughput per concurrency level.
 
@@ -58,7 +60,7 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
     options = ValidateOptions(model=model, url=url, protocol=protocol, version=model_version,
                               concurrency=parse_concurrency(concurrency), requests=requests, duration=duration,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
-                              ready_timeout=ready_timeout, worst=worst, accuracy=accuracy, latency=latency, progress=progress)
+                              ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
     report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                       preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds)

@@ -1,0 +1,397 @@
+"""trtrepo validate (issue 7): pure parts without a server, then the real tritonserver.
+
+The server tests start one real tritonserver per module on 127.0.0.1 free ports, serving a
+repository written by trtrepo: the demo CNN (Python backend running ONNX Runtime) in FP32 and
+INT8 (``trtrepo.quantize``), demo-text (two int64 inputs, variable sequence length) and a model
+that fails to load. Every call is bounded; the server is stopped by the fixture.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trtrepo.errors import TrtrepoError, UsageError
+from trtrepo.modelio import ModelIO, TensorSpec
+from trtrepo.validate import (
+    REPORT_SCHEMA,
+    ThresholdResult,
+    Thresholds,
+    ValidateOptions,
+    ValidationReport,
+    check_shape,
+    check_thresholds,
+    compare_contract,
+    latency_summary,
+    parse_concurrency,
+    parse_url,
+    stats_diff,
+)
+
+# --------------------------------------------------------------------------------------------
+# Pure parts
+
+
+def test_latency_summary_percentiles_match_numpy_and_are_ordered():
+    lat = np.arange(1, 101) / 1000.0  # 1..100 ms
+    s = latency_summary(lat)
+    assert s["p50"] == pytest.approx(50.5)
+    assert s["p99"] == pytest.approx(99.01)
+    assert s["mean"] == pytest.approx(50.5)
+    assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(100.0)
+    assert s["min"] <= s["p50"] <= s["p90"] <= s["p95"] <= s["p99"] <= s["max"]
+    with pytest.raises(UsageError):
+        latency_summary([])
+
+
+def _stats(count, ns, inf, exe, as_str=False):
+    conv = str if as_str else int
+
+    def cn(c, n):
+        return {"count": conv(c), "ns": conv(n)}
+
+    return {"model_stats": [{"name": "m", "version": "1", "inference_count": conv(inf), "execution_count": conv(exe),
+                             "inference_stats": {"success": cn(count, ns), "fail": {}, "queue": cn(count, ns // 10),
+                                                 "compute_input": cn(exe, ns // 20), "compute_infer": cn(exe, ns // 2),
+                                                 "compute_output": cn(exe, ns // 20)}}]}
+
+
+@pytest.mark.parametrize("as_str", [False, True], ids=["http-ints", "grpc-strings"])
+def test_stats_diff_is_the_window_between_two_snapshots(as_str):
+    before = _stats(10, 10_000_000, 10, 10, as_str)
+    after = _stats(110, 210_000_000, 110, 35, as_str)
+    d = stats_diff(before, after, "m", "1")
+    assert d["request_count"] == 100 and d["inference_count"] == 100 and d["execution_count"] == 25
+    assert d["avg_batch"] == pytest.approx(4.0)
+    assert d["request_ms"] == pytest.approx(2.0)  # 200 ms over 100 requests
+    assert d["queue_ms"] == pytest.approx(0.2)
+    assert d["compute_infer_ms"] == pytest.approx((105_000_000 - 5_000_000) / 25 / 1e6)
+    assert d["failed_count"] == 0
+    empty = stats_diff(before, before, "m", "1")
+    assert empty["request_ms"] is None and empty["avg_batch"] is None
+
+
+def _demo_io():
+    return ModelIO((TensorSpec("input", "float32", (-1, 1, 32, 32)),), (TensorSpec("logits", "float32", (-1, 10)),))
+
+
+def _meta(inputs, outputs):
+    return {"inputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in inputs],
+            "outputs": [{"name": n, "datatype": d, "shape": s} for n, d, s in outputs]}
+
+
+def test_compare_contract_accepts_the_matching_model_in_both_json_flavours():
+    io = _demo_io()
+    http = _meta([("input", "FP32", [-1, 1, 32, 32])], [("logits", "FP32", [-1, 10])])
+    grpc = _meta([("input", "FP32", ["-1", "1", "32", "32"])], [("logits", "FP32", ["-1", "10"])])
+    assert compare_contract(io, http, {"max_batch_size": 32}) == []
+    assert compare_contract(io, grpc, {"config": {"max_batch_size": "32"}}, batch_size=32) == []
+
+
+def test_compare_contract_reports_every_field():
+    io = _demo_io()
+    meta = _meta([("input", "FP16", [-1, 3, 32, 32]), ("extra", "FP32", [-1, 2])], [("probs", "FP32", [-1, 10])])
+    issues = compare_contract(io, meta, {"max_batch_size": 8}, batch_size=16)
+    fields = [m.field for m in issues]
+    assert "input 'input' datatype" in fields and "input 'input' shape" in fields
+    assert "output 'logits'" in fields and "output 'probs'" in fields and "input 'extra'" in fields
+    assert "max_batch_size" in fields
+    dtype = next(m for m in issues if m.field == "input 'input' datatype")
+    assert (dtype.expected, dtype.actual) == ("FP32", "FP16")
+    # No batching on the server for a batched reference.
+    issues = compare_contract(io, _meta([("input", "FP32", [-1, 1, 32, 32])], [("logits", "FP32", [-1, 10])]),
+                              {"max_batch_size": 0})
+    assert [m.field for m in issues] == ["max_batch_size"]
+
+
+def test_compare_contract_dynamic_sequence_axis_needs_a_dynamic_server_axis():
+    io = ModelIO((TensorSpec("ids", "int64", (-1, -1)),), (TensorSpec("out", "float32", (-1, 4)),))
+    ok = _meta([("ids", "INT64", [-1, -1])], [("out", "FP32", [-1, 4])])
+    fixed = _meta([("ids", "INT64", [-1, 16])], [("out", "FP32", [-1, -1])])
+    assert compare_contract(io, ok, {"max_batch_size": 4}) == []
+    issues = compare_contract(io, fixed, {"max_batch_size": 4})
+    assert [m.field for m in issues] == ["input 'ids' shape"]  # a dynamic server output axis is fine
+
+
+def test_check_shape_names_the_output_and_hints_at_empty_responses():
+    check_shape("logits", (4, 10), (4, 10), "r")
+    check_shape("emb", (4, 7), (4, -1), "r")
+    with pytest.raises(TrtrepoError, match="output 'logits' has shape \\[0\\].*numpy<2"):
+        check_shape("logits", (0,), (4, 10), "r")
+
+
+def _report_dict(top1_drop=0.0, cosine=1.0, p99=(3.0, 8.0)):
+    return {"accuracy": {"label_output": "logits",
+                         "outputs": {"logits": {"top1_drop_points": top1_drop, "accuracy_drop_points": top1_drop,
+                                                "cosine_mean": cosine},
+                                     "embedding": {"top1_drop_points": 50.0, "cosine_mean": cosine}}},
+            "latency": {"levels": [{"concurrency": c, "client_ms": {"p99": v}} for c, v in zip((1, 4), p99, strict=True)]}}
+
+
+def test_check_thresholds_names_each_failing_value():
+    res = check_thresholds(_report_dict(), Thresholds(max_top1_drop=0.5, max_p99_ms=10, min_cosine=0.99))
+    assert all(r.passed for r in res)
+    assert [r.name for r in res] == ["top1_drop[logits]", "cosine[logits]", "cosine[embedding]", "p99_ms[c=1]", "p99_ms[c=4]"]
+    res = check_thresholds(_report_dict(top1_drop=1.0, p99=(3.0, 12.0)), Thresholds(max_top1_drop=0.5, max_p99_ms=10))
+    assert [r.name for r in res if not r.passed] == ["top1_drop[logits]", "p99_ms[c=4]"]
+    with pytest.raises(UsageError, match="--max-p99-ms needs the latency phase"):
+        check_thresholds({"accuracy": None, "latency": None}, Thresholds(max_p99_ms=1))
+
+
+def test_options_and_parsers_reject_bad_values_with_one_line():
+    assert parse_url("", "grpc") == "127.0.0.1:8001"
+    assert parse_url("http://localhost:8000/", "http") == "localhost:8000"
+    assert parse_url("myhost", "http") == "myhost:8000"
+    assert parse_concurrency("4,1,2,2") == (1, 2, 4)
+    for bad in ("a,b", "0,1", ""):
+        with pytest.raises(UsageError):
+            parse_concurrency(bad)
+    with pytest.raises(UsageError, match="--url"):
+        parse_url("host:99999", "grpc")
+    with pytest.raises(UsageError, match="exclude"):
+        ValidateOptions(model="m", requests=10, duration=1.0)
+    with pytest.raises(UsageError, match="--protocol"):
+        ValidateOptions(model="m", protocol="tcp")
+    with pytest.raises(UsageError, match="--timeout"):
+        ValidateOptions(model="m", timeout=0)
+
+
+def test_report_has_stable_keys_and_files_are_written(tmp_path):
+    levels = [{"concurrency": c, "requests": 10, "inferences": 10, "wall_s": 0.1, "throughput": 100.0 * c,
+               "client_ms": {"p50": 1.0 * c, "p90": 2.0 * c, "p95": 2.5 * c, "p99": 3.0 * c, "mean": 1.2 * c, "min": 0.5, "max": 4.0 * c},
+               "server": {"request_count": 10, "failed_count": 0, "inference_count": 10, "execution_count": 5, "avg_batch": 2.0,
+                          "request_ms": 0.8 * c, "queue_ms": 0.1, "compute_input_ms": 0.05, "compute_infer_ms": 0.5,
+                          "compute_output_ms": 0.05},
+               "overhead_ms": 0.4 * c} for c in (1, 4)]
+    report = ValidationReport(
+        server={"url": "127.0.0.1:1", "protocol": "grpc", "model": "m", "version": "1"},
+        contract={"ok": True, "max_batch_size": 8, "mismatches": []},
+        latency={"requests_per_level": 10, "duration_s": None, "warmup": 2, "batch_size": 1, "shared_memory": "none",
+                 "levels": levels},
+        thresholds=[ThresholdResult("p99_ms[c=4]", 5.0, 12.0, False)],
+    )
+    paths = report.write(tmp_path / "r")
+    data = json.loads(paths["json"].read_text())
+    assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
+                          "thresholds", "files"]
+    assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
+    assert "**FAIL**" in paths["markdown"].read_text()
+    from PIL import Image
+
+    with Image.open(paths["plot"]) as img:
+        assert img.format == "PNG" and img.size[0] > 100
+    assert not [p for p in (tmp_path / "r").iterdir() if p.name.startswith(".")]  # no temporary files left
+
+
+def _gpu_visible() -> bool:
+    try:
+        import cuda.bindings.runtime as cudart
+    except ImportError:
+        return False
+    err, count = cudart.cudaGetDeviceCount()
+    return int(err) == 0 and bool(count)
+
+
+def test_cuda_shared_memory_without_a_gpu_is_a_usage_error(run_cli, demo_onnx, tmp_path):
+    if _gpu_visible():
+        pytest.skip("a CUDA GPU is visible: CUDA shared memory is allowed here")
+    r = run_cli("validate", "--url", "127.0.0.1:1", "--model", "demo", "--reference", "demo", "--onnx", demo_onnx,
+                "--data", "demo:val", "--shared-memory", "cuda", "--report", tmp_path / "r")
+    assert r.exit_code == 2
+    assert "--shared-memory cuda" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+
+
+# --------------------------------------------------------------------------------------------
+# Real server
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, demo_onnx):
+    """ONNX files: demo FP32, demo INT8 (ONNX Runtime Q/DQ via trtrepo.quantize), demo-text."""
+    from trtrepo.export import export_onnx
+    from trtrepo.quantize import quantize_for_deploy
+
+    d = tmp_path_factory.mktemp("validate-models")
+    int8 = quantize_for_deploy(demo_onnx, "demo:calib", d / "demo_int8.onnx", target="onnxruntime", method="minmax").path
+    text = export_onnx("demo-text", d / "demo_text.onnx").path
+    return {"fp32": Path(demo_onnx), "int8": Path(int8), "text": Path(text)}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory, models, triton_server):
+    from trtrepo.repository import add_model, add_onnx_model
+    from trtrepo.server import find_python_env
+    from trtrepo.tritonconfig import ModelOptions, config_from_io, template_file
+
+    env = find_python_env()
+    if env is None:
+        pytest.skip("no numpy<2 environment for the Python backend (run scripts/install_tritonserver.sh)")
+    repo = tmp_path_factory.mktemp("validate-repo") / "repo"
+    opts = ModelOptions(execution_env=str(env))
+    add_onnx_model(repo, "demo", models["fp32"], backend="python", options=opts)
+    add_onnx_model(repo, "demo_int8", models["int8"], backend="python", options=opts)
+    add_onnx_model(repo, "demo_text", models["text"], backend="python", options=opts)
+    # A model that cannot load: its model.onnx is not an ONNX file.
+    io = ModelIO.from_onnx(models["fp32"])
+    add_model(repo, config_from_io("broken", io, "python_onnx", opts),
+              {"model.onnx": b"not an onnx model", "model.py": template_file("python_onnx_model.py")})
+    return triton_server(repo, extra_args=("--exit-on-error=false", "--strict-readiness=false"))
+
+
+def _validate(run_cli, server, tmp_path, *args, protocol="grpc"):
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    report = tmp_path / f"report-{protocol}"
+    t0 = time.monotonic()
+    r = run_cli("validate", "--url", url, "--protocol", protocol, "--report", report, "--no-progress", *args)
+    elapsed = time.monotonic() - t0
+    data = json.loads((report / "validate.json").read_text()) if (report / "validate.json").is_file() else None
+    return r, data, elapsed
+
+
+def _check_latency(data, requests):
+    levels = data["latency"]["levels"]
+    for lv in levels:
+        c = lv["client_ms"]
+        assert 0 < c["min"] <= c["p50"] <= c["p90"] <= c["p95"] <= c["p99"] <= c["max"]
+        assert c["mean"] > 0 and lv["throughput"] > 0
+        assert lv["requests"] == requests
+        # The server saw exactly the measured window's requests.
+        assert lv["server"]["request_count"] == requests
+        assert lv["server"]["request_ms"] > 0 and lv["overhead_ms"] is not None
+    return {lv["concurrency"]: lv for lv in levels}
+
+
+
+
+@pytest.mark.triton
+def test_fp32_over_grpc_agrees_fully_and_batching_raises_throughput(run_cli, server, models, tmp_path):
+    r, data, _ = _validate(run_cli, server, tmp_path, "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                           "--data", "demo:val", "--limit", "200", "--concurrency", "1,4", "--requests", "150",
+                           "--max-top1-drop", "0", "--min-cosine", "0.99999")
+    assert r.exit_code == 0, r.output
+    assert data["passed"] and data["contract"]["ok"]
+    m = data["accuracy"]["outputs"]["logits"]
+    assert m["top1_agreement"] == 1.0 and m["samples"] == 200
+    assert m["max_abs_error"] < 1e-4
+    assert data["accuracy"]["worst_samples"]["logits"]
+    by_c = _check_latency(data, 150)
+    assert by_c[4]["throughput"] > by_c[1]["throughput"]
+    assert by_c[4]["server"]["avg_batch"] > 1.0  # dynamic batching merged requests
+    md = (tmp_path / "report-grpc" / "validate.md").read_text()
+    assert "PASSED" in md and (tmp_path / "report-grpc" / "latency.png").stat().st_size > 1000
+
+
+@pytest.mark.triton
+def test_fp32_over_http_with_system_shared_memory(run_cli, server, models, tmp_path):
+    r, data, _ = _validate(run_cli, server, tmp_path, "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                           "--data", "demo:val", "--limit", "100", "--batch-size", "4", "--concurrency", "2",
+                           "--requests", "60", "--shared-memory", "system", "--max-top1-drop", "0", protocol="http")
+    assert r.exit_code == 0, r.output
+    assert data["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0
+    _check_latency(data, 60)
+    assert data["server"]["protocol"] == "http" and data["latency"]["shared_memory"] == "system"
+
+
+@pytest.mark.triton
+def test_int8_within_bound_and_thresholds_flip_the_exit_code(run_cli, server, models, tmp_path):
+    common = ("--model", "demo_int8", "--reference", "demo", "--onnx", models["fp32"], "--data", "demo:val",
+              "--concurrency", "1", "--requests", "40", "--warmup", "5")
+    r, data, _ = _validate(run_cli, server, tmp_path, *common, "--max-top1-drop", "1.0")
+    assert r.exit_code == 0, r.output
+    m = data["accuracy"]["outputs"]["logits"]
+    assert m["top1_drop_points"] <= 1.0 and m["top1_agreement"] >= 0.98
+    assert m["max_abs_error"] > 0  # really the quantized model
+    # The same run with limits it cannot meet: exit 1, the failing thresholds named, report written.
+    r, data, _ = _validate(run_cli, server, tmp_path, *common, "--max-p99-ms", "0.001", "--min-cosine", "1.0")
+    assert r.exit_code == 1
+    assert "p99_ms[c=1]" in r.stderr and "cosine[logits]" in r.stderr
+    assert data["passed"] is False and set(data["failures"]) == {"p99_ms[c=1]", "cosine[logits]"}
+
+
+@pytest.mark.triton
+def test_variable_length_multi_input_model(run_cli, server, models, tmp_path):
+    r, data, _ = _validate(run_cli, server, tmp_path, "--model", "demo_text", "--reference", "demo-text", "--onnx",
+                           models["text"], "--data", "demo-text:val", "--batch-size", "8", "--concurrency", "1,4",
+                           "--requests", "60", "--max-top1-drop", "0", "--min-cosine", "0.9999")
+    assert r.exit_code == 0, r.output
+    assert set(data["accuracy"]["outputs"]) == {"logits", "embedding"}
+    assert data["accuracy"]["label_output"] == "logits"
+    assert data["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0
+    assert data["accuracy"]["samples"] == 512
+    _check_latency(data, 60)
+
+
+@pytest.mark.triton
+def test_io_mismatch_is_reported_field_by_field_before_traffic(run_cli, server, models, tmp_path):
+    r, data, _ = _validate(run_cli, server, tmp_path, "--model", "demo_text", "--reference", "demo", "--onnx", models["fp32"],
+                           "--data", "demo:val", "--requests", "10")
+    assert r.exit_code == 1
+    assert r.stderr.startswith("error: contract:") and len(r.stderr.strip().splitlines()) == 1
+    assert "input 'input'" in r.stderr and "output 'logits' shape" in r.stderr
+    assert data["contract"]["ok"] is False and data["accuracy"] is None and data["latency"] is None
+    fields = {m["field"] for m in data["contract"]["mismatches"]}
+    assert {"input 'input'", "input 'input_ids'", "output 'embedding'"} <= fields
+
+
+@pytest.mark.triton
+def test_server_not_running_fails_fast_with_exit_2(run_cli, models, tmp_path):
+    from trtrepo.server import free_port
+
+    port = free_port()
+    t0 = time.monotonic()
+    r = run_cli("validate", "--url", f"127.0.0.1:{port}", "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                "--data", "demo:val", "--ready-timeout", "1.5", "--report", tmp_path / "r")
+    assert r.exit_code == 2
+    assert f"cannot reach Triton at 127.0.0.1:{port}" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert time.monotonic() - t0 < 30
+    assert not (tmp_path / "r" / "validate.json").exists()
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_wrong_model_name_lists_the_served_models(run_cli, server, models, tmp_path, protocol):
+    r, _, elapsed = _validate(run_cli, server, tmp_path, "--model", "demo_nope", "--reference", "demo", "--onnx",
+                              models["fp32"], "--data", "demo:val", protocol=protocol)
+    assert r.exit_code == 2
+    assert "model 'demo_nope' is not in the repository" in r.stderr and "demo_int8" in r.stderr
+    assert elapsed < 20  # no waiting for the ready timeout
+
+
+@pytest.mark.triton
+def test_model_that_failed_to_load_is_not_ready(run_cli, server, models, tmp_path):
+    r, _, elapsed = _validate(run_cli, server, tmp_path, "--model", "broken", "--reference", "demo", "--onnx", models["fp32"],
+                              "--data", "demo:val", "--ready-timeout", "20")
+    assert r.exit_code == 1
+    assert "model 'broken' failed to load" in r.stderr and "UNAVAILABLE" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1
+    assert elapsed < 20
+
+
+@pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_request_timeout_is_reported_and_nothing_hangs(run_cli, server, models, tmp_path, protocol):
+    r, _, elapsed = _validate(run_cli, server, tmp_path, "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                              "--data", "demo:val", "--limit", "64", "--batch-size", "32", "--timeout", "0.0005",
+                              "--concurrency", "4", "--requests", "20", protocol=protocol)
+    assert r.exit_code == 1
+    assert "timed out after 0.0005s (--timeout)" in r.stderr and len(r.stderr.strip().splitlines()) == 1
+    assert elapsed < 30
+    # The server is still healthy afterwards.
+    r, data, _ = _validate(run_cli, server, tmp_path, "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                           "--data", "demo:val", "--limit", "32", "--no-latency", protocol=protocol)
+    assert r.exit_code == 0 and data["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0
+
+
+@pytest.mark.triton
+def test_python_api_mirrors_the_command(server, models):
+    from trtrepo.validate import validate
+
+    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), requests=30, warmup=2, progress=False)
+    report = validate(opts, reference="demo", data="demo:val", onnx=models["fp32"], limit=50,
+                      thresholds=Thresholds(max_top1_drop=0.0))
+    assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True
+    assert report.latency["levels"][0]["server"]["request_count"] == 30
