@@ -332,9 +332,28 @@ def test_demo_onnxruntime_target_integer_kernels(demo_onnx, demo_ranges, tmp_pat
     quantize_model(demo_onnx, demo_ranges, out, QuantizeOptions(target="onnxruntime"))
     for level in (ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED, ort.GraphOptimizationLevel.ORT_ENABLE_ALL):
         ops = integer_kernels(out, tmp_path, level)
-        convs = [o for o in ops if o.endswith("QLinearConv")]
-        assert len(convs) == 9, ops
-        assert "QGemm" in ops and "Conv" not in ops and "FusedConv" not in ops
+        assert ops.count("QLinearConv") == 8, ops  # the first conv (1 input channel) stays float
+        assert ops.count("QLinearAdd") == 3 and "QGemm" in ops and "QLinearGlobalAveragePool" in ops
+        assert sum(o in ("Conv", "FusedConv") for o in ops) == 1
+
+
+def test_onnxruntime_target_keeps_tiny_reduction_conv_float():
+    w = RNG.standard_normal((8, 1, 3, 3)).astype(np.float32)  # Cin * kh * kw = 9
+    w2 = RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)
+    model = make_model([helper.make_node("Conv", ["x", "w"], ["c"], name="stem", pads=[1, 1, 1, 1]),
+                        helper.make_node("Relu", ["c"], ["r"], name="relu"),
+                        helper.make_node("Conv", ["r", "w2"], ["y"], name="body", pads=[1, 1, 1, 1])],
+                       [("x", [1, 1, 8, 8])], [("y", [1, 8, 8, 8])], [("w", w), ("w2", w2)])
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime"))
+    assert qm.plan.kept_float == ["stem"] and "stem" not in qm.plan.layers
+    stem = next(n for n in qm.model.graph.node if n.name == "stem")
+    assert list(stem.input) == ["x", "w"]
+    assert input_producer(qm.model, "body", 0).op_type == "DequantizeLinear"  # the Relu output is still quantized
+    # the TensorRT target and ort_min_reduction=0 quantize it
+    assert input_producer(insert_qdq(model, ranges).model, "stem", 1).op_type == "DequantizeLinear"
+    qm0 = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime", ort_min_reduction=0))
+    assert input_producer(qm0.model, "stem", 1).op_type == "DequantizeLinear"
 
 
 # --------------------------------------------------------------------------------------------
@@ -404,14 +423,16 @@ def test_cli_quantize_from_ranges_json_and_cache(demo_onnx, demo_stats, tmp_path
         onnx.checker.check_model(qm)
         dq = [n for n in qm.graph.node if n.op_type == "DequantizeLinear"]
         assert dq
-        first = input_producer(qm, "/features/features.0/features.0.0/Conv", 0)
-        s, z = q_params(qm, first)
-        assert z.dtype == (np.uint8 if target == "onnxruntime" else np.int8)
         if target == "tensorrt":  # cache scale round-trips
-            assert np.isclose(float(s), ranges["input"] / 127, rtol=1e-6)
-        else:  # the ranges JSON carries min/max: input is in [-1, 1]
-            lo, hi = demo_stats["input"].min, demo_stats["input"].max
-            assert np.isclose(float(s), (hi - lo) / 255, rtol=1e-5)
+            s, z = q_params(qm, input_producer(qm, "/features/features.0/features.0.0/Conv", 0))
+            assert z.dtype == np.int8 and np.isclose(float(s), ranges["input"] / 127, rtol=1e-6)
+        else:  # the ranges JSON carries min/max: a signed conv output gets [min, max] in uint8
+            name = "/features/features.1/conv2/conv2.0/Conv_output_0"
+            q = next(n for n in qm.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == name)
+            s, z = init(qm, q.input[1]), init(qm, q.input[2])
+            lo, hi = demo_stats[name].min, demo_stats[name].max
+            assert lo < 0 < hi and z.dtype == np.uint8
+            assert np.isclose(float(s), (hi - lo) / 255, rtol=1e-5) and int(z) == round(-lo / float(s))
 
 
 def test_cli_bad_options(demo_onnx, tmp_path, run_cli):

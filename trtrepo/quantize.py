@@ -25,6 +25,9 @@ Two targets, because their consumers need different graphs:
       Softmax, pooling of those, ...) gets ``[0, amax]``, any other ``[-amax, amax]``;
     * weights: int8 per output channel, symmetric, stored as int8 initializers behind a DQ;
       biases of Conv/Gemm as int32 with scale ``s_x * s_w`` (what QLinearConv/QGemm need);
+    * a dense Conv with a tiny reduction (``Cin * kh * kw < 16``, the first conv of a one-channel
+      image model) stays float: ONNX Runtime's float kernel is faster there
+      (:func:`keep_float_small_conv`);
     * network outputs are never quantized.
 
 The placement is a list of named rule functions (:data:`RULES`), each returning
@@ -83,6 +86,9 @@ class QuantizeOptions:
     exclude_ops: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     per_channel: bool = True
+    # onnxruntime target: a Conv whose reduction (Cin/group * kernel size) is below this stays
+    # float (see keep_float_small_conv); 0 disables.
+    ort_min_reduction: int = 16
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -98,7 +104,7 @@ class QuantizeOptions:
     def with_excluded_nodes(self, names: Iterable[str]) -> QuantizeOptions:
         """A copy that also excludes the given exact node names."""
         extra = tuple(re.escape(n) for n in names)
-        return QuantizeOptions(self.target, self.exclude_ops, self.exclude_nodes + extra, self.per_channel)
+        return replace(self, exclude_nodes=self.exclude_nodes + extra)
 
     def excludes(self, node_name: str, op_type: str) -> bool:
         if op_type in self.exclude_ops:
@@ -288,6 +294,19 @@ def rule_weighted_op_inputs(view: GraphView, node: Any, options: QuantizeOptions
     return points
 
 
+def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) -> bool:
+    """onnxruntime target: leave a dense Conv with a tiny reduction (``Cin * kh * kw`` below
+    ``options.ort_min_reduction``, e.g. the first 3x3 conv of a one-channel image model) in float.
+    ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there: on the demo's first
+    conv (1 -> 16 channels, 3x3, 32x32) 3.2 ms against 0.7 ms per batch of 32."""
+    if options.target != "onnxruntime" or options.ort_min_reduction <= 0 or node.op_type != "Conv":
+        return False
+    if len(node.input) < 2 or not view.is_constant(node.input[1]) or int(view.attr(node, "group", 1)) != 1:
+        return False
+    shape = view.constant_array(node.input[1]).shape
+    return int(np.prod(shape[1:])) < options.ort_min_reduction
+
+
 def _backbone_producer(view: GraphView, name: str) -> Any | None:
     """The Conv/ConvTranspose producing ``name`` (through an optional BatchNormalization) when
     that path has no other consumer, i.e. TensorRT can fuse the Add into it."""
@@ -376,6 +395,7 @@ class QdqPlan:
     layers: list[str]
     excluded: list[str]
     target: str
+    kept_float: list[str] = field(default_factory=list)  # left float by a rule (keep_float_small_conv)
 
     def activation_tensors(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -435,16 +455,20 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     points: list[QuantPoint] = []
     excluded: list[str] = []
     layers: list[str] = []
+    kept_float: list[str] = []
     for node in view.nodes:
         if options.excludes(node.name, node.op_type):
             if node.op_type in ORT_UNIT_OPS or node.op_type in WEIGHTED_OPS:
                 excluded.append(node.name)
             continue
+        if keep_float_small_conv(view, node, options):
+            kept_float.append(node.name)
+            continue
         node_points = [replace(p, node=node.name) for rule in RULES[options.target] for p in rule(view, node, options)]
         points.extend(node_points)
     # No Q/DQ on network outputs (the graph output tensor keeps its name and float value) and
     # nothing produced by an excluded node is quantized on its output.
-    excluded_set = set(excluded)
+    excluded_set = set(excluded) | set(kept_float)
     kept = []
     for p in points:
         if p.consumer is None:
@@ -459,7 +483,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
-    return QdqPlan(kept, layers, excluded, options.target)
+    return QdqPlan(kept, layers, excluded, options.target, kept_float)
 
 
 # --------------------------------------------------------------------------------------------
