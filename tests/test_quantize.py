@@ -512,3 +512,27 @@ def test_quantize_for_deploy(demo_onnx, tmp_path):
     assert res.method == "entropy" and Path(res.path).is_file()
     ops = integer_kernels(res.path, tmp_path)
     assert "QLinearConv" in ops
+
+
+def test_cli_exclusions_and_missing_ranges(demo_onnx, demo_stats, tmp_path, run_cli):
+    ranges = demo_stats.compute("entropy")
+    cache = tmp_path / "c.cache"
+    ranges.write_cache(cache)
+    out = tmp_path / "q.onnx"
+    res = run_cli("quantize", demo_onnx, "--cache", cache, "-o", out, "--exclude-node", r"/features/features\.1/.*",
+                  "--exclude-op", "Gemm")
+    assert res.exit_code == 0, res.output
+    qm = onnx.load(out)
+    for node in qm.graph.node:
+        if node.name.startswith("/features/features.1/") or node.op_type == "Gemm":
+            assert not any((p := producers(qm).get(i)) is not None and p.op_type == "DequantizeLinear" for i in node.input), node.name
+    assert input_producer(qm, "/features/features.3/conv1/conv1.0/Conv", 0).op_type == "DequantizeLinear"
+    # a ranges file that lacks a tensor the placement needs: exit 2, the tensor named, nothing written
+    partial = {k: v for k, v in ranges.items() if k != "/features/features.3/relu/Relu_output_0"}
+    from trtrepo.calibrate import Ranges
+
+    Ranges(partial, method="entropy").save_json(tmp_path / "partial.json")
+    out2 = tmp_path / "q2.onnx"
+    res = run_cli("quantize", demo_onnx, "--ranges", tmp_path / "partial.json", "-o", out2)
+    assert res.exit_code == 2 and "'/features/features.3/relu/Relu_output_0'" in res.stderr
+    assert not out2.exists()

@@ -38,6 +38,7 @@ from .quantize import (
     plan_qdq,
     prepare_model,
     ranges_from_cache,
+    ranges_from_json,
     save_model,
 )
 
@@ -74,34 +75,16 @@ def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0)
     return _take(source, calib), _take(source, held)
 
 
-def activation_ranges(amax: Mapping[str, float], statistics: Any = None,
-                      minmax: Mapping[str, tuple[float, float]] | None = None) -> dict[str, ActivationRange]:
+def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict[str, ActivationRange]:
     """``{tensor: ActivationRange}`` from amax plus the signed min/max of the calibration
-    statistics (or an explicit ``minmax`` table) where known."""
+    statistics (:class:`trtrepo.calibrate.Statistics`) where known."""
     out = {}
     for name, a in amax.items():
         lo = hi = None
         if statistics is not None and name in statistics:
             lo, hi = float(statistics[name].min), float(statistics[name].max)
-        elif minmax is not None and name in minmax:
-            lo, hi = (float(v) for v in minmax[name])
         out[name] = ActivationRange(float(a), lo, hi)
     return out
-
-
-def ranges_from_json_file(path: str | Path) -> dict[str, ActivationRange]:
-    """A ranges JSON (``trtrepo calibrate``) with min/max where it holds them."""
-    import json
-
-    from .calibrate import Ranges
-
-    ranges = Ranges.load_json(path)
-    data = json.loads(Path(path).read_text())
-    minmax = {}
-    for name, entry in (data.get("tensors") or {}).items():
-        if isinstance(entry, Mapping) and "min" in entry and "max" in entry:
-            minmax[name] = (float(entry["min"]), float(entry["max"]))
-    return activation_ranges(ranges, minmax=minmax)
 
 
 def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
@@ -346,7 +329,7 @@ def run_quantize(
 
     stats = None
     if ranges is not None:
-        per_method = {"ranges": ranges_from_json_file(ranges)}
+        per_method = {"ranges": ranges_from_json(ranges)}
     elif cache is not None:
         per_method = {"cache": activation_ranges(ranges_from_cache(cache, model))}
     else:

@@ -42,7 +42,7 @@ Stable API::
     insert_qdq(model, ranges, options) -> QuantizedModel     # in memory; ranges: {tensor: amax | ActivationRange}
     quantize_model(onnx_path, ranges, out_path, options) -> QuantizeResult   # file in, file out (atomic)
     quantize_for_deploy(onnx_path, data_source, out_path, target) -> QuantizeResult
-    ranges_from_cache(path, model) / ranges_from_json(path)
+    ranges_from_cache(path, model) -> {tensor: amax};  ranges_from_json(path) -> {tensor: ActivationRange}
 """
 
 from __future__ import annotations
@@ -734,27 +734,23 @@ def model_tensor_names(model: Any) -> set[str]:
     return names
 
 
-def ranges_from_json(path: str | Path) -> dict[str, float]:
-    """Amax per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`)."""
-    p = Path(path)
-    if not p.is_file():
-        raise UsageError(f"{p}: ranges file not found")
-    try:
-        from .calibrate import Ranges
+def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
+    """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
+    plus the signed min/max where the file holds them (written with the statistics)."""
+    import json
 
-        loaded = Ranges.load_json(p)
-        return {str(k): float(v) for k, v in dict(loaded).items()}
-    except ImportError:  # calibration module not available: read the documented JSON directly
-        import json
+    from .calibrate import Ranges
 
-        data = json.loads(p.read_text())
-        table = data.get("ranges", data) if isinstance(data, dict) else None
-        if not isinstance(table, dict):
-            raise UsageError(f"{p}: expected a JSON object of tensor -> amax") from None
-        out = {}
-        for k, v in table.items():
-            out[str(k)] = float(v["amax"] if isinstance(v, dict) else v)
-        return out
+    ranges = Ranges.load_json(path)
+    tensors = json.loads(Path(path).read_text()).get("tensors") or {}
+    out = {}
+    for name, amax in ranges.items():
+        entry = tensors.get(name)
+        if isinstance(entry, Mapping) and "min" in entry and "max" in entry:
+            out[name] = ActivationRange(float(amax), float(entry["min"]), float(entry["max"]))
+        else:
+            out[name] = ActivationRange(float(amax))
+    return out
 
 
 def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, float]:
