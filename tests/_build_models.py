@@ -44,3 +44,43 @@ def demo_models(folder: str | Path) -> tuple[Path, Path]:
     if not qdq.exists():
         add_input_qdq(fp32, qdq)
     return fp32, qdq
+
+
+def add_matmul_qdq(src: str | Path, dst: str | Path, scale: float = 0.05) -> Path:
+    """A Q/DQ pair on the activation input of every MatMul whose other input is a weight (a minimal Q/DQ
+    transformer for the build tests; runs in ONNX Runtime)."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    model = onnx.load(str(src))
+    graph = model.graph
+    inits = {t.name for t in graph.initializer}
+    graph.initializer.extend([numpy_helper.from_array(np.array(scale, np.float32), "qdq_scale"),
+                              numpy_helper.from_array(np.array(0, np.int8), "qdq_zero_point")])
+    nodes = []
+    for i, node in enumerate(graph.node):
+        if node.op_type == "MatMul" and node.input[1] in inits and node.input[0] not in inits:
+            x = node.input[0]
+            nodes.append(helper.make_node("QuantizeLinear", [x, "qdq_scale", "qdq_zero_point"], [f"{x}_q{i}"]))
+            nodes.append(helper.make_node("DequantizeLinear", [f"{x}_q{i}", "qdq_scale", "qdq_zero_point"], [f"{x}_dq{i}"]))
+            node.input[0] = f"{x}_dq{i}"
+        nodes.append(node)
+    del graph.node[:]
+    graph.node.extend(nodes)
+    onnx.checker.check_model(model)
+    onnx.save(model, str(dst))
+    return Path(dst)
+
+
+def demo_text_models(folder: str | Path) -> tuple[Path, Path]:
+    """``folder/text.onnx`` (the demo-text encoder: input_ids and attention_mask, dynamic batch and sequence)
+    and ``folder/text.qdq.onnx`` (made once, reused)."""
+    from trtrepo.export import export_onnx
+
+    folder = Path(folder)
+    fp32, qdq = folder / "text.onnx", folder / "text.qdq.onnx"
+    if not fp32.exists():
+        export_onnx("demo-text", fp32)
+    if not qdq.exists():
+        add_matmul_qdq(fp32, qdq)
+    return fp32, qdq

@@ -81,6 +81,7 @@ def make_fake_tensorrt(version: str = "10.13.3.9") -> types.ModuleType:
             self.flags = flags
             self._inputs: list[ITensor] = []
             self._outputs: list[ITensor] = []
+            self._float16_weights = 0
 
         @property
         def num_inputs(self) -> int:
@@ -143,6 +144,7 @@ def make_fake_tensorrt(version: str = "10.13.3.9") -> types.ModuleType:
 
             self.network._inputs = tensors(m.graph.input)
             self.network._outputs = tensors(m.graph.output)
+            self.network._float16_weights = sum(1 for t in m.graph.initializer if t.data_type == 10)
             return True
 
         @property
@@ -226,6 +228,11 @@ def make_fake_tensorrt(version: str = "10.13.3.9") -> types.ModuleType:
                 if -1 in t.shape and t.name not in profile:
                     self.logger.log(Severity.ERROR, f"input {t.name} is dynamic but has no profile")
                     return None
+            strongly_typed = major >= 11 or bool(network.flags & (1 << int(NetworkDefinitionCreationFlag.STRONGLY_TYPED)))
+            precision_flags = sorted(f.name for f in config.flags_set if f.name in ("FP16", "BF16", "INT8"))
+            if strongly_typed and precision_flags:  # as documented: a strongly typed network takes no precision flags
+                self.logger.log(Severity.ERROR, f"precision flags {precision_flags} set on a strongly typed network")
+                return None
             calibrated = None
             if major < 11 and BuilderFlag.INT8 in config.flags_set:
                 cal = config.int8_calibrator
@@ -246,6 +253,7 @@ def make_fake_tensorrt(version: str = "10.13.3.9") -> types.ModuleType:
                 "optimization_level": config.builder_optimization_level,
                 "pools": {p.name: v for p, v in config.pools.items()},
                 "calibration": calibrated,
+                "float16_weights": network._float16_weights,
             }
             state["builds"].append(plan)
             return IHostMemory(json.dumps(plan).encode())

@@ -26,6 +26,7 @@ import json
 import logging
 import re
 import shlex
+import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -46,6 +47,12 @@ CUDA_INSTALL = "pip install cuda-python  (the major version matching your CUDA d
 
 ROUTE_QDQ = "strongly-typed-qdq"
 ROUTE_IMPLICIT = "implicit-int8-calibrator"
+# --fp16 (mixed INT8 + FP16), recorded as the precision route in model.plan.json:
+# Q/DQ route: the unquantized part of the ONNX graph is converted to float16 (trtrepo.fp16) before the
+# strongly typed build, on TensorRT 10 and 11 alike (11 has no FP16 flag; 10 forbids precision flags on
+# strongly typed networks). Legacy calibrator route (TensorRT <= 10, weakly typed): BuilderFlag.FP16.
+ROUTE_QDQ_FP16 = ROUTE_QDQ + "+fp16-onnx"
+ROUTE_IMPLICIT_FP16 = ROUTE_IMPLICIT + "+fp16-flag"
 CALIBRATORS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}
 
 PLAN_METADATA_FORMAT = "trtrepo.plan-metadata/1"
@@ -318,6 +325,9 @@ class BuildOptions:
     calib_cache: str | None = None
     data: Any = field(default=None, compare=False)  # trtrepo.data.DataOptions for the legacy calibrator
     allow_fp32: bool = False
+    fp16: bool = False  # mixed INT8 + FP16 (quantized layers INT8, the rest FP16, network IO FP32)
+    keep_fp32_ops: tuple[str, ...] = ()  # --fp16 on the Q/DQ route: ONNX op types kept in float32
+    fp16_onnx: str | None = None  # --fp16 on the Q/DQ route: keep the converted ONNX model here
 
     def __post_init__(self) -> None:
         if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
@@ -335,10 +345,26 @@ class BuildOptions:
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
             raise UsageError(f"--shape given more than once for {', '.join(dup)}")
+        if not self.fp16 and (self.keep_fp32_ops or self.fp16_onnx):
+            raise UsageError("--keep-fp32 and --fp16-onnx only apply with --fp16")
+        if self.legacy_calibrator is not None and (self.keep_fp32_ops or self.fp16_onnx):
+            raise UsageError("--keep-fp32 and --fp16-onnx belong to the Q/DQ route (the ONNX model is converted to FP16); "
+                             "with --legacy-calibrator, --fp16 sets TensorRT's FP16 builder flag instead")
 
     @property
     def route(self) -> str:
         return ROUTE_IMPLICIT if self.legacy_calibrator else ROUTE_QDQ
+
+    @property
+    def precision_route(self) -> str:
+        """The route with how FP16 is reached under --fp16 (what model.plan.json records)."""
+        if not self.fp16:
+            return self.route
+        return ROUTE_IMPLICIT_FP16 if self.legacy_calibrator else ROUTE_QDQ_FP16
+
+    @property
+    def precision(self) -> str:
+        return "int8+fp16" if self.fp16 else "int8"
 
     @property
     def shape_overrides(self) -> dict[str, ShapeRange]:
@@ -355,39 +381,92 @@ def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
     A dynamic axis 0 takes the batch range; every other dynamic axis needs ``--shape``. A ``--shape``
     must fit the input's rank and fixed dims, and on a batched model its axis 0 must equal the batch
     range (one batch range for the whole model, which Triton's ``max_batch_size`` follows).
+
+    Inputs that share a symbolic axis (``input_ids`` and ``attention_mask`` both ``[batch, sequence]``)
+    must get the same range on it: at run time the axis has one size, so different ranges are an error.
+    An input without ``--shape`` whose other dynamic axes are all named after axes that another input's
+    ``--shape`` ranges takes those ranges (``--shape input_ids:...`` alone covers ``attention_mask``).
     """
     overrides = options.shape_overrides
     unknown = [n for n in overrides if n not in io.input_names]
     if unknown:
         raise UsageError(f"--shape names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})")
-    result: dict[str, ShapeRange] = {}
     lo, mid, hi = options.batch_range
+    given: dict[str, ShapeRange] = {}
     for spec in io.inputs:
-        if spec.name in overrides:
-            r = overrides[spec.name]
-            if len(r.min) != spec.rank:
-                raise UsageError(f"--shape {spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}")
-            for axis, d in enumerate(spec.shape):
-                if d != -1 and not (r.min[axis] == r.opt[axis] == r.max[axis] == d):
-                    raise UsageError(f"--shape {spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model")
-            if spec.shape and spec.shape[0] == -1 and (r.min[0], r.opt[0], r.max[0]) != (lo, mid, hi):
-                raise UsageError(
-                    f"--shape {spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
-                    f"--min/--opt/--max-batch {lo},{mid},{hi}")
-            if spec.dynamic_axes:
-                result[spec.name] = r
+        if spec.name not in overrides:
             continue
-        if not spec.dynamic_axes:
+        r = overrides[spec.name]
+        if len(r.min) != spec.rank:
+            raise UsageError(f"--shape {spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}")
+        for axis, d in enumerate(spec.shape):
+            if d != -1 and not (r.min[axis] == r.opt[axis] == r.max[axis] == d):
+                raise UsageError(f"--shape {spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model")
+        if spec.shape and spec.shape[0] == -1 and (r.min[0], r.opt[0], r.max[0]) != (lo, mid, hi):
+            raise UsageError(
+                f"--shape {spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
+                f"--min/--opt/--max-batch {lo},{mid},{hi}")
+        if spec.dynamic_axes:
+            given[spec.name] = r
+
+    # Symbolic axes ranged by --shape: name -> ((min, opt, max), input that gave it)
+    symbols: dict[str, tuple[tuple[int, int, int], str]] = {}
+    for spec in io.inputs:
+        r = given.get(spec.name)
+        if r is None:
+            continue
+        for axis in spec.dynamic_axes:
+            label = spec.dim_names[axis] if spec.dim_names else None
+            if axis == 0 or not label:
+                continue
+            rng = (r.min[axis], r.opt[axis], r.max[axis])
+            prev = symbols.setdefault(label, (rng, spec.name))
+            if prev[0] != rng:
+                raise UsageError(
+                    f"--shape: inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it different "
+                    f"ranges ({','.join(map(str, prev[0]))} and {','.join(map(str, rng))}); the axis has one size at run "
+                    f"time, so give both the same MIN,OPT,MAX")
+
+    result: dict[str, ShapeRange] = {}
+    for spec in io.inputs:
+        if spec.name in given:
+            result[spec.name] = given[spec.name]
+            continue
+        if spec.name in overrides or not spec.dynamic_axes:
             continue
         other = [a for a in spec.dynamic_axes if a != 0]
-        if other:
-            label = spec.dim_names[other[0]] if spec.dim_names and spec.dim_names[other[0]] else None
-            axis_desc = f"axis {other[0]}" + (f" ('{label}')" if label else "")
+        labels = {a: spec.dim_names[a] if spec.dim_names else None for a in other}
+        missing = [a for a in other if labels[a] not in symbols]
+        if missing:
+            label = labels[missing[0]]
+            axis_desc = f"axis {missing[0]}" + (f" ('{label}')" if label else "")
             example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
-            raise UsageError(f"input '{spec.name}' has dynamic {axis_desc} (shape {example}); give its range with "
+            raise UsageError(f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range; give it with "
                              f"--shape {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)")
-        result[spec.name] = ShapeRange(spec.with_batch(lo), spec.with_batch(mid), spec.with_batch(hi))
+        shapes = [list(spec.with_batch(b)) for b in (lo, mid, hi)]
+        for a in other:
+            rng, source = symbols[labels[a]]  # type: ignore[index]
+            for k in range(3):
+                shapes[k][a] = rng[k]
+        if other:
+            log.info("input '%s': range of axes %s taken from --shape %s (shared symbolic axes)", spec.name,
+                     ", ".join(f"'{labels[a]}'" for a in other), ", ".join(sorted({symbols[labels[a]][1] for a in other})))  # type: ignore[index]
+        result[spec.name] = ShapeRange(*shapes)
     return result
+
+
+def profile_axes(io: ModelIO, profile: Mapping[str, ShapeRange]) -> dict[str, list[dict[str, Any]]]:
+    """The profile per dynamic axis: ``{input: [{axis, name, min, opt, max}, ...]}`` (for model.plan.json)."""
+    out: dict[str, list[dict[str, Any]]] = {}
+    specs = {s.name: s for s in io.inputs}
+    for name, r in profile.items():
+        spec = specs.get(name)
+        axes = spec.dynamic_axes if spec is not None else tuple(
+            a for a in range(len(r.min)) if not r.min[a] == r.opt[a] == r.max[a])
+        out[name] = [{"axis": a,
+                      "name": (spec.dim_names[a] if spec is not None and spec.dim_names else None),
+                      "min": r.min[a], "opt": r.opt[a], "max": r.max[a]} for a in axes]
+    return out
 
 
 # --------------------------------------------------------------------------------------------
@@ -400,7 +479,12 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
 
     10.x: ``--stronglyTyped`` for the Q/DQ route, ``--int8 --calib=CACHE`` for the calibrator route
     (trtexec only *reads* a cache; it cannot calibrate from data). 11.x has no ``--int8``, ``--calib``
-    or ``--stronglyTyped`` (strong typing is always on)."""
+    or ``--stronglyTyped`` (strong typing is always on).
+
+    ``--fp16``: on the Q/DQ route ``onnx`` must be the model converted to FP16 (trtrepo.fp16) and no
+    precision flag is added (a strongly typed network takes its precisions from the graph's types, not
+    from flags; 11.x has no ``--fp16``); on
+    the calibrator route (10.x) ``--fp16`` is added beside ``--int8``."""
     if options.route == ROUTE_IMPLICIT and major >= 11:
         raise UsageError(_legacy_on_11_message(f"{major}.x"))
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}"]
@@ -412,6 +496,8 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
             cmd.append("--stronglyTyped")
     else:
         cmd.append("--int8")
+        if options.fp16:
+            cmd.append("--fp16")
         if options.calib_cache:
             cmd.append(f"--calib={options.calib_cache}")
     if options.workspace:
@@ -589,6 +675,12 @@ def enable_implicit_int8(trt: Any, config: Any, opt_profile: Any, calibrator: An
     config.int8_calibrator = calibrator
     if opt_profile is not None and not config.set_calibration_profile(opt_profile):
         raise TrtrepoError("TensorRT rejected the calibration profile")
+
+
+def enable_fp16_flag(trt: Any, config: Any) -> None:
+    """--fp16 on the legacy calibrator route (TensorRT <= 10, weakly typed network): let TensorRT pick FP16
+    kernels where INT8 does not apply. Never on a strongly typed network (precision comes from its types)."""
+    config.set_flag(trt.BuilderFlag.FP16)
 
 
 def make_calibrator_class(trt: Any, method: str) -> type:
@@ -863,6 +955,8 @@ class TensorRTEngineBuilder:
                 raise UsageError("--legacy-calibrator needs calibration input")
             calibrator = make_calibrator_class(trt, options.legacy_calibrator or "entropy")(calibration)
             enable_implicit_int8(trt, config, opt_profile, calibrator)
+            if options.fp16:
+                enable_fp16_flag(trt, config)
         t0 = time.perf_counter()
         plan = build_serialized(trt, builder, network, config, self.logger)
         log.info("TensorRT built the engine in %.1f s", time.perf_counter() - t0)
@@ -911,6 +1005,7 @@ class PlanMetadata:
     plan_sha256: str = ""
     created: str = ""
     trtrepo_version: str = ""
+    precision: Mapping[str, Any] = field(default_factory=dict)  # {"mode": "int8"|"int8+fp16", "fp16": {...}|None}
 
     @property
     def max_batch_size(self) -> int:
@@ -928,7 +1023,9 @@ class PlanMetadata:
             "calibration_method": self.calibration_method,
             "source_onnx": {"path": self.source_onnx, "sha256": self.source_sha256},
             "plan_sha256": self.plan_sha256,
+            "precision": dict(self.precision),
             "profiles": [{name: r.to_dict() for name, r in self.profile.items()}],
+            "profile_axes": [profile_axes(self.io, self.profile)],
             "max_batch_size": self.max_batch_size,
             "io_tensors": [t.to_dict() for t in self.io_tensors],
             "io": self.io.to_dict(),
@@ -958,19 +1055,37 @@ class PlanMetadata:
             plan_sha256=d.get("plan_sha256", ""),
             created=d.get("created", ""),
             trtrepo_version=d.get("trtrepo_version", ""),
+            precision=d.get("precision") or {},
         )
+
+
+def read_plan_metadata_dict(path: str | Path, *, missing_ok: bool = False) -> dict[str, Any] | None:
+    """``model.plan.json`` as a plain dict (give the plan or the JSON path); None when it is missing and
+    ``missing_ok``. The one reader of the file: :func:`read_plan_metadata` and the repository writer use it."""
+    path = Path(path)
+    meta = path if path.suffix == ".json" else plan_metadata_path(path)
+    if not meta.is_file():
+        if missing_ok:
+            return None
+        raise UsageError(f"{meta}: plan metadata not found (written by 'trtrepo build' beside the plan)")
+    try:
+        text = meta.read_text()
+    except OSError as exc:
+        raise UsageError(f"{meta}: unreadable plan metadata ({exc})") from exc
+    try:
+        data = json.loads(text)
+    except ValueError as exc:
+        raise UsageError(f"{meta}: plan metadata is not valid JSON ({exc})") from exc
+    if not isinstance(data, dict):
+        raise UsageError(f"{meta}: plan metadata must be a JSON object")
+    return data
 
 
 def read_plan_metadata(path: str | Path) -> PlanMetadata:
     """Read ``model.plan.json`` (give the plan or the JSON path)."""
     path = Path(path)
     meta = path if path.suffix == ".json" else plan_metadata_path(path)
-    if not meta.is_file():
-        raise UsageError(f"{meta}: plan metadata not found (written by 'trtrepo build' beside the plan)")
-    try:
-        data = json.loads(meta.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{meta}: unreadable plan metadata ({exc})") from exc
+    data = read_plan_metadata_dict(meta) or {}
     try:
         return PlanMetadata.from_dict(data, source=str(meta))
     except (KeyError, TypeError) as exc:
@@ -1079,6 +1194,54 @@ def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[st
         yield b.inputs
 
 
+def fp16_onnx_default(onnx_path: str | Path) -> Path:
+    """Where the trtexec line says the FP16-converted model is when --fp16-onnx was not given."""
+    onnx_path = Path(onnx_path)
+    stem = onnx_path.name[: -len(".onnx")] if onnx_path.name.endswith(".onnx") else onnx_path.name
+    return onnx_path.with_name(stem + ".fp16.onnx")
+
+
+def convert_for_fp16(onnx_path: Path, dst: Path, io: ModelIO, options: BuildOptions) -> dict[str, Any]:
+    """--fp16 on the Q/DQ route: write ``dst``, the Q/DQ model with its unquantized part in float16 (Q/DQ scales
+    float16, opset >= 19, float32 network IO kept), for the strongly typed build. Returns what model.plan.json
+    records about it. A model that already has float16 weights and no float32 ones is used as it is."""
+    import onnx
+
+    from .fp16 import convert_file
+    from .modelio import load_onnx
+
+    model = load_onnx(onnx_path)
+    kinds = {i.data_type for i in model.graph.initializer}
+    info: dict[str, Any] = {"method": "onnx-conversion", "keep_fp32_ops": list(options.keep_fp32_ops)}
+    if onnx.TensorProto.FLOAT16 in kinds and onnx.TensorProto.FLOAT not in kinds:
+        log.info("%s: already float16 (no float32 weights); building it as it is", onnx_path)
+        dst.write_bytes(onnx_path.read_bytes())
+        info["already_fp16"] = True
+    else:
+        t0 = time.perf_counter()
+        convert_file(str(onnx_path), str(dst), keep_fp32_ops=options.keep_fp32_ops)
+        log.info("converted the unquantized part of %s to float16 in %.1f s", onnx_path, time.perf_counter() - t0)
+    converted = ModelIO.from_onnx(dst)
+    changed = [f"{a.name} {a.dtype}->{b.dtype}" for a, b in zip((*io.inputs, *io.outputs), (*converted.inputs, *converted.outputs),
+                                                                 strict=False) if a.dtype != b.dtype]
+    if changed or len(converted.inputs) != len(io.inputs) or len(converted.outputs) != len(io.outputs):
+        raise TrtrepoError(f"{onnx_path}: the FP16 conversion changed the network IO ({', '.join(changed) or 'tensor count'}); "
+                           "inputs and outputs must stay as they are")
+    m16 = load_onnx(dst, load_weights=False)
+    info["opset"] = next((o.version for o in m16.opset_import if o.domain in ("", "ai.onnx")), None)
+    info["sha256"] = sha256_file(dst)
+    return info
+
+
+def check_engine_io_types(engine_io: EngineIO, io: ModelIO, where: str) -> None:
+    """The engine's IO tensors have the ONNX model's types (--fp16 keeps FP32 network inputs and outputs)."""
+    specs = {s.name: s for s in (*io.inputs, *io.outputs)}
+    wrong = [f"{t.name} is {t.dtype}, the model's is {specs[t.name].dtype}" for t in engine_io.tensors
+             if t.name in specs and t.dtype != specs[t.name].dtype]
+    if wrong:
+        raise TrtrepoError(f"{where}: the engine's IO types differ from the ONNX model's ({'; '.join(wrong)})")
+
+
 def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOptions, *,
                  builder: EngineBuilder | None = None, force: bool = True) -> BuildResult:
     """Build ``output`` (model.plan) and ``output.json`` from ``onnx_path``. Nothing is written unless the
@@ -1100,7 +1263,19 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     if options.timing_cache and Path(options.timing_cache).is_file():
         timing_cache = Path(options.timing_cache).read_bytes()
 
+    build_onnx = onnx_path
+    fp16_bytes: bytes | None = None
+    fp16_info: dict[str, Any] | None = None
+    if options.fp16 and options.legacy_calibrator:
+        fp16_info = {"method": "builder-flag", "flag": "BuilderFlag.FP16"}
+
     with contextlib.ExitStack() as stack:
+        if options.fp16 and options.route == ROUTE_QDQ:
+            # converted into a temporary folder; kept (--fp16-onnx) only once the engine is built
+            tmpdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-fp16-")))
+            build_onnx = tmpdir / fp16_onnx_default(onnx_path).name
+            fp16_info = convert_for_fp16(onnx_path, build_onnx, io, options)
+            fp16_info["saved_to"] = options.fp16_onnx
         feed = None
         if options.route == ROUTE_IMPLICIT:
             batches = _calibration_batches(options, io, profile) if options.data is not None else None
@@ -1109,16 +1284,22 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
                 shapes.setdefault(spec.name, spec.shape)
             feed = stack.enter_context(CalibrationFeed(batches, options.opt_batch, builder.cuda(), shapes,
                                                        options.legacy_calibrator or "entropy", version, options.calib_cache))
-        plan, new_timing_cache = builder.build(onnx_path, profile, options, feed, timing_cache)
+        plan, new_timing_cache = builder.build(build_onnx, profile, options, feed, timing_cache)
         if feed is not None and not feed.cache_used and feed.batches_served == 0:
             raise TrtrepoError("TensorRT got no calibration batches and no usable cache; the INT8 ranges would be missing")
+        fp16_bytes = build_onnx.read_bytes() if options.fp16_onnx and build_onnx != onnx_path else None
     engine_io = builder.inspect(plan)
+    if options.fp16:
+        check_engine_io_types(engine_io, io, str(onnx_path))
     model_io = engine_io.to_model_io(io, source=str(output))
-    trtexec = shlex.join(trtexec_command(onnx_path, output, engine_io.profile or profile, options, major))
+    trtexec_onnx = onnx_path
+    if options.fp16 and options.route == ROUTE_QDQ:
+        trtexec_onnx = Path(options.fp16_onnx) if options.fp16_onnx else fp16_onnx_default(onnx_path)
+    trtexec = shlex.join(trtexec_command(trtexec_onnx, output, engine_io.profile or profile, options, major))
     meta = PlanMetadata(
         tensorrt_version=version,
         gpu=gpu,
-        precision_route=options.route,
+        precision_route=options.precision_route,
         calibration_method=(options.legacy_calibrator if options.route == ROUTE_IMPLICIT
                             else _onnx_calibration_method(onnx_path) or "from Q/DQ scales in the model"),
         source_onnx=str(onnx_path),
@@ -1138,11 +1319,14 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
         plan_sha256=hashlib.sha256(plan).hexdigest(),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         trtrepo_version=__version__,
+        precision={"mode": options.precision, "fp16": fp16_info},
     )
     meta_path = plan_metadata_path(output)
     with atomic_path(output, force=force) as tmp_plan, atomic_path(meta_path) as tmp_meta:
         tmp_plan.write_bytes(plan)
         tmp_meta.write_text(json.dumps(meta.to_dict(), indent=2) + "\n")
+    if fp16_bytes is not None and options.fp16_onnx:
+        atomic_write_bytes(options.fp16_onnx, fp16_bytes)
     tc_path = None
     if options.timing_cache and new_timing_cache:
         tc_path = atomic_write_bytes(options.timing_cache, new_timing_cache)

@@ -122,16 +122,11 @@ def list_repository(repo: str | Path) -> list[ModelEntry]:
 
 
 def read_plan_metadata(plan: str | Path) -> dict[str, Any] | None:
-    p = Path(str(plan) + PLAN_METADATA_SUFFIX)
-    if not p.is_file():
-        return None
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise UsageError(f"{p}: not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"{p}: plan metadata must be a JSON object")
-    return data
+    """The build stage's ``model.plan.json`` beside ``plan`` as a dict, None when there is none (read by
+    :func:`trtrepo.build.read_plan_metadata_dict`, the one reader of that file)."""
+    from .build import read_plan_metadata_dict
+
+    return read_plan_metadata_dict(Path(str(plan) + PLAN_METADATA_SUFFIX), missing_ok=True)
 
 
 def _major_minor(version: str | None) -> tuple[int, ...] | None:

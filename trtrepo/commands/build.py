@@ -29,6 +29,15 @@ from ._options import data_options
               help="Calibration cache for --legacy-calibrator: read when present (no --data needed), written after calibrating.")
 @data_options(required=False, batch_size=8)
 @click.option("--allow-fp32", is_flag=True, help="Build a model without Q/DQ nodes as an FP32 (strongly typed) engine.")
+@click.option("--fp16", is_flag=True,
+              help="Mixed INT8+FP16: quantized layers stay INT8, the rest runs in FP16, network IO stays FP32. Q/DQ route: "
+                   "the unquantized graph is converted to FP16 before the strongly typed build (TensorRT 10 and 11); "
+                   "--legacy-calibrator: BuilderFlag.FP16 (TensorRT 10).")
+@click.option("--keep-fp32", "keep_fp32", multiple=True, metavar="OP",
+              help="With --fp16 (Q/DQ route): ONNX op type kept in FP32, e.g. LayerNormalization (repeatable).")
+@click.option("--fp16-onnx", type=click.Path(dir_okay=False), default=None,
+              help="With --fp16 (Q/DQ route): keep the FP16-converted ONNX model here (what the trtexec line builds; "
+                   "evaluate it on the CPU with 'trtrepo evaluate').")
 @click.option("--print-trtexec", is_flag=True, help="Print the equivalent trtexec command and exit (needs no TensorRT).")
 @click.option("--for-tensorrt", "for_major", type=click.IntRange(8, 99), default=None, metavar="MAJOR",
               help="With --print-trtexec: the TensorRT major version to print for (default: the installed one, else 10 and 11).")
@@ -36,17 +45,19 @@ from ._options import data_options
 def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_batch: int, shapes: tuple[str, ...],
             workspace: str | None, opt_level: int, timing_cache: str | None, legacy_calibrator: str | None,
             calib_cache: str | None, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None,
-            seed: int, batch_size: int, allow_fp32: bool, print_trtexec: bool, for_major: int | None, force: bool) -> None:
+            seed: int, batch_size: int, allow_fp32: bool, fp16: bool, keep_fp32: tuple[str, ...], fp16_onnx: str | None,
+            print_trtexec: bool, for_major: int | None, force: bool) -> None:
     """Build a TensorRT engine (model.plan) from MODEL.
 
     MODEL is the Q/DQ ONNX model from 'trtrepo quantize' (strongly typed build: TensorRT 10 and 11), or
     with --legacy-calibrator the FP32 ONNX model (implicit INT8, TensorRT 8.6-10.x). One optimization
-    profile spans --min/--opt/--max-batch. Needs TensorRT, cuda-python and an NVIDIA GPU, except with
-    --print-trtexec.
+    profile spans --min/--opt/--max-batch (other dynamic axes: --shape). --fp16 builds mixed INT8+FP16.
+    Needs TensorRT, cuda-python and an NVIDIA GPU, except with --print-trtexec.
     """
     from ..build import (
         BuildOptions,
         build_engine,
+        fp16_onnx_default,
         parse_shape_option,
         parse_size,
         prepare_build,
@@ -71,6 +82,7 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
         workspace=parse_size(workspace) if workspace else None,
         opt_level=opt_level, timing_cache=timing_cache, legacy_calibrator=legacy_calibrator,
         calib_cache=calib_cache, data=data, allow_fp32=allow_fp32,
+        fp16=fp16, keep_fp32_ops=tuple(op for item in keep_fp32 for op in item.split(",") if op), fp16_onnx=fp16_onnx,
     )
     if print_trtexec:
         _, profile = prepare_build(model, options)
@@ -82,16 +94,24 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
             majors = [tensorrt_major(status.version)] if status.available and status.version else [10, 11]
         if legacy_calibrator:
             majors = [m for m in majors if m < 11] or majors  # trtexec_command explains 11
+        trtexec_model = model
+        if fp16 and not legacy_calibrator:
+            trtexec_model = fp16_onnx or str(fp16_onnx_default(model))
+            click.echo(f"# --fp16: trtexec builds the Q/DQ model with its unquantized part in FP16 ({trtexec_model}); "
+                       "'trtrepo build --fp16 --fp16-onnx PATH' writes it")
         for m in majors:
             if len(majors) > 1:
                 click.echo(f"# TensorRT {m}.x")
-            click.echo(shlex.join(trtexec_command(model, plan, profile, options, m)))
+            click.echo(shlex.join(trtexec_command(trtexec_model, plan, profile, options, m)))
         return
     result = build_engine(model, str(output), options, force=force)
     meta = result.metadata
     gpu = f"{meta.gpu.name} (compute capability {meta.gpu.compute_capability})" if meta.gpu else "unknown GPU"
     click.echo(f"built {result.plan} with TensorRT {meta.tensorrt_version} on {gpu}")
-    click.echo(f"  route: {meta.precision_route}, calibration: {meta.calibration_method}")
+    click.echo(f"  route: {meta.precision_route} ({meta.precision.get('mode', 'int8')}), calibration: {meta.calibration_method}")
+    fp16_info = meta.precision.get("fp16") or {}
+    if fp16_info.get("saved_to"):
+        click.echo(f"  FP16-converted ONNX: {fp16_info['saved_to']}")
     for t in meta.io_tensors:
         rng = meta.profile.get(t.name)
         extra = f"  profile {rng.describe()}" if rng else ""
