@@ -390,8 +390,11 @@ def test_request_timeout_is_reported_and_nothing_hangs(run_cli, server, models, 
 def test_python_api_mirrors_the_command(server, models):
     from trtrepo.validate import validate
 
-    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), requests=30, warmup=2, progress=False)
+    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), requests=None, duration=0.5, warmup=2,
+                           progress=False)
     report = validate(opts, reference="demo", data="demo:val", onnx=models["fp32"], limit=50,
                       thresholds=Thresholds(max_top1_drop=0.0))
     assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True
-    assert report.latency["levels"][0]["server"]["request_count"] == 30
+    level = report.latency["levels"][0]
+    assert level["requests"] > 0 and level["server"]["request_count"] == level["requests"]
+    assert 0.5 <= level["wall_s"] < 0.5 + 10

@@ -401,7 +401,8 @@ class TritonTarget:
         if self.protocol == "grpc":
             self._client = self._aio.InferenceServerClient(self.url)
         else:
-            self._client = self._aio.InferenceServerClient(self.url, conn_timeout=self.admin_timeout)
+            self._client = self._aio.InferenceServerClient(self.url, conn_timeout=self.admin_timeout,
+                                                           conn_limit=max(100, *self.options.concurrency))
 
     def _run(self, coro: Any, timeout: float | None) -> Any:
         async def bounded() -> Any:
