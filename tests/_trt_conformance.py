@@ -436,9 +436,23 @@ def run_route(route: str, trt_proxy: Any, work: Path, models: Path) -> dict[str,
         cache.write_text("TRT-100300-MinMaxCalibration\ninput: 3c010204\n")
         result = build_engine(fp32, work / "repo/m/3/model.plan",
                               BuildOptions(legacy_calibrator="minmax", calib_cache=str(cache), **common), builder=builder)
+    elif route == "qdq-fp16":
+        result = build_engine(qdq, work / "repo/m/4/model.plan", BuildOptions(fp16=True, **common), builder=builder)
+    elif route == "legacy-entropy-fp16":
+        result = build_engine(fp32, work / "repo/m/5/model.plan",
+                              BuildOptions(legacy_calibrator="entropy", fp16=True, data=DataOptions("demo:calib", limit=32),
+                                           **common), builder=builder)
+    elif route == "qdq-text-fp16":  # two inputs, dynamic batch and sequence (demo-text), mixed INT8+FP16
+        from trtrepo.build import parse_shape_option
+
+        shapes = tuple(parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
+        result = build_engine(models / "text.qdq.onnx", work / "repo/t/1/model.plan",
+                              BuildOptions(fp16=True, shapes=shapes, **common), builder=builder)
     else:
         raise SystemExit(f"unknown route {route}")
-    return {"plan": str(result.plan), "route": result.metadata.precision_route}
+    meta = result.metadata
+    return {"plan": str(result.plan), "route": meta.precision_route, "precision": dict(meta.precision),
+            "profile": {n: r.to_dict() for n, r in meta.profile.items()}, "trtexec": meta.trtexec}
 
 
 def main() -> None:

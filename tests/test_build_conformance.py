@@ -50,10 +50,11 @@ def _python(major: int, code: str) -> Any:
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
-    from _build_models import demo_models
+    from _build_models import demo_models, demo_text_models
 
     folder = tmp_path_factory.mktemp("conformance_models")
     demo_models(folder)
+    demo_text_models(folder)
     return folder
 
 
@@ -164,4 +165,66 @@ def test_version_facts_the_code_relies_on(major: int) -> None:
     assert facts.pop("version").startswith(f"{major}.")
     assert facts.pop("STRONGLY_TYPED") and facts.pop("WORKSPACE")
     # TensorRT 11 removed implicit quantization; 10.13 still has it (deprecated).
+    assert facts == {k: major == 10 for k in facts}
+
+
+# ------------------------------------------------------------------------------------------------
+# --fp16 (mixed INT8 + FP16) and several dynamic axes (issue 8)
+
+
+@pytest.mark.parametrize(("major", "route"), [(10, "qdq-fp16"), (11, "qdq-fp16"), (10, "qdq-text-fp16"), (11, "qdq-text-fp16"),
+                                              (10, "legacy-entropy-fp16")])
+def test_fp16_routes_touch_only_what_the_real_bindings_have(major: int, route: str, models: Path) -> None:
+    result = run_route(major, route, models)
+    assert result["violations"] == []
+    assert result["error"] is None, result.get("traceback")
+    accessed = set(result["accessed"])
+    assert {"Builder.build_serialized_network", "OnnxParser.parse_from_file", "IOptimizationProfile.set_shape",
+            "ICudaEngine.get_tensor_dtype"} <= accessed
+    if route.startswith("legacy"):
+        assert {"BuilderFlag.FP16", "BuilderFlag.INT8", "IBuilderConfig.set_flag"} <= accessed
+        assert result["result"]["route"] == "implicit-int8-calibrator+fp16-flag"
+        assert "--int8 --fp16" in result["result"]["trtexec"]
+        return
+    # Q/DQ route: FP16 comes from the converted graph; no precision flag is touched on either version, and the
+    # TensorRT API used is exactly the plain Q/DQ route's (the conversion is ONNX work before TensorRT).
+    assert not any("FP16" in a or "INT8" in a or "set_flag" in a or "Calibrator" in a for a in accessed)
+    plain = set(run_route(major, "qdq", models)["accessed"])
+    assert accessed == plain
+    assert result["result"]["route"] == "strongly-typed-qdq+fp16-onnx"
+    assert result["result"]["precision"]["fp16"]["method"] == "onnx-conversion"
+    assert ("--stronglyTyped" in result["result"]["trtexec"]) == (major == 10) and "--fp16" not in result["result"]["trtexec"]
+    if route == "qdq-text-fp16":
+        rng = {"min": [1, 8], "opt": [8, 64], "max": [32, 128]}
+        assert result["result"]["profile"] == {"input_ids": rng, "attention_mask": rng}
+
+
+def test_fp16_flag_on_a_strongly_typed_route_is_caught_on_11(models: Path) -> None:
+    """Setting BuilderFlag.FP16 on the Q/DQ route would be caught by the bindings on 11 (the flag is gone)."""
+    mutate = ("    config = builder.create_builder_config()\n",
+              "    config = builder.create_builder_config()\n        config.set_flag(trt.BuilderFlag.FP16)\n")
+    result = run_route(11, "qdq-fp16", models, mutate=mutate)
+    assert result["violations"] == ["BuilderFlag.FP16 does not exist in TensorRT 11.4.0.106"]
+
+
+FP16_FACTS = """
+import json, tensorrt_bindings as t
+print(json.dumps({
+    "version": t.__version__,
+    "BuilderFlag.FP16": "FP16" in t.BuilderFlag.__members__,
+    "BuilderFlag.BF16": "BF16" in t.BuilderFlag.__members__,
+    "OBEY_PRECISION_CONSTRAINTS": "OBEY_PRECISION_CONSTRAINTS" in t.BuilderFlag.__members__,
+    "strongly_typed_forbids_layer_precision": "not allowed" in (t.NetworkDefinitionCreationFlag.__doc__ or ""),
+    "DataType.HALF": "HALF" in t.DataType.__members__,
+}))
+"""
+
+
+@pytest.mark.parametrize("major", MAJORS)
+def test_fp16_version_facts(major: int) -> None:
+    facts = _python(major, FP16_FACTS)
+    assert facts.pop("version").startswith(f"{major}.")
+    assert facts.pop("DataType.HALF")  # FP16 tensors exist in both: the converted graph's types
+    # 10.13 documents that a strongly typed network takes no layer precisions; 11.4 has no precision flags at all.
+    assert facts.pop("strongly_typed_forbids_layer_precision") == (major == 10)
     assert facts == {k: major == 10 for k in facts}
