@@ -514,3 +514,228 @@ def test_plan_metadata_feeds_the_repository_writer(models: tuple[Path, Path], tm
     assert "max_batch_size: 16" in text and 'name: "input"' in text and 'name: "logits"' in text
     assert len(result.warnings) == 2  # other TensorRT, other compute capability
     assert (result.model_dir / str(result.version) / "model.plan.json").is_file()
+
+
+# ------------------------------------------------------------------------------------------------
+# --fp16 (mixed INT8 + FP16) and several dynamic axes (issue 8)
+
+
+@pytest.fixture(scope="module")
+def text_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from _build_models import demo_text_models
+
+    return demo_text_models(tmp_path_factory.mktemp("text_models"))
+
+
+TEXT_SHAPES = tuple(B.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
+
+
+@pytest.mark.parametrize("version", [V10, V11])
+def test_fp16_qdq_builds_the_converted_graph_strongly_typed(text_models: tuple[Path, Path], tmp_path: Path, version: str) -> None:
+    import onnx
+    import onnxruntime as ort
+
+    qdq = text_models[1]
+    builder = fake_builder(version)
+    keep = tmp_path / "text.fp16.onnx"
+    opts = B.BuildOptions(fp16=True, shapes=TEXT_SHAPES, fp16_onnx=str(keep))
+    result = B.build_engine(qdq, tmp_path / "model.plan", opts, builder=builder)
+    plan = builder.trt._state["builds"][-1]
+    assert plan["builder_flags"] == [] and plan["float16_weights"] > 0  # FP16 from the graph's types, no flag
+    assert plan["network_flags"] == (0 if version == V11 else 1 << int(builder.trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
+    data = json.loads(result.metadata_path.read_text())
+    assert data["precision_route"] == "strongly-typed-qdq+fp16-onnx"
+    fp16 = data["precision"]["fp16"]
+    assert data["precision"]["mode"] == "int8+fp16" and fp16["method"] == "onnx-conversion" and fp16["opset"] >= 19
+    assert fp16["saved_to"] == str(keep) and fp16["sha256"] == hashlib.sha256(keep.read_bytes()).hexdigest()
+    # the kept model: Q/DQ kept (INT8 layers), FP16 weights and scales, FP32 network IO; it runs on the CPU
+    model = onnx.load(str(keep))
+    assert sum(n.op_type == "QuantizeLinear" for n in model.graph.node) == 8
+    assert ModelIO.from_onnx(keep) == ModelIO.from_onnx(qdq)
+    assert all(t.dtype == "float32" for t in result.metadata.io.outputs)
+    feed = {"input_ids": np.ones((2, 16), np.int64), "attention_mask": np.ones((2, 16), np.int64)}
+    out = ort.InferenceSession(str(keep), providers=["CPUExecutionProvider"]).run(["logits"], feed)[0]
+    assert out.dtype == np.float32 and np.isfinite(out).all()
+    # trtexec: the converted model; --stronglyTyped on 10 only; never a precision flag
+    cmd = data["trtexec"]
+    assert cmd.startswith(f"trtexec --onnx={keep} ") and "--fp16" not in cmd and "--int8" not in cmd
+    assert ("--stronglyTyped" in cmd) == (version == V10)
+
+
+def test_fp16_without_fp16_onnx_writes_only_the_plan(text_models: tuple[Path, Path], tmp_path: Path) -> None:
+    out = tmp_path / "out" / "model.plan"
+    result = B.build_engine(text_models[1], out, B.BuildOptions(fp16=True, shapes=TEXT_SHAPES), builder=fake_builder(V11))
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.json"]
+    assert result.metadata.precision["fp16"]["saved_to"] is None
+    assert f"--onnx={text_models[1].with_name('text.qdq.fp16.onnx')}" in result.metadata.trtexec
+
+
+def test_fp16_failed_build_keeps_no_converted_model(models: tuple[Path, Path], tmp_path: Path) -> None:
+    builder = fake_builder(V11)
+    builder.trt._state["fail_build"] = "no implementation"
+    keep = tmp_path / "m.fp16.onnx"
+    with pytest.raises(TrtrepoError, match="no implementation"):
+        B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(fp16=True, fp16_onnx=str(keep)), builder=builder)
+    assert not keep.exists() and not (tmp_path / "model.plan").exists()
+
+
+def test_fp16_keep_fp32_ops_reach_the_conversion(text_models: tuple[Path, Path], tmp_path: Path) -> None:
+    import onnx
+
+    keep = tmp_path / "k.onnx"
+    opts = B.BuildOptions(fp16=True, shapes=TEXT_SHAPES, keep_fp32_ops=("LayerNormalization",), fp16_onnx=str(keep))
+    result = B.build_engine(text_models[1], tmp_path / "model.plan", opts, builder=fake_builder(V10))
+    assert result.metadata.precision["fp16"]["keep_fp32_ops"] == ["LayerNormalization"]
+    model = onnx.load(str(keep))
+    types = {vi.name: vi.type.tensor_type.elem_type for vi in model.graph.value_info}
+    norms = [n for n in model.graph.node if n.op_type == "LayerNormalization"]
+    assert norms and all(types.get(n.output[0]) == onnx.TensorProto.FLOAT for n in norms)
+
+
+def test_fp16_on_the_legacy_route_sets_the_builder_flag(models: tuple[Path, Path], tmp_path: Path) -> None:
+    builder = fake_builder(V10)
+    opts = B.BuildOptions(legacy_calibrator="entropy", fp16=True, data=DataOptions("demo:calib", limit=16))
+    result = B.build_engine(models[0], tmp_path / "model.plan", opts, builder=builder)
+    plan = builder.trt._state["builds"][-1]
+    assert plan["builder_flags"] == ["FP16", "INT8"] and plan["network_flags"] == 0 and plan["float16_weights"] == 0
+    assert result.metadata.precision_route == "implicit-int8-calibrator+fp16-flag"
+    assert result.metadata.precision == {"mode": "int8+fp16", "fp16": {"method": "builder-flag", "flag": "BuilderFlag.FP16"}}
+    assert "--int8 --fp16" in result.metadata.trtexec
+
+
+def test_fake_refuses_precision_flags_on_strongly_typed_networks(models: tuple[Path, Path], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """The fake models the documented rule (strongly typed: precision from the types), so a regression that sets
+    BuilderFlag.FP16 on the Q/DQ route fails here too, not only in the conformance test on 11."""
+    original = B.configure
+
+    def with_flag(trt: Any, builder: Any, config: Any, *args: Any) -> Any:
+        config.set_flag(trt.BuilderFlag.FP16)
+        return original(trt, builder, config, *args)
+
+    monkeypatch.setattr(B, "configure", with_flag)
+    with pytest.raises(TrtrepoError, match="precision flags .*FP16.* strongly typed"):
+        B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(fp16=True), builder=fake_builder(V10))
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"keep_fp32_ops": ("Softmax",)}, "only apply with --fp16"),
+    ({"fp16_onnx": "x.onnx"}, "only apply with --fp16"),
+    ({"fp16": True, "legacy_calibrator": "entropy", "fp16_onnx": "x.onnx", "calib_cache": "c"}, "FP16 builder flag instead"),
+])
+def test_fp16_option_errors(kwargs: dict[str, Any], message: str) -> None:
+    with pytest.raises(UsageError, match=message):
+        B.BuildOptions(**kwargs)
+
+
+def test_trtexec_fp16_per_route_and_version() -> None:
+    profile = {"input": B.ShapeRange((1, 3), (8, 3), (32, 3))}
+    qdq = B.BuildOptions(fp16=True)
+    assert "--stronglyTyped" in B.trtexec_command("m.fp16.onnx", "p", profile, qdq, 10)
+    assert not any(a in ("--fp16", "--int8") for m in (10, 11) for a in B.trtexec_command("m.fp16.onnx", "p", profile, qdq, m))
+    legacy = B.BuildOptions(fp16=True, legacy_calibrator="minmax", calib_cache="c.cache")
+    cmd = B.trtexec_command("m.onnx", "p", profile, legacy, 10)
+    assert cmd[cmd.index("--int8"):cmd.index("--int8") + 3] == ["--int8", "--fp16", "--calib=c.cache"]
+
+
+def test_cli_fp16_print_trtexec_and_build(text_models: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    qdq = str(text_models[1])
+    shapes = ["--shape", "input_ids:1x8,8x64,32x128", "--shape", "attention_mask:1x8,8x64,32x128"]
+    r = CliRunner().invoke(cli, ["build", qdq, "--fp16", "--print-trtexec", "--for-tensorrt", "11", *shapes])
+    assert r.exit_code == 0, r.output
+    lines = r.output.strip().splitlines()
+    assert lines[0].startswith("# --fp16: trtexec builds the Q/DQ model with its unquantized part in FP16")
+    assert lines[1].startswith(f"trtexec --onnx={text_models[1].with_name('text.qdq.fp16.onnx')} ") and "--fp16" not in lines[1]
+    monkeypatch.setattr(B.TensorRTEngineBuilder, "load", classmethod(lambda cls: fake_builder(V11)))
+    out, keep = tmp_path / "model.plan", tmp_path / "t.fp16.onnx"
+    r = CliRunner().invoke(cli, ["build", qdq, "-o", str(out), "--fp16", "--keep-fp32", "LayerNormalization,Softmax",
+                                 "--fp16-onnx", str(keep), "--shape", "input_ids:1x8,8x64,32x128"])
+    assert r.exit_code == 0, r.output
+    assert "route: strongly-typed-qdq+fp16-onnx (int8+fp16)" in r.output and f"FP16-converted ONNX: {keep}" in r.output
+    assert "input  attention_mask: int64 [-1, -1]  profile 1x8,8x64,32x128" in r.output  # range shared through 'sequence'
+    assert B.read_plan_metadata(out).precision["fp16"]["keep_fp32_ops"] == ["LayerNormalization", "Softmax"]
+
+
+# -- several dynamic axes
+
+
+def test_shared_symbolic_axis_takes_the_range_of_the_other_input() -> None:
+    profile = B.profile_shapes(bert_io(), B.BuildOptions(shapes=(B.parse_shape_option("input_ids:1x8,8x64,32x128"),)))
+    assert profile["attention_mask"] == profile["input_ids"] == B.ShapeRange((1, 8), (8, 64), (32, 128))
+
+
+def test_shared_symbolic_axis_with_different_ranges_is_an_error() -> None:
+    shapes = (B.parse_shape_option("input_ids:1x8,8x64,32x128"), B.parse_shape_option("attention_mask:1x8,8x32,32x128"))
+    with pytest.raises(UsageError, match=r"inputs 'input_ids' and 'attention_mask' share the dynamic axis 'sequence' but give "
+                                         r"it different ranges \(8,64,128 and 8,32,128\)"):
+        B.profile_shapes(bert_io(), B.BuildOptions(shapes=shapes))
+
+
+def test_unnamed_dynamic_axes_are_not_shared() -> None:
+    a = TensorSpec("a", "int64", (-1, -1), 0, ("batch", None))
+    b = TensorSpec("b", "int64", (-1, -1), 0, ("batch", None))
+    io = ModelIO((a, b), (TensorSpec("y", "float32", (-1, 2), 0),))
+    with pytest.raises(UsageError, match=r"input 'b' has dynamic axis 1 \(shape NxN\) with no range"):
+        B.profile_shapes(io, B.BuildOptions(shapes=(B.parse_shape_option("a:1x8,8x64,32x128"),)))
+    b_shape = B.parse_shape_option("b:1x4,8x4,32x4")  # unnamed axes may differ
+    profile = B.profile_shapes(io, B.BuildOptions(shapes=(B.parse_shape_option("a:1x8,8x64,32x128"), b_shape)))
+    assert profile["b"].max == (32, 4)
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    ([], r"input 'input_ids' has dynamic axis 1 \('sequence'\) .* with no range; give it with --shape input_ids:MIN,OPT,MAX"),
+    (["--shape", "input_ids:1x8,8x64,32x32"], r"--shape 'input_ids:1x8,8x64,32x32': .*axis 1 needs min <= opt <= max \(8, 64, 32\)"),
+    (["--shape", "token_ids:1x8,8x64,32x128"], r"--shape names unknown input\(s\) token_ids \(inputs: input_ids, attention_mask\)"),
+    (["--shape", "input_ids:1x8,8x64,32x128", "--shape", "attention_mask:1x8,8x64,32x256"],
+     r"share the dynamic axis 'sequence' but give it different ranges"),
+])
+def test_cli_profile_errors_on_demo_text(text_models: tuple[Path, Path], argv: list[str], message: str) -> None:
+    import re
+
+    r = CliRunner().invoke(cli, ["build", str(text_models[1]), "--print-trtexec", "--for-tensorrt", "10", *argv])
+    assert r.exit_code == 2, r.output
+    assert re.search(message, r.output), r.output
+    assert len(r.output.strip().splitlines()) == 1
+
+
+def test_demo_text_end_to_end_profile_metadata_and_triton_dims(text_models: tuple[Path, Path], tmp_path: Path) -> None:
+    """demo-text (input_ids, attention_mask: int64 [batch, sequence]) -> profile per axis -> metadata -> engine IO read
+    back (fake) -> the repository writer's Triton config: -1 on the sequence axis, max_batch_size from the profile."""
+    from trtrepo.repository import add_plan_model
+
+    qdq = text_models[1]
+    plan = B.build_engine(qdq, tmp_path / "build" / "model.plan", B.BuildOptions(max_batch=32, shapes=TEXT_SHAPES),
+                          builder=fake_builder(V11)).plan
+    data = json.loads(B.plan_metadata_path(plan).read_text())
+    rng = {"min": [1, 8], "opt": [8, 64], "max": [32, 128]}
+    assert data["profiles"] == [{"input_ids": rng, "attention_mask": rng}]
+    axes = [{"axis": 0, "name": "batch", "min": 1, "opt": 8, "max": 32}, {"axis": 1, "name": "sequence", "min": 8, "opt": 64, "max": 128}]
+    assert data["profile_axes"] == [{"input_ids": axes, "attention_mask": axes}]
+    assert data["max_batch_size"] == 32
+    assert [t["shape"] for t in data["io_tensors"]] == [[-1, -1], [-1, -1], [-1, 4], [-1, 64]]
+    meta = B.read_plan_metadata(plan)
+    assert meta.io == ModelIO.from_onnx(qdq)
+    result, cfg = add_plan_model(tmp_path / "repo", "text", plan)
+    assert cfg.max_batch_size == 32
+    assert {t.name: list(t.dims) for t in cfg.inputs} == {"input_ids": [-1], "attention_mask": [-1]}
+    assert {t.name: list(t.dims) for t in cfg.outputs} == {"logits": [4], "embedding": [64]}
+    assert 'data_type: TYPE_INT64' in result.config_text and "max_batch_size: 32" in result.config_text
+    from trtrepo.tritonconfig import ModelOptions
+
+    with pytest.raises(UsageError, match="engine only supports max-batch 32"):
+        add_plan_model(tmp_path / "repo", "text", plan, options=ModelOptions(max_batch_size=64))
+
+
+def test_repository_reads_plan_metadata_through_the_build_reader(models: tuple[Path, Path], tmp_path: Path) -> None:
+    from trtrepo import repository
+
+    assert repository.read_plan_metadata(tmp_path / "none.plan") is None
+    plan = B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(), builder=fake_builder()).plan
+    assert repository.read_plan_metadata(plan) == B.read_plan_metadata_dict(plan) == json.loads(B.plan_metadata_path(plan).read_text())
+    (tmp_path / "bad.plan.json").write_text("[1, 2]")
+    with pytest.raises(UsageError, match="must be a JSON object"):
+        repository.read_plan_metadata(tmp_path / "bad.plan")
+    (tmp_path / "bad.plan.json").write_text("{")
+    for read in (repository.read_plan_metadata, B.read_plan_metadata):
+        with pytest.raises(UsageError, match="bad.plan.json: plan metadata is not valid JSON"):
+            read(tmp_path / "bad.plan")
