@@ -536,3 +536,18 @@ def test_cli_exclusions_and_missing_ranges(demo_onnx, demo_stats, tmp_path, run_
     res = run_cli("quantize", demo_onnx, "--ranges", tmp_path / "partial.json", "-o", out2)
     assert res.exit_code == 2 and "'/features/features.3/relu/Relu_output_0'" in res.stderr
     assert not out2.exists()
+
+
+def test_onnxruntime_unit_extras_without_ranges_run_float(caplog):
+    model = residual_model(tail=True)
+    ranges, feed = amax_all(model)
+    del ranges["c"]  # conv2's output: only the Add unit needs it
+    with caplog.at_level("WARNING", logger="trtrepo.quantize"):
+        qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    assert "node units" in caplog.text and "'c'" in caplog.text
+    add = next(n for n in qm.graph.node if n.name == "add")
+    assert "c" in add.input and producers(qm)[add.input[1 - list(add.input).index("c")]].op_type == "DequantizeLinear"
+    assert np.isfinite(run(qm, feed)[0]).all()
+    del ranges["r1"]  # conv2's input is required
+    with pytest.raises(UsageError, match="no range for tensor 'r1'"):
+        insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime"))

@@ -380,6 +380,9 @@ def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list
     return points
 
 
+# Points of these rules need a range; the others (ONNX Runtime unit extras) are optional.
+REQUIRED_RULES = ("weighted_op_inputs", "residual_add")
+
 RULES: dict[str, tuple[Rule, ...]] = {
     "tensorrt": (rule_weighted_op_inputs, rule_residual_add),
     "onnxruntime": (rule_weighted_op_inputs, rule_node_unit),
@@ -569,12 +572,21 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     if not plan.points:
         raise UsageError("every quantizable operator is excluded (--exclude-op/--exclude-node); nothing to quantize")
 
-    needed = plan.activation_tensors()
-    missing = [t for t in needed if t not in ranges]
+    # Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra
+    # tensors of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a
+    # warning when the ranges lack them (those units then run in float).
+    required = {p.tensor for p in plan.points if p.kind == "activation" and p.rule in REQUIRED_RULES}
+    missing = [t for t in plan.activation_tensors() if t in required and t not in ranges]
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise UsageError(f"{source} do not cover the model: no range for tensor '{missing[0]}'{more}; "
                          "were they calibrated on another model?")
+    optional_missing = [t for t in plan.activation_tensors() if t not in ranges]
+    if optional_missing:
+        log.warning("%s have no range for %d tensor(s) of ONNX Runtime node units (e.g. '%s'); those units run in float",
+                    source, len(optional_missing), optional_missing[0])
+        plan.points = [p for p in plan.points if not (p.kind == "activation" and p.tensor in optional_missing)]
+    needed = plan.activation_tensors()
 
     used_names = {n for node in work.graph.node for n in list(node.input) + list(node.output)}
     used_names |= set(view.initializers) | {i.name for i in work.graph.input}
