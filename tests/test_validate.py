@@ -279,7 +279,6 @@ def test_fp32_over_grpc_agrees_fully_and_batching_raises_throughput(run_cli, ser
     assert m["max_abs_error"] < 1e-4
     assert data["accuracy"]["worst_samples"]["logits"]
     by_c = _check_latency(data, 150)
-    assert by_c[4]["throughput"] > by_c[1]["throughput"]
     assert by_c[4]["server"]["avg_batch"] > 1.0  # dynamic batching merged requests
     md = (tmp_path / "report-grpc" / "validate.md").read_text()
     assert "PASSED" in md and (tmp_path / "report-grpc" / "latency.png").stat().st_size > 1000
@@ -398,3 +397,24 @@ def test_python_api_mirrors_the_command(server, models):
     level = report.latency["levels"][0]
     assert level["requests"] > 0 and level["server"]["request_count"] == level["requests"]
     assert 0.5 <= level["wall_s"] < 0.5 + 10
+
+
+@pytest.mark.triton
+def test_throughput_at_concurrency_4_exceeds_concurrency_1_with_dynamic_batching(server, models):
+    """Side by side on the shared machine: the levels alternate for 3 rounds, medians compared."""
+    from trtrepo.data import open_data
+    from trtrepo.validate import TritonTarget, make_payloads, run_latency
+
+    io = ModelIO.from_onnx(models["fp32"])
+    payloads, _ = make_payloads(open_data("demo:val", io=io, limit=100), io, 1)
+    thr: dict[int, list[float]] = {1: [], 4: []}
+    with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, requests=300, warmup=20, progress=False)) as t:
+        t.wait_ready()
+        t.prepare(io)
+        for _ in range(3):
+            for c in (1, 4):
+                opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), requests=300, warmup=20,
+                                       progress=False)
+                level = run_latency(t, payloads, opts, "1")["levels"][0]
+                thr[c].append(level["throughput"])
+    assert np.median(thr[4]) > np.median(thr[1]), thr
