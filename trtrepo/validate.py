@@ -189,6 +189,11 @@ def _model_stats(stats: Mapping[str, Any], model: str, version: str) -> dict[str
     raise TrtrepoError(f"the server's statistics have no entry for model '{model}' version {version or '(latest)'}")
 
 
+def _booked(stats: Mapping[str, Any], model: str, version: str) -> int:
+    row = _model_stats(stats, model, version)
+    return _count_ns(row, "success")[0] + _count_ns(row, "fail")[0]
+
+
 def _count_ns(row: Mapping[str, Any], key: str) -> tuple[int, int]:
     d = row.get("inference_stats", {}).get(key) or {}
     return int(d.get("count", 0) or 0), int(d.get("ns", 0) or 0)
@@ -559,6 +564,21 @@ class TritonTarget:
 
     def statistics(self, version: str) -> dict[str, Any]:
         return dict(self.call("get_inference_statistics", self.model, version))
+
+    def settled_statistics(self, version: str, at_least: int | None = None, wait: float = 2.0) -> dict[str, Any]:
+        """Statistics once the server has booked every finished request: Triton updates them
+        when it releases a request, which can be just after the client got the response. Polls
+        (bounded by ``wait``) until the request count reaches ``at_least`` and stops moving."""
+        deadline = time.monotonic() + wait
+        prev = self.statistics(version)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            cur = self.statistics(version)
+            n_prev, n_cur = _booked(prev, self.model, version), _booked(cur, self.model, version)
+            if n_cur == n_prev and (at_least is None or n_cur >= at_least):
+                return cur
+            prev = cur
+        return prev
 
     # --- shared memory ------------------------------------------------------------------------
     def setup_shared_memory(self, kind: str, slots: int, payloads: Sequence[Payload]) -> None:
@@ -1208,14 +1228,14 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
         for c in options.concurrency:
             if options.warmup:
                 target.load(payloads, c, requests=max(options.warmup, c), use_shm=use_shm)
-            before = target.statistics(version)
+            before = target.settled_statistics(version)
             bar = _progress(options.requests, f"c={c}", options.progress)
             try:
                 res = target.load(payloads, c, requests=options.requests, duration=options.duration, use_shm=use_shm,
                                   progress=bar.update)
             finally:
                 bar.close()
-            after = target.statistics(version)
+            after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + res.requests)
             server = stats_diff(before, after, options.model, version)
             client = latency_summary(res.latencies_s)
             overhead = client["mean"] - server["request_ms"] if server["request_ms"] is not None else None
