@@ -181,7 +181,10 @@ def test_matmul_weight_last_axis_and_two_activation_inputs_per_tensor():
         [("x", [2, 4, 6]), ("y", [2, 3, 5])], [("out", [2, 4, 5])], [("w", w)],
     )
     ranges, _ = amax_all(model)
-    qm = insert_qdq(model, ranges).model
+    # A MatMul of two activations is the attention pattern: float by default (issue 8), quantized on request.
+    default = insert_qdq(model, ranges)
+    assert "mm_act" in default.plan.auto_float and input_producer(default.model, "mm_act", 1) is None
+    qm = insert_qdq(model, ranges, QuantizeOptions(quantize_attention=True)).model
     w_dq = input_producer(qm, "mm_w", 1)
     assert helper.get_attribute_value(next(a for a in w_dq.attribute if a.name == "axis")) == 1
     assert q_params(qm, w_dq)[0].shape == (3,)

@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import logging
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -26,7 +27,16 @@ from typing import Any
 import numpy as np
 
 from .errors import UsageError
-from .evaluate import AccuracyTarget, OutputMetrics, RunOutputs, compare_outputs, metrics_table, run_onnx, score
+from .evaluate import (
+    AccuracyTarget,
+    OutputMetrics,
+    RunOutputs,
+    compare_outputs,
+    metrics_table,
+    pick_output,
+    run_onnx,
+    score,
+)
 from .quantize import (
     ActivationRange,
     QuantizedModel,
@@ -84,6 +94,12 @@ def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict
         if statistics is not None and name in statistics:
             lo, hi = float(statistics[name].min), float(statistics[name].max)
         out[name] = ActivationRange(float(a), lo, hi)
+    # Tensors with infinite values have no amax: pass them on as non-finite ranges so that
+    # quantization keeps them (and the mask path behind them) in float.
+    for name in getattr(statistics, "unbounded", ()):
+        if name not in out:
+            t = statistics[name]
+            out[name] = ActivationRange(math.inf, float(t.min), float(t.max))
     return out
 
 
@@ -154,28 +170,30 @@ class Evaluator:
 
 
 def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,
-                  evaluator: Evaluator | None) -> tuple[Candidate, list[Candidate]]:
-    """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.score` wins
-    (the first method on ties; without an evaluator the first method)."""
+                  evaluator: Evaluator | None, *, metric_output: str | None = None,
+                  metric: str | None = None) -> tuple[Candidate, list[Candidate]]:
+    """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.score` on
+    ``metric_output`` (default the first output) wins; ``metric="cosine"`` ranks by mean cosine
+    first (the first method on ties; without an evaluator the first method)."""
     candidates = []
-    for method, ranges in ranges_per_method.items():
-        qm = insert_qdq(model, ranges, options, source=f"{method} ranges")
+    for k, (method, ranges) in enumerate(ranges_per_method.items()):
+        qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
         cand = Candidate(method, qm)
         if evaluator is not None:
             cand.metrics = evaluator(qm.model)
-            log.info("method %s: %s", method, _brief(cand.metrics))
+            log.info("method %s: %s", method, _brief(cand.metrics, metric_output))
         candidates.append(cand)
     if evaluator is None or len(candidates) == 1:
         return candidates[0], candidates
     best = candidates[0]
     for c in candidates[1:]:
-        if score(c.metrics) > score(best.metrics):  # type: ignore[arg-type]
+        if score(c.metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
             best = c
     return best, candidates
 
 
-def _brief(metrics: Mapping[str, OutputMetrics]) -> str:
-    m = next(iter(metrics.values()))
+def _brief(metrics: Mapping[str, OutputMetrics], output: str | None = None) -> str:
+    m = pick_output(metrics, output)
     parts = []
     if m.candidate_accuracy is not None:
         parts.append(f"accuracy {100 * m.candidate_accuracy:.2f}% (FP32 {100 * (m.reference_accuracy or 0):.2f}%)")
@@ -203,7 +221,7 @@ class FallbackResult:
 
 def _goodness(target: AccuracyTarget, metrics: Mapping[str, OutputMetrics]) -> tuple[float, float]:
     v = target.measure(metrics)
-    return (-v if target.kind == "top1-drop" else v, next(iter(metrics.values())).cosine_mean)
+    return (-v if target.kind == "top1-drop" else v, pick_output(metrics, target.output).cosine_mean)
 
 
 def check_reachable(target: AccuracyTarget, evaluator: Evaluator) -> None:
@@ -219,14 +237,14 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     """Leave the most sensitive layers in float until ``target`` holds (see the module doc)."""
     check_reachable(target, evaluator)
     metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
-    steps = [FallbackStep([], target.measure(metrics), target.met(metrics), next(iter(metrics.values())).cosine_mean)]
+    steps = [FallbackStep([], target.measure(metrics), target.met(metrics), pick_output(metrics, target.output).cosine_mean)]
     if steps[0].met:
         return FallbackResult(start.quantized, metrics, [], steps)
     layers = list(start.quantized.plan.layers)
     sensitivity = []
     for layer in layers:
         try:
-            qm = insert_qdq(model, ranges, options.with_excluded_nodes([layer]))
+            qm = insert_qdq(model, ranges, options.with_excluded_nodes([layer]), warn=False)
         except UsageError:
             continue  # nothing left to quantize without it
         m = evaluator(qm.model)
@@ -239,9 +257,9 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     ranked = [s["layer"] for s in sensitivity]
     for k in range(1, len(ranked)):
         in_float = ranked[:k]
-        qm = insert_qdq(model, ranges, options.with_excluded_nodes(in_float))
+        qm = insert_qdq(model, ranges, options.with_excluded_nodes(in_float), warn=False)
         m = evaluator(qm.model)
-        step = FallbackStep(list(in_float), target.measure(m), target.met(m), next(iter(m.values())).cosine_mean)
+        step = FallbackStep(list(in_float), target.measure(m), target.met(m), pick_output(m, target.output).cosine_mean)
         steps.append(step)
         log.info("%d layer(s) in float: %s=%.6g%s", k, target.kind, step.value, " (met)" if step.met else "")
         if step.met:
@@ -267,6 +285,7 @@ def run_quantize(
     accuracy_target: AccuracyTarget | str | None = None,
     eval_data: Any = None,
     holdout: float = DEFAULT_HOLDOUT,
+    metric_output: str | None = None,
     seed: int = 0,
     batch_size: int = 32,
     threads: int | None = None,
@@ -278,7 +297,8 @@ def run_quantize(
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
     ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
-    anything fails."""
+    anything fails. ``metric_output`` names the output that ``auto`` and ``accuracy_target``
+    are measured on (default: the first output; an embedding output wants ``cosine=``)."""
     from .data import open_data
     from .modelio import ModelIO
 
@@ -297,6 +317,11 @@ def run_quantize(
     onnx_path = Path(onnx_path)
     model = load_model(onnx_path)
     io = ModelIO.from_onnx(model)
+    outputs = [o.name for o in model.graph.output]
+    if metric_output is not None and metric_output not in outputs:
+        raise UsageError(f"--metric-output '{metric_output}': {onnx_path.name} has no such output (outputs: {', '.join(outputs)})")
+    if accuracy_target is not None:
+        accuracy_target = accuracy_target.on_output(metric_output)
     data_args = dict(data_args or {})
     if Path(out_path).exists() and not force:
         raise UsageError(f"{out_path}: already exists (use --force to overwrite)")
@@ -340,7 +365,8 @@ def run_quantize(
         stats = cal.collect()
         methods = METHODS if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
-    best, candidates = select_method(model, per_method, options, evaluator)
+    metric = "cosine" if (accuracy_target is not None and accuracy_target.kind == "cosine") else None
+    best, candidates = select_method(model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     chosen, metrics = best.quantized, best.metrics
     fb = None
     if accuracy_target is not None:
@@ -354,6 +380,10 @@ def run_quantize(
     result.layers_in_float = list(chosen.plan.excluded)
     report = _report(onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src,
                      calib_src, stats)
+    report["metric_output"] = metric_output or outputs[0]
+    report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
+    report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
+    report["quantize_attention"] = options.quantize_attention
     result.report = report
     if report_dir is not None:
         from .fsutil import atomic_write_text
@@ -404,16 +434,31 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         ev = report["evaluation_data"]
         lines.append(f"- evaluated on `{ev['name']}` ({ev['samples']} held-out samples; "
                      f"{report.get('calibration_samples') or '-'} calibration samples)")
+    metric_output = report.get("metric_output")
+    if metric_output:
+        lines.append(f"- measured on output `{metric_output}`")
+    if report.get("float_tensors") or report.get("kept_float"):
+        lines += ["", "## Kept in float automatically", ""]
+        if report.get("float_tensors"):
+            lines += ["Unquantizable ranges:", "", "| tensor | reason |", "|---|---|"]
+            lines += [f"| `{t['tensor']}` | {t['reason']} |" for t in report["float_tensors"]]
+            lines.append("")
+        if report.get("kept_float"):
+            lines += ["| node | reason |", "|---|---|"]
+            lines += [f"| `{t['node']}` | {t['reason']} |" for t in report["kept_float"]]
     if report["methods"]:
-        lines += ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | max abs err |", "|---|---|---|---|---|"]
+        lines += ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | cosine min | max abs err |",
+                  "|---|---|---|---|---|---|"]
         for row in report["methods"]:
-            m = next(iter(row.get("outputs", {}).values()), None)
+            outs = row.get("outputs", {})
+            m = outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
             if m is None:
                 continue
             acc = "-" if m["candidate_accuracy"] is None else f"{100 * m['candidate_accuracy']:.2f}%"
             agree = "-" if m["top1_agreement"] is None else f"{100 * m['top1_agreement']:.2f}%"
             mark = " (chosen)" if row["label"] == report["method"] else ""
-            lines.append(f"| {row['label']}{mark} | {agree} | {acc} | {m['cosine_mean']:.6f} | {m['max_abs_error']:.4g} |")
+            lines.append(f"| {row['label']}{mark} | {agree} | {acc} | {m['cosine_mean']:.6f} | {m['cosine_min']:.6f} | "
+                         f"{m['max_abs_error']:.4g} |")
     if report["accuracy_target"]:
         lines += ["", f"## Accuracy target {report['accuracy_target']}", ""]
         if report["sensitivity"]:

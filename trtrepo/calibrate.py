@@ -173,6 +173,11 @@ class Statistics:
     def names(self) -> list[str]:
         return list(self.tensors)
 
+    @property
+    def unbounded(self) -> list[str]:
+        """Tensors that held infinite values: :meth:`compute` gives them no range."""
+        return [n for n, t in self.tensors.items() if not math.isfinite(t.max_abs)]
+
     def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
         """Ranges (tensor -> amax) with ``method`` in entropy, minmax, percentile, mse."""
         if method not in H.METHODS:
@@ -182,7 +187,8 @@ class Statistics:
         opts = dict(options)
         if method == "percentile":
             opts["percentile"] = percentile
-        amax = {name: t.amax(method, **opts) for name, t in self.tensors.items()}
+        # Tensors with infinite values have no range (see unbounded); they are left out.
+        amax = {name: t.amax(method, **opts) for name, t in self.tensors.items() if math.isfinite(t.max_abs)}
         return Ranges(amax, method=method, options=opts, num_samples=self.num_samples, num_bins=self.num_bins)
 
     def save_npz(self, path: str | Path) -> Path:
@@ -439,16 +445,22 @@ class Calibrator:
             if value.size == 0:
                 continue
             vmin, vmax = float(value.min()), float(value.max())
-            if not (math.isfinite(vmin) and math.isfinite(vmax)):
-                kind = "NaN" if np.isnan(value).any() else "Inf"
-                raise TrtrepoError(f"tensor '{name}' has {kind} values on samples {indices[0]}..{indices[-1]}; "
+            if not (math.isfinite(vmin) and math.isfinite(vmax)) and np.isnan(value).any():
+                raise TrtrepoError(f"tensor '{name}' has NaN values on samples {indices[0]}..{indices[-1]}; "
                                    "check the model and the data (preprocessing)")
+            # An infinite value (e.g. an additive attention mask filled with -inf) is recorded:
+            # the tensor gets no range and quantization keeps it in float.
             seen.add(name)
             lo[name], hi[name] = min(lo[name], vmin), max(hi[name], vmax)
             max_abs[name] = max(max_abs[name], abs(vmin), abs(vmax))
         counts = {name: np.zeros(self.num_bins, dtype=np.int64) for name in self.tensors}
+        unbounded = [n for n in self.tensors if not math.isfinite(max_abs[n])]
+        if unbounded:
+            log.warning("%d tensor(s) hold infinite values and get no range (quantization keeps them in float): %s",
+                        len(unbounded), ", ".join(unbounded[:5]))
         for name, value, _ in self._run("calibrate 2/2 (histograms)"):
-            H.accumulate(counts[name], value, max_abs[name])
+            if math.isfinite(max_abs[name]):
+                H.accumulate(counts[name], value, max_abs[name])
         empty = [n for n in self.tensors if n not in seen]
         if empty:
             log.warning("%d tensor(s) were always empty: %s", len(empty), ", ".join(empty[:5]))

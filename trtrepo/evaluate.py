@@ -202,14 +202,18 @@ class AccuracyTarget:
         return cls(kind, v)
 
     def __str__(self) -> str:
-        return f"{self.kind}={self.value:g}"
+        return f"{self.kind}={self.value:g}" + (f" on '{self.output}'" if self.output else "")
 
     def _metrics(self, metrics: Mapping[str, OutputMetrics]) -> OutputMetrics:
         if self.output is not None:
             if self.output not in metrics:
-                raise UsageError(f"--accuracy-target: no output named '{self.output}'")
+                raise UsageError(f"--accuracy-target: no output named '{self.output}' (outputs: {', '.join(metrics)})")
             return metrics[self.output]
         return next(iter(metrics.values()))
+
+    def on_output(self, output: str | None) -> AccuracyTarget:
+        """The same target checked on ``output`` (``--metric-output``)."""
+        return self if output is None else AccuracyTarget(self.kind, self.value, output)
 
     def measure(self, metrics: Mapping[str, OutputMetrics]) -> float:
         """The value the target is checked on (points, percent or cosine)."""
@@ -231,11 +235,24 @@ class AccuracyTarget:
         return v <= self.value + 1e-9 if self.kind == "top1-drop" else v >= self.value - 1e-6
 
 
-def score(metrics: Mapping[str, OutputMetrics]) -> tuple[float, ...]:
+def pick_output(metrics: Mapping[str, OutputMetrics], output: str | None = None) -> OutputMetrics:
+    """The metrics of ``output`` (``--metric-output``), else of the first output."""
+    if output is not None:
+        if output not in metrics:
+            raise UsageError(f"--metric-output '{output}': no such output (outputs: {', '.join(metrics)})")
+        return metrics[output]
+    return next(iter(metrics.values()))
+
+
+def score(metrics: Mapping[str, OutputMetrics], output: str | None = None, kind: str | None = None) -> tuple[float, ...]:
     """Sort key (higher is better) for choosing between candidates: accuracy vs labels, else
-    top-1 agreement, then mean cosine, then lower mean abs error; on the first output."""
-    m = next(iter(metrics.values()))
+    top-1 agreement, then mean cosine, then lower mean abs error; on the first output (or
+    ``output``). With ``kind="cosine"`` (a cosine target, or an output that is an embedding)
+    the mean cosine comes first."""
+    m = pick_output(metrics, output)
     primary = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
+    if kind == "cosine":
+        return (m.cosine_mean, m.cosine_min, -m.mean_abs_error)
     return (primary if primary is not None else 0.0, m.cosine_mean, -m.mean_abs_error)
 
 

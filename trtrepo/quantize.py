@@ -30,15 +30,23 @@ Two targets, because their consumers need different graphs:
       (:func:`keep_float_small_conv`);
     * network outputs are never quantized.
 
+Both targets, transformer-aware (:func:`find_float_nodes`, reported in the plan's ``auto_float``
+and ``float_tensors``, with a warning naming the mask tensors): tensors whose range is non-finite
+or absurdly large next to the others (an additive attention mask holding ``finfo.min``) and
+everything downstream of them up to the Softmax stay float; so do Softmax, LayerNormalization,
+GEMV MatMuls and, unless ``quantize_attention``, the activation-activation MatMuls of attention
+(Q.K^T, P.V) with the scale/mask ops between Q.K^T and the Softmax.
+
 The placement is a list of named rule functions (:data:`RULES`), each returning
 :class:`QuantPoint` s for one node; :func:`plan_qdq` runs them and :func:`insert_qdq` rewrites
 the graph in one pass. Nothing here patches ONNX Runtime or imports ModelOpt.
 
 Stable API::
 
-    QuantizeOptions(target="tensorrt", exclude_ops=(), exclude_nodes=(), per_channel=True)
+    QuantizeOptions(target="tensorrt", exclude_ops=(), exclude_nodes=(), per_channel=True, quantize_attention=False)
     ActivationRange(amax, lo=None, hi=None)
-    plan_qdq(model, options) -> QdqPlan
+    plan_qdq(model, options, ranges=None) -> QdqPlan
+    find_float_nodes(view, options, ranges=None) -> FloatReasons     # what stays float, and why
     insert_qdq(model, ranges, options) -> QuantizedModel     # in memory; ranges: {tensor: amax | ActivationRange}
     quantize_model(onnx_path, ranges, out_path, options) -> QuantizeResult   # file in, file out (atomic)
     quantize_for_deploy(onnx_path, data_source, out_path, target) -> QuantizeResult
@@ -89,12 +97,19 @@ class QuantizeOptions:
     # onnxruntime target: a Conv whose reduction (Cin/group * kernel size) is below this stays
     # float (see keep_float_small_conv); 0 disables.
     ort_min_reduction: int = 16
+    # Transformer-aware exclusions (see find_float_nodes): quantize the activation-activation
+    # MatMuls of attention (Q.K^T, P.V) too; a range larger than ``outlier_ratio`` times the
+    # median range (and above OUTLIER_FLOOR) marks a tensor unquantizable (an additive mask).
+    quantize_attention: bool = False
+    outlier_ratio: float = 1000.0
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise UsageError(f"--target '{self.target}' is not one of {', '.join(TARGETS)}")
         object.__setattr__(self, "exclude_ops", tuple(self.exclude_ops))
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        if not self.outlier_ratio > 1.0:
+            raise UsageError(f"outlier ratio {self.outlier_ratio}: expected a number above 1")
         for pattern in self.exclude_nodes:
             try:
                 re.compile(pattern)
@@ -307,6 +322,157 @@ def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) 
     return int(np.prod(shape[1:])) < options.ort_min_reduction
 
 
+# --------------------------------------------------------------------------------------------
+# Transformer-aware exclusions: what stays float whatever the rules say
+
+# Constants of this magnitude (or non-finite) feeding Add/Sub/Mul/Where build additive masks.
+MASK_CONSTANT = 1e9
+OUTLIER_FLOOR = 1000.0  # a range below this is never an outlier, whatever the ratio
+_MASK_OPS = ("Add", "Sub", "Mul", "Where", "Div")
+# Ops that end the mask path (their output is bounded again).
+_MASK_STOP = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh")
+# Ops between Q.K^T and Softmax (scale, mask, reshapes) that make up the attention score path.
+_SCORE_OPS = ("Div", "Mul", "Add", "Sub", "Where", "Reshape", "Transpose", "Cast", "Identity", "Dropout", "Clip")
+
+
+@dataclass(frozen=True)
+class FloatReasons:
+    """What :func:`find_float_nodes` keeps float: ``nodes`` (name -> reason) and the
+    ``tensors`` whose range cannot be quantized (name -> reason)."""
+
+    nodes: dict[str, str]
+    tensors: dict[str, str]
+
+
+def _finite(x: float | None) -> bool:
+    return x is None or np.isfinite(x)
+
+
+def unquantizable_ranges(ranges: Mapping[str, RangeLike], ratio: float = 1000.0) -> dict[str, str]:
+    """Tensors whose range is non-finite, or larger than ``ratio`` times the median range of the
+    others (and above :data:`OUTLIER_FLOOR`): an 8-bit scale over such a range rounds every
+    ordinary value to zero. Typical case: the additive attention mask holding ``finfo.min``."""
+    rs = {name: _as_range(v) for name, v in ranges.items()}
+    out: dict[str, str] = {}
+    finite = []
+    for name, r in rs.items():
+        if not (np.isfinite(r.amax) and _finite(r.lo) and _finite(r.hi)):
+            out[name] = "non-finite range"
+        elif r.amax > 0:
+            finite.append(r.amax)
+    if not finite:
+        return out
+    median = float(np.median(finite))
+    limit = max(ratio * median, OUTLIER_FLOOR)
+    for name, r in rs.items():
+        if name not in out and r.amax > limit:
+            out[name] = f"range {r.amax:.3g} is {r.amax / median:.3g}x the median range {median:.3g}"
+    return out
+
+
+def _mask_constant(view: GraphView, name: str) -> float | None:
+    """The largest magnitude of a float constant input when it looks like a mask fill value."""
+    if not view.is_constant(name) or view.elem_type.get(name) not in (_FLOAT, 10, 11):
+        return None
+    a = view.constant_array(name)
+    if a.size == 0 or a.size > 4096:
+        return None
+    big = float(np.max(np.abs(a.astype(np.float64))))
+    return big if (not np.isfinite(big) or big >= MASK_CONSTANT) else None
+
+
+def find_float_nodes(view: GraphView, options: QuantizeOptions,
+                     ranges: Mapping[str, RangeLike] | None = None) -> FloatReasons:
+    """Nodes to keep in float for transformers, with the reason (both targets):
+
+    * the **mask path**: tensors with an unquantizable range (:func:`unquantizable_ranges`, needs
+      ``ranges``) or computed from a huge/non-finite constant (``(1 - mask) * finfo.min``,
+      ``Where(mask, 0, -inf)``), and everything downstream of them up to the next Softmax: the
+      producers and consumers of those tensors get no Q/DQ;
+    * **Softmax** and **LayerNormalization** (what TensorRT and ModelOpt leave in float; on the
+      onnxruntime target the residual Add in front of a LayerNorm stays a QLinearAdd unit: keeping
+      it float cost 30% latency on demo-text for +1e-4 cosine);
+    * the **attention score path** unless ``options.quantize_attention``: MatMuls whose two inputs
+      are both activations (Q.K^T and P.V) and the scale/mask ops between Q.K^T and the Softmax;
+    * **GEMV** MatMul/Gemm (a constant weight with a single output column), which ModelOpt excludes.
+    """
+    nodes: dict[str, str] = {}
+    tensors: dict[str, str] = {}
+
+    def keep(node: Any, reason: str) -> None:
+        nodes.setdefault(node.name, reason)
+
+    # Mask path seeds: unquantizable ranges and outputs computed from mask-like constants.
+    seeds: dict[str, str] = {}
+    if ranges:
+        for name, why in unquantizable_ranges(ranges, options.outlier_ratio).items():
+            if name in view.producer or name in view.graph_inputs:
+                seeds[name] = why
+    for node in view.nodes:
+        if node.op_type not in _MASK_OPS or not node.output or not view.is_float_activation(node.output[0]):
+            continue
+        for i in node.input:
+            big = _mask_constant(view, i) if i else None
+            if big is not None:
+                seeds.setdefault(node.output[0], f"computed from the constant {i!r} of magnitude {big:.3g} (attention mask)")
+                break
+    # Forward to the next Softmax: every float tensor on the way is unquantizable.
+    stack = list(seeds)
+    tensors.update(seeds)
+    while stack:
+        t = stack.pop()
+        prod = view.producer.get(t)
+        if prod is not None and t in seeds:
+            keep(prod, f"produces '{t}': {seeds[t]}")
+        for node, _ in view.consumers.get(t, []):
+            if node.name in nodes and node.op_type not in _MASK_STOP:
+                continue
+            keep(node, f"on the attention-mask path from '{t}' ({tensors[t] if t in seeds else 'downstream of the mask'})")
+            if node.op_type in _MASK_STOP:
+                continue
+            for out in node.output:
+                if out and view.is_float_activation(out) and out not in tensors:
+                    tensors[out] = f"downstream of the mask tensor '{t}'"
+                    stack.append(out)
+
+    for node in view.nodes:
+        op = node.op_type
+        if op in ("Softmax", "LayerNormalization"):
+            keep(node, f"{op} stays float (TensorRT/ModelOpt transformer pattern)")
+        elif op in ("MatMul", "Gemm"):
+            a, b = (list(node.input) + ["", ""])[:2]
+            if a and b and view.is_float_activation(a) and view.is_float_activation(b):
+                if not options.quantize_attention:
+                    keep(node, "attention MatMul of two activations (Q.K^T or P.V); use --quantize-attention to quantize it")
+                    _mark_score_path(view, node, keep)
+            elif b and view.is_constant(b):
+                shape = view.constant_array(b).shape
+                transb = op == "Gemm" and view.attr(node, "transB", 0)
+                n_out = shape[0] if transb else (shape[-1] if shape else 0)
+                if len(shape) >= 2 and n_out == 1:
+                    keep(node, "GEMV (a single output column): stays float as in ModelOpt")
+    return FloatReasons(nodes, tensors)
+
+
+def _mark_score_path(view: GraphView, matmul: Any, keep: Callable[[Any, str], None]) -> None:
+    """Scale/mask ops from a Q.K^T MatMul to its Softmax (nothing when no Softmax follows)."""
+    path: list[Any] = []
+    t = matmul.output[0]
+    for _ in range(8):
+        consumers = view.consumers.get(t, [])
+        if len(consumers) != 1:
+            return
+        node = consumers[0][0]
+        if node.op_type == "Softmax":
+            for n in path:
+                keep(n, f"attention score path between '{matmul.name}' and '{node.name}'")
+            return
+        if node.op_type not in _SCORE_OPS:
+            return
+        path.append(node)
+        t = node.output[0]
+
+
 def _backbone_producer(view: GraphView, name: str) -> Any | None:
     """The Conv/ConvTranspose producing ``name`` (through an optional BatchNormalization) when
     that path has no other consumer, i.e. TensorRT can fuse the Add into it."""
@@ -399,6 +565,9 @@ class QdqPlan:
     excluded: list[str]
     target: str
     kept_float: list[str] = field(default_factory=list)  # left float by a rule (keep_float_small_conv)
+    # Transformer-aware exclusions (find_float_nodes): node -> reason, unquantizable tensor -> reason.
+    auto_float: dict[str, str] = field(default_factory=dict)
+    float_tensors: dict[str, str] = field(default_factory=dict)
 
     def activation_tensors(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -451,14 +620,19 @@ def prepare_model(model: Any) -> Any:
     return copy
 
 
-def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphView | None = None) -> QdqPlan:
-    """Run the target's rules over a prepared model (see :func:`prepare_model`)."""
+def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphView | None = None,
+             ranges: Mapping[str, RangeLike] | None = None) -> QdqPlan:
+    """Run the target's rules over a prepared model (see :func:`prepare_model`). With
+    ``ranges``, tensors with unquantizable ranges (and the mask path behind them) stay float
+    too (:func:`find_float_nodes`)."""
     options = options or QuantizeOptions()
     view = view or GraphView(model)
     points: list[QuantPoint] = []
     excluded: list[str] = []
     layers: list[str] = []
     kept_float: list[str] = []
+    reasons = find_float_nodes(view, options, ranges)
+    auto_float: dict[str, str] = {}
     for node in view.nodes:
         if options.excludes(node.name, node.op_type):
             if node.op_type in ORT_UNIT_OPS or node.op_type in WEIGHTED_OPS:
@@ -467,13 +641,18 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
         if keep_float_small_conv(view, node, options):
             kept_float.append(node.name)
             continue
+        if node.name in reasons.nodes:
+            auto_float[node.name] = reasons.nodes[node.name]
+            continue
         node_points = [replace(p, node=node.name) for rule in RULES[options.target] for p in rule(view, node, options)]
         points.extend(node_points)
     # No Q/DQ on network outputs (the graph output tensor keeps its name and float value) and
     # nothing produced by an excluded node is quantized on its output.
-    excluded_set = set(excluded) | set(kept_float)
+    excluded_set = set(excluded) | set(kept_float) | set(auto_float)
     kept = []
     for p in points:
+        if p.kind == "activation" and p.tensor in reasons.tensors:
+            continue  # an unquantizable range: no Q/DQ for any consumer
         if p.consumer is None:
             producer = view.producer.get(p.tensor)
             if p.tensor in view.graph_outputs:
@@ -486,7 +665,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
-    return QdqPlan(kept, layers, excluded, options.target, kept_float)
+    return QdqPlan(kept, layers, excluded, options.target, kept_float, auto_float, dict(reasons.tensors))
 
 
 # --------------------------------------------------------------------------------------------
@@ -554,7 +733,7 @@ class QuantizedModel:
 
 
 def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
-               *, source: str = "ranges") -> QuantizedModel:
+               *, source: str = "ranges", warn: bool = True) -> QuantizedModel:
     """Return a copy of ``model`` with Q/DQ nodes placed by the target's rules.
 
     ``ranges`` maps activation tensor names to an amax (float) or an :class:`ActivationRange`.
@@ -568,7 +747,9 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     view = GraphView(work)
     if not any(n.op_type in WEIGHTED_OPS for n in view.nodes):
         raise UsageError(f"the model has no quantizable operator ({', '.join(WEIGHTED_OPS)}); nothing to quantize")
-    plan = plan_qdq(work, options, view=view)
+    plan = plan_qdq(work, options, view=view, ranges=ranges)
+    if warn:
+        warn_float(plan)
     if not plan.points:
         raise UsageError("every quantizable operator is excluded (--exclude-op/--exclude-node); nothing to quantize")
 
@@ -712,6 +893,22 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     return QuantizedModel(work, plan, act_q)
 
 
+def warn_float(plan: QdqPlan) -> None:
+    """One warning naming the unquantizable tensors, one for the nodes kept float because of them
+    (the structural transformer exclusions are logged at info level)."""
+    if plan.float_tensors:
+        names = list(plan.float_tensors)
+        first = names[0]
+        log.warning("kept in float: %d tensor(s) with unquantizable ranges: %s (%s)%s", len(names),
+                    ", ".join(f"'{n}'" for n in names[:6]), plan.float_tensors[first],
+                    f" and {len(names) - 6} more" if len(names) > 6 else "")
+    if plan.auto_float:
+        mask = [n for n, why in plan.auto_float.items() if "mask" in why or "produces" in why]
+        if mask:
+            log.warning("kept in float on the attention-mask path: %s", ", ".join(f"'{n}'" for n in mask))
+        log.info("kept in float (transformer patterns): %s", ", ".join(f"{n} ({why})" for n, why in plan.auto_float.items()))
+
+
 def _drop_unused_initializers(model: Any) -> None:
     used = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
     keep = [t for t in model.graph.initializer if t.name in used]
@@ -794,6 +991,8 @@ class QuantizeResult:
     method: str | None = None
     layers: list[str] = field(default_factory=list)
     layers_in_float: list[str] = field(default_factory=list)
+    kept_float: dict[str, str] = field(default_factory=dict)  # node -> reason (transformer-aware exclusions)
+    float_tensors: dict[str, str] = field(default_factory=dict)  # unquantizable tensor -> reason
     activations: int = 0
     weights: int = 0
     report: dict[str, Any] | None = None
@@ -829,6 +1028,8 @@ def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: st
         method=method,
         layers=list(qm.plan.layers),
         layers_in_float=list(qm.plan.excluded),
+        kept_float=dict(qm.plan.auto_float),
+        float_tensors=dict(qm.plan.float_tensors),
         activations=len(qm.activation_qparams),
         weights=len({(p.tensor, p.axis) for p in qm.plan.points if p.kind == "weight"}),
     )

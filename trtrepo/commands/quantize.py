@@ -35,6 +35,12 @@ METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
               help="Held-out evaluation data (default: a --holdout part of --data that calibration does not use).")
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2, show_default=True,
               help="Fraction of --data held out for --method auto / --accuracy-target when --eval-data is not given.")
+@click.option("--metric-output", default=None, metavar="OUTPUT",
+              help="Output that --method auto and --accuracy-target are measured on (default: the first; e.g. an "
+                   "embedding output with --accuracy-target cosine=0.99).")
+@click.option("--quantize-attention", is_flag=True,
+              help="Also quantize the attention MatMuls of two activations (Q.K^T, P.V), left in float by default "
+                   "as TensorRT/ModelOpt do; the additive-mask path stays float regardless.")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads for evaluation.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
@@ -43,8 +49,8 @@ METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
 def command(model: str, output: str, ranges_path: str | None, cache_path: str | None, data_spec: str | None,
             preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
-            eval_data: str | None, holdout: float, threads: int | None, report_dir: str | None, force: bool,
-            progress: bool) -> None:
+            eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
+            threads: int | None, report_dir: str | None, force: bool, progress: bool) -> None:
     """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
 
     Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
@@ -65,12 +71,14 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
         raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {flag} (ranges are used as given)")
     method = method or "entropy"
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
-    options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes)
+    options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
+                              quantize_attention=quantize_attention)
     started = time.perf_counter()
     result = run_quantize(
         model, output,
         ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
-        accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, seed=seed, batch_size=batch_size,
+        accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
+        batch_size=batch_size,
         threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
         report_dir=report_dir, force=force, progress=progress,
     )
@@ -78,8 +86,16 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
     took = time.perf_counter() - started
     click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
                f"{result.activations} activations, {result.weights} weights -> {result.path} in {took:.1f}s")
+    if result.float_tensors:
+        click.echo(f"  kept in float: {len(result.float_tensors)} tensor(s) with unquantizable ranges: "
+                   + ", ".join(result.float_tensors))
+    if result.kept_float:
+        click.echo(f"  kept in float: {len(result.kept_float)} node(s) by the transformer rules "
+                   "(Softmax, LayerNorm, attention MatMuls, mask path; see --report)")
+    metric_output = report.get("metric_output")
     for row in report.get("methods", []):
-        m = next(iter(row.get("outputs", {}).values()), None)
+        outs = row.get("outputs", {})
+        m = outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
         if m:
             acc = f"accuracy {100 * m['candidate_accuracy']:.2f}%, " if m["candidate_accuracy"] is not None else ""
             agree = f"top-1 agreement {100 * m['top1_agreement']:.2f}%, " if m["top1_agreement"] is not None else ""
