@@ -153,11 +153,13 @@ def test_attention_graph_keeps_mask_softmax_layernorm_and_attention_matmuls_floa
     quantized = q_inputs(qm.model)
     assert not quantized & {"s", "sd", "additive", "scores", "p", "score"}
     fed = dq_fed(qm.model)
-    assert not fed & {"mask_add", "softmax", "scale", "ln", "gemv", "mask_mul"}
+    assert not fed & {"mask_add", "softmax", "scale", "gemv", "mask_mul"}
     if target == "tensorrt":
-        assert not quantized & {"q", "kt", "v", "ctx"} and not fed & {"qk", "pv"}
-    else:  # q, k, v are the outputs of the projection units (QLinearMatMul); the attention MatMuls stay float
-        assert {"q", "k", "v"} <= quantized
+        assert not quantized & {"q", "kt", "v", "ctx", "res"} and not fed & {"qk", "pv", "ln"}
+    else:
+        # q, k, v are the outputs of the projection units (QLinearMatMul) and the residual Add is a
+        # QLinearAdd unit whose output feeds the (float) LayerNorm; the attention MatMuls stay float
+        assert {"q", "k", "v", "res"} <= quantized and "ln" in fed
     # the projections are quantized: input per tensor, weight per output channel (last axis of [K, N])
     assert {"q_proj", "k_proj", "v_proj", "out_proj"} <= fed
     assert {"x", "ln"} <= quantized
