@@ -177,7 +177,7 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     paths = report.write(tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
-                          "thresholds", "files"]
+                          "speed_vs_reference", "thresholds", "files"]
     assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
     assert "**FAIL**" in paths["markdown"].read_text()
     from PIL import Image
@@ -246,7 +246,10 @@ def _validate(run_cli, server, tmp_path, *args, protocol="grpc"):
     url = server.grpc_url if protocol == "grpc" else server.http_url
     report = tmp_path / f"report-{protocol}"
     t0 = time.monotonic()
-    r = run_cli("validate", "--url", url, "--protocol", protocol, "--report", report, "--no-progress", *args)
+    # The reference-speed comparison has its own tests (test_validate_speed.py); a later
+    # --reference-speed in args turns it back on.
+    r = run_cli("validate", "--url", url, "--protocol", protocol, "--report", report, "--no-progress",
+                "--no-reference-speed", *args)
     elapsed = time.monotonic() - t0
     data = json.loads((report / "validate.json").read_text()) if (report / "validate.json").is_file() else None
     return r, data, elapsed
@@ -390,7 +393,7 @@ def test_python_api_mirrors_the_command(server, models):
     from trtrepo.validate import validate
 
     opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), requests=None, duration=0.5, warmup=2,
-                           progress=False)
+                           progress=False, speed=None)
     report = validate(opts, reference="demo", data="demo:val", onnx=models["fp32"], limit=50,
                       thresholds=Thresholds(max_top1_drop=0.0))
     assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True

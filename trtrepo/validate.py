@@ -18,7 +18,10 @@ Four phases, each usable on its own through :class:`TritonTarget`:
    server's own statistics for the same window (:func:`stats_diff` of
    ``get_inference_statistics`` before and after), so the client's overhead is visible.
    Tensors can travel through system shared memory (or CUDA shared memory on a GPU machine).
-4. **Report** -- :class:`ValidationReport` writes ``validate.json`` (stable keys),
+4. **Speed against the reference** (issue 8) -- :func:`trtrepo.speed.compare_speed` times the
+   PyTorch reference (CUDA when available, else CPU) and the served model at concurrency 1 on
+   the same batches of one input shape, per batch size; ``speed_vs_reference`` in the report.
+5. **Report** -- :class:`ValidationReport` writes ``validate.json`` (stable keys),
    ``validate.md`` and ``latency.png`` atomically; :func:`check_thresholds` decides the exit code.
 
 Every wait is bounded: readiness by ``ready_timeout``, each request by ``timeout`` (the gRPC
@@ -43,6 +46,7 @@ import numpy as np
 
 from .errors import TrtrepoError, UsageError
 from .modelio import ModelIO, TensorSpec
+from .speed import SpeedOptions
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +82,8 @@ class ValidateOptions:
     accuracy: bool = True
     latency: bool = True
     progress: bool | None = None
+    # Speed against the reference (runs with the latency phase); None skips it.
+    speed: SpeedOptions | None = field(default_factory=SpeedOptions)
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -976,6 +982,7 @@ class ValidationReport:
     latency: dict[str, Any] | None = None
     thresholds: list[ThresholdResult] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
+    speed_vs_reference: dict[str, Any] | None = None
 
     @property
     def passed(self) -> bool:
@@ -998,6 +1005,7 @@ class ValidationReport:
             "contract": self.contract,
             "accuracy": self.accuracy,
             "latency": self.latency,
+            "speed_vs_reference": self.speed_vs_reference,
             "thresholds": [t.to_dict() for t in self.thresholds],
             "files": self.files,
         }
@@ -1054,8 +1062,12 @@ class ValidationReport:
                              f"{c['p95']:.2f} | {c['p99']:.2f} | {c['mean']:.2f} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
                              f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
                              f"{avg} | {_ms(lv['overhead_ms'])} |")
-            if self.files.get("plot"):
-                lines += ["", f"![latency vs throughput]({Path(self.files['plot']).name})"]
+        if self.speed_vs_reference:
+            from .speed import speed_markdown
+
+            lines += speed_markdown(self.speed_vs_reference)
+        if self.files.get("plot"):
+            lines += ["", f"![latency]({Path(self.files['plot']).name})"]
         if self.thresholds:
             lines += ["", "## Thresholds", "", "| threshold | limit | value | result |", "|---|---|---|---|"]
             for t in self.thresholds:
@@ -1070,7 +1082,7 @@ class ValidationReport:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         paths = {"json": folder / "validate.json", "markdown": folder / "validate.md"}
-        if self.latency and self.latency.get("levels"):
+        if (self.latency and self.latency.get("levels")) or (self.speed_vs_reference and self.speed_vs_reference.get("rows")):
             paths["plot"] = folder / "latency.png"
         self.files = {k: str(v) for k, v in paths.items()}
         if "plot" in paths:
@@ -1097,7 +1109,10 @@ def _json_default(o: Any) -> Any:
 
 
 def write_plot(report: ValidationReport, path: str | Path) -> Path:
-    """Client p50/p99 latency against throughput, one point per concurrency level (PNG, Agg)."""
+    """PNG (Agg), one panel per measurement that ran: client p50/p99 latency against throughput,
+    one point per concurrency level; and, with ``speed_vs_reference``, latency per batch size of
+    the reference beside the served model (:func:`trtrepo.speed.plot_speed`). The PNG's
+    ``Description`` text chunk names the panels."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -1106,26 +1121,36 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     from .fsutil import atomic_path
 
     levels = (report.latency or {}).get("levels", [])
-    thr = [lv["throughput"] for lv in levels]
-    fig, ax = plt.subplots(figsize=(7, 4.5), dpi=100)
+    speed = report.speed_vs_reference if (report.speed_vs_reference or {}).get("rows") else None
+    panels = (["latency vs throughput"] if levels else []) + (["latency per batch size: reference vs served"] if speed else [])
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(7 * max(1, len(panels)), 4.5), dpi=100, squeeze=False)
     try:
-        for key, style in (("p50", "o-"), ("p99", "s--")):
-            ax.plot(thr, [lv["client_ms"][key] for lv in levels], style, label=f"client {key}")
-        srv = [lv["server"]["request_ms"] for lv in levels]
-        if all(v is not None for v in srv):
-            ax.plot(thr, srv, "^:", label="server request (mean)")
-        for lv in levels:
-            ax.annotate(f"c={lv['concurrency']}", (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
-                        xytext=(4, 4), fontsize=8)
         s = report.server
-        ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
-        ax.set_xlabel("throughput (inferences/s)")
-        ax.set_ylabel("latency (ms)")
-        ax.grid(True, alpha=0.3)
-        ax.legend()
+        ax_iter = iter(axes[0])
+        if levels:
+            ax = next(ax_iter)
+            thr = [lv["throughput"] for lv in levels]
+            for key, style in (("p50", "o-"), ("p99", "s--")):
+                ax.plot(thr, [lv["client_ms"][key] for lv in levels], style, label=f"client {key}")
+            srv = [lv["server"]["request_ms"] for lv in levels]
+            if all(v is not None for v in srv):
+                ax.plot(thr, srv, "^:", label="server request (mean)")
+            for lv in levels:
+                ax.annotate(f"c={lv['concurrency']}", (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=8)
+            ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
+            ax.set_xlabel("throughput (inferences/s)")
+            ax.set_ylabel("latency (ms)")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        if speed:
+            from .speed import plot_speed
+
+            plot_speed(next(ax_iter), speed)
         fig.tight_layout()
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png")
+            fig.savefig(tmp, format="png", metadata={"Title": f"trtrepo validate: {s.get('model')}",
+                                                     "Description": "panels: " + "; ".join(panels)})
     finally:
         plt.close(fig)
     return Path(path)
@@ -1169,6 +1194,13 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     from .data import open_data
 
     thresholds = thresholds or Thresholds()
+    speed = options.speed if options.latency else None
+    speed_device = None
+    if speed is not None:  # a device that is not there fails before any work
+        from .export import resolve_source
+        from .speed import resolve_reference_device
+
+        speed_device = resolve_reference_device(speed.device, resolve_source(reference, weights).kind)
     io = reference_io(reference, onnx=onnx, weights=weights)
     source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
@@ -1211,10 +1243,35 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
             report.latency = run_latency(target, payloads, options, version)
+        if speed is not None and speed_device is not None:
+            report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
+                                                  device=speed_device, server=server, accuracy=report.accuracy,
+                                                  progress=options.progress)
         report.thresholds = check_thresholds(report.to_dict(), thresholds)
     if report_dir is not None:
         report.write(report_dir)
     return report
+
+
+def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *, reference: str,
+              weights: str | None, device: str, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
+              progress: bool | None = None) -> dict[str, Any] | None:
+    """The reference's own latency beside the served model's at concurrency 1, per batch size
+    (:func:`trtrepo.speed.compare_speed`); ``None`` (with a warning) for a model without a
+    batch axis."""
+    from .speed import TimedReference, compare_speed
+
+    mbs = int(server.get("max_batch_size", 0) or 0)
+    if mbs <= 0 or not io.has_batch_axis:
+        log.warning("speed against the reference skipped: model '%s' has no batch axis (max_batch_size 0)", server.get("model"))
+        return None
+    timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+    bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
+    try:
+        return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
+                             accuracy=accuracy, server=server, progress=bar.update)
+    finally:
+        bar.close()
 
 
 def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str) -> dict[str, Any]:

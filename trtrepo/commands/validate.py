@@ -38,6 +38,18 @@ from ._options import data_options
 @click.option("--worst", type=click.IntRange(min=0), default=5, show_default=True, help="Worst samples listed per output.")
 @click.option("--accuracy/--no-accuracy", default=True, show_default=True, help="Run the accuracy phase.")
 @click.option("--latency/--no-latency", default=True, show_default=True, help="Run the latency/throughput phase.")
+@click.option("--reference-speed/--no-reference-speed", default=True, show_default=True,
+              help="Time the reference beside the served model per batch size (with the latency phase).")
+@click.option("--speed-batch-sizes", default="1,8,32", show_default=True,
+              help="Batch sizes of the reference-vs-served comparison (concurrency 1).")
+@click.option("--speed-iterations", type=click.IntRange(min=2), default=50, show_default=True,
+              help="Timed calls per batch size and side (median and p99 over them).")
+@click.option("--speed-warmup", type=click.IntRange(min=0), default=5, show_default=True,
+              help="Warm-up calls per batch size and side.")
+@click.option("--reference-device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="Device of the timed PyTorch reference (auto: CUDA when available). Accuracy is computed on the CPU.")
+@click.option("--reference-threads", type=click.IntRange(min=1), default=None,
+              help="torch.set_num_threads for the timed reference (default: torch's own; reported).")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), required=True,
               help="Folder for validate.json, validate.md and latency.png.")
@@ -45,22 +57,29 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
-            ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, progress: bool | None, report_dir: str) -> None:
+            ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
+            speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
+            reference_threads: int | None, progress: bool | None, report_dir: str) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
-    the data, and its latency/throughput per concurrency level.
+    the data, its latency/throughput per concurrency level, and its speed against the PyTorch
+    reference per batch size (concurrency 1, the same batches on both sides).
 
     Exit code 0 when every threshold holds, 1 when the contract or a threshold fails (named in
     the message; the report is written), 2 for usage and connection errors.
     """
     from ..errors import TrtrepoError
+    from ..speed import SpeedOptions, parse_batch_sizes
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
 
     if requests is None and duration is None:
         requests = 200
+    speed = SpeedOptions(batch_sizes=parse_batch_sizes(speed_batch_sizes), iterations=speed_iterations, warmup=speed_warmup,
+                         device=reference_device, threads=reference_threads) if reference_speed else None
     options = ValidateOptions(model=model, url=url, protocol=protocol, version=model_version,
                               concurrency=parse_concurrency(concurrency), requests=requests, duration=duration,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
-                              ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress)
+                              ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
+                              speed=speed)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
     report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                       preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds)
@@ -77,6 +96,15 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
             ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
             click.echo(f"  c={lv['concurrency']}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
                        f"client overhead {ov} ms")
+    sp = report.speed_vs_reference
+    if sp:
+        r = sp["reference"]
+        click.echo(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
+        for row in sp["rows"]:
+            a, b = row["reference"], row["served"]
+            x = "-" if row["speedup_median"] is None else f"{row['speedup_median']:.2f}x"
+            click.echo(f"    batch {row['batch_size']}: reference median {a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f}), "
+                       f"served median {b['median_ms']:.2f} ms (p99 {b['p99_ms']:.2f}), speedup {x}")
     for t in report.thresholds:
         click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
     click.echo(f"report: {report.files.get('markdown')}")
