@@ -54,6 +54,7 @@ class DeployOptions:
     template_dir: str | None = None
     workdir: str | None = None
     weights: str | None = None
+    shapes: tuple[str, ...] = ()  # TensorRT profile per input, --shape NAME:MIN,OPT,MAX (default: from the data)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -178,7 +179,7 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         if opts.precision == "fp32":
             step.status, step.detail = "skipped", "--precision fp32"
             return onnx_path, "fp32"
-        data = opts.data or ("demo:calib" if opts.source == "demo" else None)
+        data = _default_data(opts)
         fn = getattr(quantize, "quantize_for_deploy", None)
         reason = None
         if fn is None:
@@ -206,13 +207,84 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         return Path(getattr(result, "path", out)), "int8"
 
 
-def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport) -> Path | None:
+def _default_data(opts: DeployOptions) -> str | None:
+    """The calibration data: --data, else the built-in demos' own calibration split."""
+    return opts.data or {"demo": "demo:calib", "demo-text": "demo-text:calib"}.get(opts.source)
+
+
+def profile_from_data(io: ModelIO, source: Any, max_batch: int, opt_batch: int) -> tuple[tuple[str, Any], ...]:
+    """TensorRT profile ranges for the inputs with dynamic axes besides the batch: per axis the
+    smallest, median and largest size seen in ``source`` (a :class:`~trtrepo.data.DataSource`;
+    samples carry no batch axis) as MIN/OPT/MAX, the batch axis ``1, opt_batch, max_batch``.
+    Inputs whose only dynamic axis is the batch need no entry. Returns ``--shape``-style pairs
+    for :class:`trtrepo.build.BuildOptions`."""
+    import numpy as np
+
+    from .build import ShapeRange
+
+    dynamic = [s for s in io.inputs if any(d == -1 for a, d in enumerate(s.shape) if a != s.batch_axis)]
+    if not dynamic:
+        return ()
+    sizes: dict[str, list[tuple[int, ...]]] = {s.name: [] for s in dynamic}
+    for sample in source:
+        for spec in dynamic:
+            value = sample.inputs.get(spec.name)
+            if value is not None:
+                sizes[spec.name].append(tuple(np.shape(value)))
+    out = []
+    for spec in dynamic:
+        seen = np.asarray(sizes[spec.name])
+        if seen.size == 0:
+            raise UsageError(f"input '{spec.name}': the data has no values to size its dynamic axes (give --shape)")
+        lo, mid, hi = [], [], []
+        k = 0
+        for axis, d in enumerate(spec.shape):
+            if axis == spec.batch_axis:
+                lo.append(1)
+                mid.append(opt_batch)
+                hi.append(max_batch)
+                continue
+            col = seen[:, k] if seen.ndim == 2 and k < seen.shape[1] else None
+            k += 1
+            if d != -1:
+                lo.append(d)
+                mid.append(d)
+                hi.append(d)
+            elif col is None:
+                raise UsageError(f"input '{spec.name}': the data's samples do not match its rank {spec.rank}")
+            else:
+                lo.append(int(col.min()))
+                mid.append(int(np.median(col)))
+                hi.append(int(col.max()))
+        out.append((spec.name, ShapeRange(tuple(lo), tuple(mid), tuple(hi))))
+    return tuple(out)
+
+
+def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
+    """The :class:`trtrepo.build.BuildOptions` of the deploy build step: batch range from
+    ``max_batch_size``; shape profiles from ``--shape`` when given, else from the data's sizes
+    (:func:`profile_from_data`) for the inputs with dynamic non-batch axes."""
+    from .build import BuildOptions, parse_shape_option
+
+    mbs = opts.model.max_batch_size or 32
+    opt_batch = min(8, mbs)
+    if opts.shapes:
+        shapes = tuple(parse_shape_option(t) for t in opts.shapes)
+    elif source is not None:
+        shapes = profile_from_data(io, source, mbs, opt_batch)
+    else:
+        shapes = ()
+    return BuildOptions(max_batch=mbs, opt_batch=opt_batch, shapes=shapes)
+
+
+def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport,
+                io: ModelIO | None = None) -> Path | None:
     """The single call point of the TensorRT build. Returns the plan, or None when not built."""
     with _timed(report, "build") as step:
         if backend != "tensorrt":
             step.status, step.detail = "skipped", f"backend {backend}: no TensorRT engine needed"
             return None
-        from .build import BuildOptions, build_engine, gpu_status, tensorrt_status
+        from .build import build_engine, gpu_status, tensorrt_status
 
         trt = tensorrt_status()
         if not trt.available:
@@ -220,10 +292,25 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
         gpu = gpu_status()
         if not gpu.available:
             raise UsageError(f"--backend tensorrt: no GPU ({gpu.detail}); use --backend onnxruntime or python")
-        mbs = opts.model.max_batch_size or 32
-        result = build_engine(onnx_path, work / "model.plan", BuildOptions(max_batch=mbs, opt_batch=min(8, mbs)))
-        step.detail = f"TensorRT {trt.version} on {gpu.gpu.name if gpu.gpu else 'GPU'} -> model.plan"
+        source = None
+        data = _default_data(opts)
+        if io is not None and not opts.shapes and data is not None:
+            from .data import open_data
+
+            source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
+                               seed=opts.seed)
+        bopts = build_options(opts, io or ModelIO.from_onnx(_load(onnx_path)), source)
+        result = build_engine(onnx_path, work / "model.plan", bopts)
+        profile = "; ".join(f"{n} {r.describe()}" for n, r in bopts.shapes)
+        step.detail = (f"TensorRT {trt.version} on {gpu.gpu.name if gpu.gpu else 'GPU'} -> model.plan"
+                       + (f" (profile {profile})" if profile else ""))
         return Path(result.plan)
+
+
+def _load(path: Path) -> Any:
+    import onnx
+
+    return onnx.load(str(path), load_external_data=False)
 
 
 def _labels(opts: DeployOptions) -> Any:
@@ -263,7 +350,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
         onnx_path, io = _export_step(opts, work, report)
         target = "tensorrt" if backend == "tensorrt" else "onnxruntime"
         model_path, precision = _int8_step(opts, onnx_path, io, target, work, report)
-        plan = _build_step(opts, model_path, backend, work, report)
+        plan = _build_step(opts, model_path, backend, work, report, io)
 
         with _timed(report, "repository") as step:
             labels = _labels(opts)

@@ -25,10 +25,14 @@ from ._options import data_options
 @click.option("--class-labels", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Class names file for the output's label_filename (the demo's are 0-9).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep intermediate files (ONNX, Q/DQ, plan) here.")
+@click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
+              help="TensorRT profile of an input with dynamic axes (trtexec-like dims, e.g. input_ids:1x8,8x16,32x32; "
+                   "repeatable). Default: from the calibration data's smallest, median and largest sizes.")
 @data_options(required=False)
 @model_config_options
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
-            weights: str | None, class_labels: str | None, workdir: str | None, data_spec: str | None, preprocess: str | None,
+            weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
+            data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
     Triton model repository (default model_repository/), then print a summary table.
@@ -43,7 +47,7 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         source=source, repo=repo, name=name, backend=backend, python_variant=python_variant, ensemble=ensemble,
         precision=precision, data=data_spec, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
-        template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights,
+        template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
     )
     report = deploy(opts)
     for line in report.summary_lines():
