@@ -317,7 +317,7 @@ def markdown(r: dict) -> str:
                  f"(ours runs at {base[32] / ours[32]:.2f}x FP32 at batch 32"
                  + (", the fastest INT8 variant measured). " if ours[32] == min(v[32] for k, v in lat.items() if k != "FP32")
                     else "). ")
-                 + 
+                 +
                  "The Q/DQ model's purpose here is the TensorRT build; on the CPU, deploy FP32 for this size.")]
     return "\n".join(lines) + "\n"
 
