@@ -296,8 +296,8 @@ def markdown(r: dict) -> str:
              f"--threads {r['threads']} --update-docs` (one run, {r['wall_s']:.0f} s). ONNX Runtime "
              f"{r['versions']['onnxruntime']}, {r['machine']['cores']} cores ({r['machine']['cpu']}); load average "
              f"{r['machine']['loadavg_before'][0]:.1f} before / {r['machine']['loadavg_after'][0]:.1f} after: "
-             ("**taken under load** from other workers on the same 2 cores, so compare ratios, not absolute times."
-              if max(r['machine']['loadavg_before'][0], r['machine']['loadavg_after'][0]) > 1.0
+             + ("**taken under load** from other workers on the same 2 cores, so compare ratios, not absolute times."
+              if r['machine']['loadavg_before'][0] > 1.0  # before the run: other work (the run itself loads 2 cores)
               else "a quiet machine (nothing else running); still compare ratios, measured side by side."),
              "",
              f"Demo model, calibration on {r['calibration_samples']} samples of `demo:calib` (one collection pass, "
