@@ -180,6 +180,13 @@ def test_plan_target_mismatch_warns(tmp_path, caplog):
     assert res.warnings == []
 
 
+def test_plan_target_needs_the_exact_tensorrt_version(tmp_path):
+    """A plan only loads in the TensorRT version that built it: a patch release differs too (the build check's rule)."""
+    plan = write_plan(tmp_path, tensorrt_version="10.3.0.26", cc="8.0")
+    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target_tensorrt="10.3.1.4", target_compute_capability="8.0")
+    assert len(res.warnings) == 1 and "TensorRT 10.3.0.26 but the target server has TensorRT 10.3.1.4" in res.warnings[0]
+
+
 def test_container_command_picks_release_matching_plan_tensorrt(tmp_path):
     plan = write_plan(tmp_path, tensorrt_version="10.3.0.26")
     add_plan_model(tmp_path / "repo", "p", plan)

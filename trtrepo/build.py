@@ -1092,19 +1092,39 @@ def read_plan_metadata(path: str | Path) -> PlanMetadata:
         raise UsageError(f"{meta}: incomplete plan metadata (missing {exc})") from exc
 
 
-def check_plan_compatibility(meta: PlanMetadata, tensorrt_version: str | None, gpu: GPUInfo | None) -> list[str]:
+def check_plan_compatibility(meta: PlanMetadata | Mapping[str, Any] | None, tensorrt_version: str | None,
+                             gpu: GPUInfo | None, *, target: bool = False) -> list[str]:
     """Reasons the plan may not load or run well with this TensorRT/GPU (empty: matches). A plan is tied to
-    the exact TensorRT version and to the GPU's compute capability it was built for."""
+    the exact TensorRT version and to the GPU's compute capability it was built for. ``meta`` is the parsed
+    metadata or the raw ``model.plan.json`` dict (the repository writer's; a ``hardware_compatibility`` flag
+    there lifts the compute capability check). ``target``: the TensorRT/GPU are those of a target server
+    rather than this machine (wording only); a GPU given without a name is compared by compute capability only."""
+    if not meta:
+        return []
+    hardware_compatible = False
+    if isinstance(meta, PlanMetadata):
+        built_trt: str | None = meta.tensorrt_version
+        built_gpu = meta.gpu
+    else:
+        built_trt = meta.get("tensorrt_version")
+        gpu_dict = meta.get("gpu") or {}
+        built_cc = meta.get("compute_capability") or gpu_dict.get("compute_capability")
+        built_gpu = GPUInfo(name=str(gpu_dict.get("name") or ""), compute_capability=str(built_cc)) if built_cc else None
+        hardware_compatible = bool(meta.get("hardware_compatibility"))
     problems = []
-    if tensorrt_version is not None and tensorrt_version != meta.tensorrt_version:
-        problems.append(f"plan was built with TensorRT {meta.tensorrt_version} but TensorRT {tensorrt_version} is installed "
+    if tensorrt_version and built_trt and str(tensorrt_version) != str(built_trt):
+        have = f"the target server has TensorRT {tensorrt_version}" if target else f"TensorRT {tensorrt_version} is installed"
+        problems.append(f"plan was built with TensorRT {built_trt} but {have} "
                         "(plans only load in the TensorRT version that built them; rebuild it)")
-    if gpu is not None and meta.gpu is not None:
-        if gpu.compute_capability != meta.gpu.compute_capability:
-            problems.append(f"plan was built for compute capability {meta.gpu.compute_capability} ({meta.gpu.name}) but this GPU "
-                            f"is {gpu.name} with compute capability {gpu.compute_capability}; it will not load, rebuild it")
-        elif gpu.name != meta.gpu.name:
-            problems.append(f"plan was built on {meta.gpu.name}, this GPU is {gpu.name} (same compute capability "
+    if gpu is not None and built_gpu is not None and not hardware_compatible:
+        this_gpu = "the target GPU" if target else "this GPU"
+        if gpu.compute_capability != built_gpu.compute_capability:
+            built_on = f"{built_gpu.compute_capability} ({built_gpu.name})" if built_gpu.name else built_gpu.compute_capability
+            now = f"is {gpu.name} with compute capability" if gpu.name else "has compute capability"
+            problems.append(f"plan was built for compute capability {built_on} but {this_gpu} {now} "
+                            f"{gpu.compute_capability}; it will not load, rebuild it")
+        elif gpu.name and built_gpu.name and gpu.name != built_gpu.name:
+            problems.append(f"plan was built on {built_gpu.name}, {this_gpu} is {gpu.name} (same compute capability "
                             f"{gpu.compute_capability}: it loads, but tactics were timed on the other GPU)")
     return problems
 

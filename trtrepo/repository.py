@@ -129,32 +129,18 @@ def read_plan_metadata(plan: str | Path) -> dict[str, Any] | None:
     return read_plan_metadata_dict(Path(str(plan) + PLAN_METADATA_SUFFIX), missing_ok=True)
 
 
-def _major_minor(version: str | None) -> tuple[int, ...] | None:
-    if not version:
-        return None
-    try:
-        return tuple(int(x) for x in str(version).split(".")[:2])
-    except ValueError:
-        return None
-
-
 def check_plan_target(meta: Mapping[str, Any] | None, *, tensorrt_version: str | None = None,
                       compute_capability: str | None = None) -> list[str]:
     """Warnings when a plan was built for another TensorRT version or GPU than the target.
 
-    A plan only loads under the TensorRT version that built it and (without hardware
+    A plan only loads under the exact TensorRT version that built it and (without hardware
     compatibility) on the GPU architecture it was built on (spec section 6, pain points 1-2).
+    The check is :func:`trtrepo.build.check_plan_compatibility`'s.
     """
-    if not meta:
-        return []
-    warnings = []
-    built = meta.get("tensorrt_version")
-    if tensorrt_version and built and _major_minor(built) != _major_minor(tensorrt_version):
-        warnings.append(f"plan built with TensorRT {built} but the target server has TensorRT {tensorrt_version}: it will not load")
-    built_cc = meta.get("compute_capability") or (meta.get("gpu") or {}).get("compute_capability")
-    if compute_capability and built_cc and str(built_cc) != str(compute_capability) and not meta.get("hardware_compatibility"):
-        warnings.append(f"plan built for compute capability {built_cc} but the target GPU is {compute_capability}: rebuild on the target")
-    return warnings
+    from .build import GPUInfo, check_plan_compatibility
+
+    gpu = GPUInfo(name="", compute_capability=str(compute_capability)) if compute_capability else None
+    return check_plan_compatibility(meta, tensorrt_version, gpu, target=True)
 
 
 # --------------------------------------------------------------------------------------------
