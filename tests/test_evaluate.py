@@ -13,8 +13,10 @@ from trtrepo.errors import UsageError
 from trtrepo.evaluate import (
     AccuracyTarget,
     accuracy,
+    classification_outputs,
     compare_outputs,
     cosine_similarity,
+    label_output,
     max_abs_error,
     mean_abs_error,
     score,
@@ -99,6 +101,24 @@ def test_compare_outputs_classification_and_embedding():
     assert flat.top1_agreement is None and flat.max_abs_error == 0.5
     with pytest.raises(UsageError, match="output 'z'"):
         compare_outputs({"z": REF}, {"logits": CAND})
+
+
+def test_top_k_only_on_the_classification_output():
+    """An embedding [N, C] next to the logits gets cosine/abs errors only; the label output is the
+    first [N, C] output unless named."""
+    emb_ref = np.array([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0], [1.0, 1.0, 0.0]])
+    emb = emb_ref[::-1].copy()
+    m = compare_outputs({"logits": REF, "emb": emb_ref}, {"logits": CAND, "emb": emb}, LABELS)
+    assert m["logits"].top1_agreement == 0.5 and m["logits"].candidate_accuracy == 0.25
+    e = m["emb"]
+    assert (e.top1_agreement, e.top5_agreement, e.reference_accuracy, e.candidate_accuracy) == (None, None, None, None)
+    assert e.cosine_min == 0.0 and set(e.to_dict()) == set(m["logits"].to_dict())
+    assert label_output({"emb1d": np.ones(4), "emb": emb_ref, "logits": REF}) == "emb"
+    named = compare_outputs({"logits": REF, "emb": emb_ref}, {"logits": CAND, "emb": emb}, classification="emb")
+    assert named["logits"].top1_agreement is None and named["emb"].top1_agreement == 0.5
+    assert classification_outputs({"y": np.ones(3)}) == () and classification_outputs({"y": np.ones(3)}, "y") == ()
+    with pytest.raises(UsageError, match="output 'z': no such output"):
+        compare_outputs({"logits": REF}, {"logits": CAND}, classification="z")
 
 
 def test_accuracy_target_parse_and_met():

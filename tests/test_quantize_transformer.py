@@ -260,6 +260,7 @@ def test_demo_text_mask_path_stays_float_and_accuracy_holds(text_onnx, tmp_path,
     report = evaluate(text_onnx, res.path, open_data("demo-text:val", limit=128))
     assert report.outputs["embedding"].cosine_mean > 0.999
     assert report.outputs["logits"].top1_agreement >= 0.98
+    assert report.outputs["embedding"].top1_agreement is None  # not a classifier: cosine/abs errors only
 
 
 def test_demo_text_auto_with_cosine_target_on_embedding_cli(text_onnx, tmp_path, run_cli):
@@ -273,6 +274,9 @@ def test_demo_text_auto_with_cosine_target_on_embedding_cli(text_onnx, tmp_path,
     best = next(m for m in report["methods"] if m["label"] == report["method"])
     assert best["outputs"]["embedding"]["cosine_mean"] == max(m["outputs"]["embedding"]["cosine_mean"] for m in report["methods"])
     assert report["metrics"]["embedding"]["cosine_mean"] >= 0.99
+    emb = report["metrics"]["embedding"]  # keys stay, top-k does not apply to an embedding
+    assert "top1_agreement" in emb and emb["top1_agreement"] is None and emb["top5_agreement"] is None
+    assert report["metrics"]["logits"]["top1_agreement"] is not None
     assert "kept in float: 3 tensor(s)" in r.output and "/Mul_output_0" in r.output
     assert out.is_file()
 

@@ -323,6 +323,7 @@ def test_variable_length_multi_input_model(run_cli, server, models, tmp_path):
     assert set(data["accuracy"]["outputs"]) == {"logits", "embedding"}
     assert data["accuracy"]["label_output"] == "logits"
     assert data["accuracy"]["outputs"]["logits"]["top1_agreement"] == 1.0
+    assert data["accuracy"]["outputs"]["embedding"]["top1_agreement"] is None  # only the label output is a classifier
     assert data["accuracy"]["samples"] == 512
     _check_latency(data, 60)
 

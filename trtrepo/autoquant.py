@@ -31,6 +31,7 @@ from .evaluate import (
     AccuracyTarget,
     OutputMetrics,
     RunOutputs,
+    classification_outputs,
     compare_outputs,
     metrics_table,
     pick_output,
@@ -134,10 +135,11 @@ class Candidate:
 
 
 class Evaluator:
-    """FP32 outputs on the held-out data once; candidates compared against them."""
+    """FP32 outputs on the held-out data once; candidates compared against them. Top-1/top-5 are
+    reported for the label output (the first ``[N, C]`` output) and for ``label_output`` when given."""
 
     def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
-                 cache_bytes: int = CACHE_BYTES) -> None:
+                 cache_bytes: int = CACHE_BYTES, label_output: str | None = None) -> None:
         from .data import iter_batches
         from .modelio import ModelIO
 
@@ -155,6 +157,8 @@ class Evaluator:
                 break
             self.batches.append(batch)  # type: ignore[union-attr]
         self.reference: RunOutputs = self._run(fp32_model)
+        self.classification = tuple(dict.fromkeys(classification_outputs(self.reference.outputs) +
+                                                  classification_outputs(self.reference.outputs, label_output or ())))
         self.count = 0
 
     def _run(self, model: Any) -> RunOutputs:
@@ -163,10 +167,11 @@ class Evaluator:
     def __call__(self, model: Any) -> dict[str, OutputMetrics]:
         self.count += 1
         cand = self._run(model)
-        return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels)
+        return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels, classification=self.classification)
 
     def fp32_metrics(self) -> dict[str, OutputMetrics]:
-        return compare_outputs(self.reference.outputs, self.reference.outputs, self.reference.labels)
+        return compare_outputs(self.reference.outputs, self.reference.outputs, self.reference.labels,
+                               classification=self.classification)
 
 
 def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,
@@ -348,7 +353,10 @@ def run_quantize(
     if accuracy_target is not None and eval_src is None:
         raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
 
-    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads) if eval_src is not None else None
+    # A top-1 target on --metric-output makes that output a classification output too.
+    top1_on = metric_output if accuracy_target is not None and accuracy_target.kind != "cosine" else None
+    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads,
+                          label_output=top1_on) if eval_src is not None else None
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 

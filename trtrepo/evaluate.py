@@ -7,7 +7,11 @@ for classification logits and embeddings; the validation harness reuses them::
     accuracy(outputs, labels, k=1) -> float
     max_abs_error(a, b) / mean_abs_error(a, b) -> float
     cosine_similarity(a, b) -> np.ndarray                   # one value per sample
-    compare_outputs(reference, candidate, labels=None) -> dict[output name, OutputMetrics]
+    compare_outputs(reference, candidate, labels=None, classification=None) -> dict[output name, OutputMetrics]
+
+Top-1/top-5 agreement and accuracy against labels are reported for the *classification outputs*
+only (:func:`classification_outputs`: by default the label output, the first ``[N, C]`` output);
+every output gets the absolute errors and the cosine similarity.
 
 The ONNX Runtime side: :func:`run_onnx` runs a model (path, bytes or ModelProto) over a
 :class:`~trtrepo.data.DataSource` batch by batch; :func:`evaluate` runs both models and returns
@@ -19,7 +23,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -100,8 +104,28 @@ def cosine_similarity(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 
 def is_classification(outputs: np.ndarray) -> bool:
-    """``[N, C]`` with at least 2 classes: top-k metrics make sense."""
+    """``[N, C]`` with at least 2 classes: top-k metrics can be computed (an embedding has this
+    shape too: which outputs are classifiers is :func:`classification_outputs`'s choice)."""
     return np.ndim(outputs) == 2 and np.shape(outputs)[1] >= 2
+
+
+def label_output(outputs: Mapping[str, np.ndarray]) -> str | None:
+    """The default label output: the first ``[N, C]`` output (None when there is none)."""
+    return next((name for name, v in outputs.items() if is_classification(v)), None)
+
+
+def classification_outputs(outputs: Mapping[str, np.ndarray], names: str | Iterable[str] | None = None) -> tuple[str, ...]:
+    """The outputs that top-1/top-5 (and accuracy against labels) are reported for: ``names``
+    (a ``--label-output``/``--metric-output``; one name or several) when given, else the label
+    output (:func:`label_output`). Outputs that are not ``[N, C]`` are left out."""
+    if names is None:
+        first = label_output(outputs)
+        return () if first is None else (first,)
+    chosen = (names,) if isinstance(names, str) else tuple(names)
+    for n in chosen:
+        if n not in outputs:
+            raise UsageError(f"output '{n}': no such output (outputs: {', '.join(outputs)})")
+    return tuple(dict.fromkeys(n for n in chosen if is_classification(outputs[n])))
 
 
 @dataclass
@@ -142,7 +166,10 @@ class OutputMetrics:
         return d
 
 
-def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None) -> OutputMetrics:
+def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None, *,
+                   classification: bool | None = None) -> OutputMetrics:
+    """Metrics of one output; top-k metrics (and ``labels``) only when ``classification`` (default:
+    when the output is ``[N, C]``)."""
     _check_pair(reference, candidate)
     cos = cosine_similarity(reference, candidate)
     m = OutputMetrics(
@@ -153,7 +180,9 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
         cosine_mean=float(np.mean(cos)) if len(cos) else float("nan"),
         cosine_min=float(np.min(cos)) if len(cos) else float("nan"),
     )
-    if is_classification(reference):
+    if classification is None:
+        classification = is_classification(reference)
+    if classification and is_classification(reference):
         m.top1_agreement = top_k_agreement(reference, candidate, 1)
         m.top5_agreement = top_k_agreement(reference, candidate, 5)
         if labels is not None:
@@ -163,12 +192,16 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
 
 
 def compare_outputs(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
-                    labels: np.ndarray | None = None) -> dict[str, OutputMetrics]:
-    """Metrics per output name present in both (labels apply to classification outputs)."""
+                    labels: np.ndarray | None = None, *,
+                    classification: str | Iterable[str] | None = None) -> dict[str, OutputMetrics]:
+    """Metrics per output name present in both; top-k metrics and labels apply to the
+    classification outputs (``classification``, see :func:`classification_outputs`)."""
     missing = [n for n in reference if n not in candidate]
     if missing:
         raise UsageError(f"output '{missing[0]}' of the reference model is missing from the candidate")
-    return {name: compare_output(name, reference[name], candidate[name], labels) for name in reference}
+    classes = classification_outputs(reference, classification)
+    return {name: compare_output(name, reference[name], candidate[name], labels, classification=name in classes)
+            for name in reference}
 
 
 # --------------------------------------------------------------------------------------------
@@ -402,12 +435,15 @@ def metrics_table(outputs: Mapping[str, OutputMetrics]) -> str:
 
 def evaluate(reference_model: Any, candidate_model: Any, source: Any, *, batch_size: int = 32,
              threads: int | None = None, reference_outputs: RunOutputs | None = None,
-             names: Sequence[str] = ("", "")) -> EvaluationReport:
-    """Run both models with ONNX Runtime on ``source`` and compare every output."""
+             names: Sequence[str] = ("", ""), label_output: str | None = None) -> EvaluationReport:
+    """Run both models with ONNX Runtime on ``source`` and compare every output (top-k metrics on
+    ``label_output``, default the first ``[N, C]`` output)."""
     ref = reference_outputs or run_onnx(reference_model, source, batch_size=batch_size, threads=threads)
     cand = run_onnx(candidate_model, source, batch_size=batch_size, threads=threads)
     labels = ref.labels
-    metrics = compare_outputs(ref.outputs, cand.outputs, labels)
+    if label_output is not None and label_output not in ref.outputs:
+        raise UsageError(f"--label-output '{label_output}': no such output (outputs: {', '.join(ref.outputs)})")
+    metrics = compare_outputs(ref.outputs, cand.outputs, labels, classification=label_output)
     return EvaluationReport(
         reference=names[0] or (str(reference_model) if isinstance(reference_model, (str, Path)) else "reference"),
         candidate=names[1] or (str(candidate_model) if isinstance(candidate_model, (str, Path)) else "candidate"),

@@ -875,13 +875,15 @@ def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, d
 # Accuracy
 
 
-def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], labels: np.ndarray | None) -> Any:
-    """Metrics of one output with :mod:`trtrepo.evaluate`; batches whose trailing shapes differ
-    (sequence outputs) are compared batch by batch and merged (no top-k then)."""
+def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], labels: np.ndarray | None,
+                   classification: bool = False) -> Any:
+    """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``);
+    batches whose trailing shapes differ (sequence outputs) are compared batch by batch and merged
+    (no top-k then)."""
     from .evaluate import OutputMetrics, compare_output, cosine_similarity
 
     if len({r.shape[1:] for r in refs}) <= 1:
-        return compare_output(name, np.concatenate(refs), np.concatenate(served), labels), \
+        return compare_output(name, np.concatenate(refs), np.concatenate(served), labels, classification=classification), \
             cosine_similarity(np.concatenate(refs), np.concatenate(served))
     cos = np.concatenate([cosine_similarity(r, s) for r, s in zip(refs, served, strict=True)])
     diffs = [np.abs(r.astype(np.float64) - s.astype(np.float64)) for r, s in zip(refs, served, strict=True)]
@@ -939,7 +941,8 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     for name in names:
         refs = [r[name] for r in ref_parts]
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
-        m, cos = _merge_metrics(name, refs, served, y if name == primary and name in classifiers else None)
+        is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
+        m, cos = _merge_metrics(name, refs, served, y if is_label else None, classification=is_label)
         d = m.to_dict()
         d["top1_drop_points"] = m.top1_drop_points
         metrics[name] = d

@@ -16,11 +16,14 @@ from ._options import data_options
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write evaluation.json and evaluation.md into DIR.")
+@click.option("--label-output", default=None, metavar="NAME",
+              help="The classification output: top-1/top-5 and accuracy are reported for it (default: the first [N, C] output).")
 def command(reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
-            limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None) -> None:
+            limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None,
+            label_output: str | None) -> None:
     """Run REFERENCE (FP32 ONNX) and CANDIDATE (e.g. the Q/DQ model) with ONNX Runtime on the same
-    data; print per output top-1/top-5 agreement, accuracy against labels, max/mean absolute
-    error and cosine similarity.
+    data; print per output max/mean absolute error and cosine similarity, and top-1/top-5
+    agreement and accuracy against labels for the classification (label) output.
     """
     from ..data import open_data
     from ..errors import UsageError
@@ -36,7 +39,7 @@ def command(reference: str, candidate: str, data_spec: str, preprocess: str | No
         raise UsageError(f"{candidate}: inputs/outputs {io_cand.input_names}/{io_cand.output_names} differ from "
                          f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
     source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
-    report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads)
+    report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output)
     click.echo(report.to_markdown().rstrip())
     if report_dir is not None:
         j, m = report.write(report_dir)
