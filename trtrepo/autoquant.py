@@ -394,22 +394,10 @@ def run_quantize(
     report["quantize_attention"] = options.quantize_attention
     result.report = report
     if report_dir is not None:
-        from .fsutil import atomic_write_text
+        from .fsutil import report_json, write_report
 
-        folder = Path(report_dir)
-        import json
-
-        atomic_write_text(folder / "quantize.json", json.dumps(report, indent=2, default=_json_default) + "\n")
-        atomic_write_text(folder / "quantize.md", report_markdown(report))
+        write_report(report_dir, "quantize", report_json(report), report_markdown(report))
     return result
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o).__name__)
 
 
 def _report(onnx_path: Path, out: Path, options: QuantizeOptions, method: str, best: Candidate,

@@ -21,7 +21,6 @@ an :class:`EvaluationReport` (JSON and Markdown). :class:`AccuracyTarget` parses
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -393,7 +392,9 @@ class EvaluationReport:
                 "outputs": {k: v.to_dict() for k, v in self.outputs.items()}, **self.extra}
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=_json_default) + "\n"
+        from .fsutil import report_json
+
+        return report_json(self.to_dict())
 
     def to_markdown(self) -> str:
         lines = [f"# Evaluation: {Path(self.candidate).name} vs {Path(self.reference).name}", "",
@@ -401,20 +402,9 @@ class EvaluationReport:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path, stem: str = "evaluation") -> tuple[Path, Path]:
-        from .fsutil import atomic_write_text
+        from .fsutil import write_report
 
-        folder = Path(folder)
-        j = atomic_write_text(folder / f"{stem}.json", self.to_json())
-        m = atomic_write_text(folder / f"{stem}.md", self.to_markdown())
-        return j, m
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o).__name__)
+        return write_report(folder, stem, self.to_json(), self.to_markdown())
 
 
 def _pct(v: float | None) -> str:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from .errors import UsageError
 
@@ -56,3 +58,29 @@ def atomic_write_bytes(target: str | Path, data: bytes, *, force: bool = True) -
 
 def atomic_write_text(target: str | Path, text: str, *, force: bool = True) -> Path:
     return atomic_write_bytes(target, text.encode(), force=force)
+
+
+# --------------------------------------------------------------------------------------------
+# Reports (JSON + Markdown pairs of the evaluate, quantize and validate stages)
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps`` default for reports: numpy scalars as numbers, paths as strings."""
+    import numpy as np
+
+    if isinstance(o, (np.floating, np.integer)):
+        return o.item()
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(type(o).__name__)
+
+
+def report_json(data: Any, *, allow_nan: bool = True) -> str:
+    """A report as JSON text (indented, newline-terminated)."""
+    return json.dumps(data, indent=2, default=json_default, allow_nan=allow_nan) + "\n"
+
+
+def write_report(folder: str | Path, stem: str, json_text: str, markdown: str) -> tuple[Path, Path]:
+    """``STEM.json`` and ``STEM.md`` in ``folder``, each written atomically."""
+    folder = Path(folder)
+    return atomic_write_text(folder / f"{stem}.json", json_text), atomic_write_text(folder / f"{stem}.md", markdown)

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
@@ -1014,7 +1013,9 @@ class ValidationReport:
         }
 
     def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, default=_json_default, allow_nan=False) + "\n"
+        from .fsutil import report_json
+
+        return report_json(self.to_dict(), allow_nan=False)
 
     def to_markdown(self) -> str:
         s = self.server
@@ -1080,7 +1081,7 @@ class ValidationReport:
 
     def write(self, folder: str | Path) -> dict[str, Path]:
         """``validate.json``, ``validate.md`` and (with latency) ``latency.png``, each atomically."""
-        from .fsutil import atomic_write_text
+        from .fsutil import write_report
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -1090,8 +1091,7 @@ class ValidationReport:
         self.files = {k: str(v) for k, v in paths.items()}
         if "plot" in paths:
             write_plot(self, paths["plot"])
-        atomic_write_text(paths["markdown"], self.to_markdown())
-        atomic_write_text(paths["json"], self.to_json())
+        write_report(folder, "validate", self.to_json(), self.to_markdown())
         return paths
 
 
@@ -1101,14 +1101,6 @@ def _pct(v: float | None) -> str:
 
 def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v:.2f}"
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, (np.floating, np.integer)):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    raise TypeError(type(o).__name__)
 
 
 def write_plot(report: ValidationReport, path: str | Path) -> Path:
