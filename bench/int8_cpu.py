@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import update_docs
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -178,7 +179,7 @@ def main() -> None:
         md = markdown(json.loads(args.render.read_text(), object_hook=_int_keys))
         print(md)
         if args.update_docs:
-            update_docs(ROOT / "docs" / "benchmarks.md", md)
+            update_docs(ROOT / "docs" / "benchmarks.md", SECTION, md)
         return
     if args.runs < 30:
         ap.error("--runs must be at least 30")
@@ -271,7 +272,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.update_docs:
-        update_docs(ROOT / "docs" / "benchmarks.md", md)
+        update_docs(ROOT / "docs" / "benchmarks.md", SECTION, md)
 
 
 def _int_keys(d: dict) -> dict:
@@ -381,19 +382,6 @@ def targets_summary(r: dict) -> list[str]:
                f"{'yes' if lat[ours]['median'][32] <= their_best_lat * 1.02 else 'NO'} ({lat[ours]['median'][32]:.2f} vs "
                f"{their_best_lat:.2f} ms at batch 32)")
     return out
-
-
-def update_docs(path: Path, section: str) -> None:
-    from trtrepo.fsutil import atomic_write_text
-
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(path, text)
 
 
 if __name__ == "__main__":

@@ -31,17 +31,10 @@ import time
 from pathlib import Path
 
 import numpy as np
+from _common import status_mb, update_docs
 
 SECTION = "## demo-text (issue 8)"
 SEQ = 32
-
-
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
 
 
 def _batches(spec: str, limit: int | None, io: object, batch_size: int = 32) -> list:
@@ -57,12 +50,12 @@ def _batches(spec: str, limit: int | None, io: object, batch_size: int = 32) -> 
 def worker_calibrate(model: str, samples: int) -> dict:
     from trtrepo.calibrate import Calibrator
 
-    base = _status_mb("VmRSS")
+    base = status_mb("VmRSS")
     t = time.perf_counter()
     stats = Calibrator(model, "demo-text:calib", limit=samples, batch_size=32, progress=False).collect()
     stats.compute("entropy")
     took = time.perf_counter() - t
-    return {"samples": samples, "seconds": took, "peak_rss_mb": _status_mb("VmHWM"), "base_rss_mb": base,
+    return {"samples": samples, "seconds": took, "peak_rss_mb": status_mb("VmHWM"), "base_rss_mb": base,
             "tensors": len(stats), "unbounded": stats.unbounded}
 
 
@@ -98,8 +91,8 @@ def ort_static(fp32: str, out: str, method: str, op_types: list[str] | None) -> 
     except Exception as exc:  # the failure message is the result
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         return {"ok": False, "error": f"{type(exc).__name__}: {first}", "seconds": time.perf_counter() - t,
-                "peak_rss_mb": _status_mb("VmHWM")}
-    return {"ok": True, "seconds": time.perf_counter() - t, "peak_rss_mb": _status_mb("VmHWM")}
+                "peak_rss_mb": status_mb("VmHWM")}
+    return {"ok": True, "seconds": time.perf_counter() - t, "peak_rss_mb": status_mb("VmHWM")}
 
 
 def run_worker(args: list[str], timeout: float = 900) -> dict:
@@ -244,7 +237,7 @@ def main() -> None:
     section = markdown(r)
     print(section)
     if args.update_docs:
-        update_docs(args.update_docs, section)
+        update_docs(args.update_docs, SECTION, section)
 
 
 def _f(v: float | None, fmt: str = ".5f") -> str:
@@ -320,19 +313,6 @@ def markdown(r: dict) -> str:
                  +
                  "The Q/DQ model's purpose here is the TensorRT build; on the CPU, deploy FP32 for this size.")]
     return "\n".join(lines) + "\n"
-
-
-def update_docs(path: Path, section: str) -> None:
-    from trtrepo.fsutil import atomic_write_text
-
-    text = path.read_text() if path.exists() else "# Benchmarks\n"
-    start = text.find(SECTION)
-    if start >= 0:
-        nxt = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[nxt + 1:] if nxt >= 0 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    atomic_write_text(path, text)
 
 
 if __name__ == "__main__":
