@@ -239,7 +239,7 @@ def main() -> None:
                                 "held_out": res.report["evaluation_data"], "val": val_metrics(tmp / "demo.target.onnx")}
 
     # --- ONNX Runtime quantize_static on the same model and data ----------------------------------
-    calib = np.ascontiguousarray(split_tensors("calib")[0][np.asarray(calib_src._indices)])
+    calib = np.ascontiguousarray(split_tensors("calib")[0][calib_src.indices])
     ort_static: dict[str, dict] = {}
     for method in ("entropy", "minmax"):
         out = tmp / f"demo.ortstatic.{method}.onnx"

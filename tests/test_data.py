@@ -132,12 +132,23 @@ def test_limit_and_seed_are_deterministic(demo_onnx):
     b = open_data("demo:val", io=io, limit=50, seed=3)
     c = open_data("demo:val", io=io, limit=50, seed=4)
     assert len(a) == 50
-    assert list(a._indices) == list(b._indices)
-    assert list(a._indices) != list(c._indices)
-    assert list(a._indices) == sorted(a._indices)
+    assert list(a.indices) == list(b.indices)
+    assert list(a.indices) != list(c.indices)
+    assert list(a.indices) == sorted(a.indices)
     np.testing.assert_array_equal(collect(a)["input"], collect(b)["input"])
     with pytest.raises(UsageError, match="--limit must be positive"):
         open_data("demo:val", limit=0)
+
+
+def test_take_selects_positions_and_leaves_the_source_alone(demo_onnx):
+    src = open_data("demo:val", io=ModelIO.from_onnx(demo_onnx), limit=20, seed=1)
+    part = src.take([5, 0, 19])
+    assert len(part) == 3 and len(src) == 20 and type(part) is type(src)
+    assert list(part.indices) == [src.indices[5], src.indices[0], src.indices[19]]
+    np.testing.assert_array_equal(collect(part)["input"], collect(src)["input"][[5, 0, 19]])
+    assert list(part.take([1]).indices) == [src.indices[0]]
+    with pytest.raises(UsageError, match="out of range"):
+        src.take([20])
 
 
 def test_callable_sources(tmp_path, monkeypatch, demo_onnx):

@@ -64,14 +64,6 @@ CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
 # Data splits and ranges
 
 
-def _take(source: Any, positions: np.ndarray) -> Any:
-    """A clone of ``source`` restricted to ``positions`` (indices into its current samples)."""
-    clone = object.__new__(type(source))
-    clone.__dict__.update(source.__dict__)
-    clone._indices = np.asarray(source._indices)[np.asarray(positions, dtype=np.int64)]
-    return clone
-
-
 def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0) -> tuple[Any, Any]:
     """Deterministic split into (calibration, held-out) parts; no sample is in both."""
     if not 0.0 < fraction < 1.0:
@@ -83,7 +75,7 @@ def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0)
                          "give more data or --eval-data")
     held = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
     calib = np.setdiff1d(np.arange(n), held)
-    return _take(source, calib), _take(source, held)
+    return source.take(calib), source.take(held)
 
 
 def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict[str, ActivationRange]:

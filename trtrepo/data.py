@@ -231,16 +231,28 @@ class DataSource:
             raise UsageError(f"--limit must be positive, got {limit}")
         n = len(self._indices)
         if limit is None or limit >= n:
-            idx = self._indices
-        elif seed is None:
-            idx = self._indices[:limit]
-        else:
-            pick = np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False))
-            idx = self._indices[pick]
+            return self.take(np.arange(n))
+        if seed is None:
+            return self.take(np.arange(limit))
+        return self.take(np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False)))
+
+    def take(self, positions: Sequence[int] | np.ndarray) -> DataSource:
+        """A source of the same kind holding the samples at ``positions`` (indices into this
+        source's samples, in that order); this source is unchanged."""
+        pos = np.asarray(positions, dtype=np.int64).reshape(-1)
+        n = len(self._indices)
+        if pos.size and (pos.min() < -n or pos.max() >= n):
+            raise UsageError(f"{self.name}: sample positions out of range (the source has {n} samples)")
         clone = object.__new__(type(self))
         clone.__dict__.update(self.__dict__)
-        clone._indices = np.asarray(idx)
+        clone._indices = np.asarray(self._indices[pos])
         return clone
+
+    @property
+    def indices(self) -> np.ndarray:
+        """Where this source's samples sit in the collection it was opened on (after ``subset``
+        / ``take``), in iteration order; a copy."""
+        return self._indices.copy()
 
     def labels(self) -> np.ndarray | None:
         if not self.has_labels:
