@@ -287,31 +287,3 @@ def test_cli_missing_model_and_nan_model(run_cli, tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert res.stderr.strip().count("\n") == 0 and "tensor 'l' has NaN values" in res.stderr
     assert not out.exists()
-
-
-def test_first_pass_reduces_in_graph_and_falls_back_for_nan_sums(tmp_path):
-    """Pass 1 fetches only in-graph min/max/sum; +inf and -inf together (a NaN sum but no NaN
-    value) fall back to the whole tensor and give an unbounded tensor, while a real NaN fails."""
-    import onnx
-    from onnx import TensorProto, helper
-
-    from trtrepo.calibrate import Calibrator
-    from trtrepo.data import ArraySource
-    from trtrepo.errors import TrtrepoError
-
-    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])
-    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])
-    model = helper.make_model(helper.make_graph([helper.make_node("Relu", ["x"], ["r"]), helper.make_node("Mul", ["x", "r"], ["y"])],
-                                                "g", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
-    model.ir_version = 9
-    onnx.save(model, str(tmp_path / "m.onnx"))
-    finite = np.array([[1, -2, 3, 0.5], [0.25, 4, -1, 2]], np.float32)
-    stats = Calibrator(tmp_path / "m.onnx", ArraySource("a", {"x": finite}), batch_size=1, progress=False,
-                       tensors=["x", "r"]).collect()
-    assert stats.tensors["x"].max_abs == 4.0 and stats.tensors["x"].min == -2.0 and stats.tensors["r"].min == 0.0
-    both_inf = np.array([[np.inf, -np.inf, 1, 2]], np.float32)
-    stats = Calibrator(tmp_path / "m.onnx", ArraySource("a", {"x": both_inf}), progress=False, tensors=["x"]).collect()
-    assert stats.unbounded == ["x"]
-    nan = np.array([[1, np.nan, 1, 2]], np.float32)
-    with pytest.raises(TrtrepoError, match="tensor 'x' has NaN values on samples 0..0"):
-        Calibrator(tmp_path / "m.onnx", ArraySource("a", {"x": nan}), progress=False, tensors=["x"]).collect()

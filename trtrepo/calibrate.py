@@ -333,10 +333,6 @@ def _providers(requested: Sequence[str] | None) -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
-# Pass 1 reduces each tensor in the graph: (op, output-name suffix), in this order.
-_REDUCTIONS = (("ReduceMin", "__trtrepo_min"), ("ReduceMax", "__trtrepo_max"), ("ReduceSum", "__trtrepo_sum"))
-
-
 class Calibrator:
     """Collects activation statistics of an FP32 ONNX model over calibration data.
 
@@ -371,7 +367,6 @@ class Calibrator:
         self._data_spec = data
         self._source: Any = None
         self._session: Any = None
-        self._reduced_session: Any = None
         self.statistics: Statistics | None = None
 
     # --- data and session ---------------------------------------------------------------------
@@ -385,10 +380,7 @@ class Calibrator:
             self._source = open_data(self._data_spec, io=self.io, **self._data_args)
         return self._source
 
-    def _build_session(self, reduced: bool = False) -> Any:
-        """An ONNX Runtime session that also outputs the selected tensors, or (``reduced``) only
-        their min, max and sum: three scalars per tensor computed in the graph, so the first
-        pass copies no activation out of ONNX Runtime."""
+    def _build_session(self) -> Any:
         import onnx
         import onnxruntime as ort
 
@@ -396,16 +388,9 @@ class Calibrator:
         model.CopyFrom(self.model)
         outputs = {o.name for o in model.graph.output}
         types = _inferred_types(model)
-        if reduced:
-            for name in self.tensors:
-                for op, suffix in _REDUCTIONS:
-                    out = f"{name}{suffix}"
-                    model.graph.node.append(onnx.helper.make_node(op, [name], [out], keepdims=0, name=f"trtrepo_calib_{op}_{name}"))
-                    model.graph.output.append(onnx.helper.make_tensor_value_info(out, types.get(name, 1), []))
-        else:
-            for name in self.tensors:
-                if name not in outputs:
-                    model.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, 1), None))
+        for name in self.tensors:
+            if name not in outputs:
+                model.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, 1), None))
         options = ort.SessionOptions()
         options.log_severity_level = 3
         providers = _providers(self._providers)
@@ -423,70 +408,31 @@ class Calibrator:
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from exc
 
     @property
-    def reduced_session(self) -> Any:
-        if self._reduced_session is None:
-            self._reduced_session = self._build_session(reduced=True)
-        return self._reduced_session
-
-    @property
     def session(self) -> Any:
         if self._session is None:
             self._session = self._build_session()
         return self._session
 
-    def _batches(self, desc: str) -> Iterator[Any]:
-        """The calibration batches, with a progress bar."""
+    def _run(self, desc: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """Yield ``(tensor name, values, batch sample indices)`` for every selected tensor of every batch."""
         from tqdm import tqdm
 
         from .data import iter_batches
 
         source = self.source
+        session = self.session
         with tqdm(total=len(source), desc=desc, unit="sample", disable=None if self.progress else True,
                   leave=False) as bar:
             for batch in iter_batches(source, self.batch_size, self.io):
-                yield batch
+                try:
+                    values = session.run(self.tensors, batch.inputs)
+                except Exception as exc:
+                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+                    raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
+                                       f"{batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
+                for name, value in zip(self.tensors, values, strict=True):
+                    yield name, value, batch.indices
                 bar.update(batch.size)
-
-    def _fetch(self, session: Any, names: Sequence[str], batch: Any) -> list[np.ndarray]:
-        try:
-            return session.run(list(names), batch.inputs)  # type: ignore[no-any-return]
-        except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
-                               f"{batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
-
-    def _run(self, desc: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-        """Yield ``(tensor name, values, batch sample indices)`` for every selected tensor of every batch."""
-        for batch in self._batches(desc):
-            for name, value in zip(self.tensors, self._fetch(self.session, self.tensors, batch), strict=True):
-                yield name, value, batch.indices
-
-    def _run_minmax(self, desc: str) -> Iterator[tuple[str, float, float, np.ndarray]]:
-        """Yield ``(tensor name, min, max, batch sample indices)``, reduced inside the graph.
-
-        ReduceMax/ReduceMin do not reliably propagate NaN, so a NaN sum (a NaN in the tensor,
-        or +inf and -inf together) makes that batch's tensors be fetched whole and checked with
-        numpy. An empty tensor reduces to (inf, -inf) and is skipped.
-        """
-        names = [f"{t}{suffix}" for t in self.tensors for _, suffix in _REDUCTIONS]
-        for batch in self._batches(desc):
-            values = self._fetch(self.reduced_session, names, batch)
-            full: list[np.ndarray] | None = None
-            for i, name in enumerate(self.tensors):
-                vmin, vmax, vsum = (float(v) for v in values[3 * i : 3 * i + 3])
-                if math.isnan(vsum) or math.isnan(vmin) or math.isnan(vmax):
-                    if full is None:
-                        full = self._fetch(self.session, self.tensors, batch)
-                    value = full[i]
-                    if value.size == 0:
-                        continue
-                    if np.isnan(value).any():
-                        raise TrtrepoError(f"tensor '{name}' has NaN values on samples {batch.indices[0]}..{batch.indices[-1]}; "
-                                           "check the model and the data (preprocessing)")
-                    vmin, vmax = float(value.min()), float(value.max())
-                elif vmin > vmax:
-                    continue  # empty tensor
-                yield name, vmin, vmax, batch.indices
 
     # --- the two passes -----------------------------------------------------------------------
     def collect(self) -> Statistics:
@@ -495,7 +441,13 @@ class Calibrator:
         lo = dict.fromkeys(self.tensors, math.inf)
         hi = dict.fromkeys(self.tensors, -math.inf)
         seen: set[str] = set()
-        for name, vmin, vmax, _ in self._run_minmax("calibrate 1/2 (max)"):
+        for name, value, indices in self._run("calibrate 1/2 (max)"):
+            if value.size == 0:
+                continue
+            vmin, vmax = float(value.min()), float(value.max())
+            if not (math.isfinite(vmin) and math.isfinite(vmax)) and np.isnan(value).any():
+                raise TrtrepoError(f"tensor '{name}' has NaN values on samples {indices[0]}..{indices[-1]}; "
+                                   "check the model and the data (preprocessing)")
             # An infinite value (e.g. an additive attention mask filled with -inf) is recorded:
             # the tensor gets no range and quantization keeps it in float.
             seen.add(name)
