@@ -111,3 +111,11 @@ def test_atomic_writes_are_readable_by_others(tmp_path):
     path = atomic_write_text(tmp_path / "f.txt", "x")
     mode = stat.S_IMODE(os.stat(path).st_mode)
     assert mode & stat.S_IROTH or os.umask(os.umask(0)) & stat.S_IROTH
+
+
+def test_deploy_rejects_an_unknown_metric_output(tmp_path, run_cli):
+    res = run_cli("deploy", "demo", "--repo", tmp_path / "repo", "--backend", "onnxruntime", "--limit", "64",
+                  "--metric-output", "pooled")
+    assert res.exit_code == 2
+    assert "--metric-output 'pooled'" in res.stderr and "outputs: logits" in res.stderr
+    assert not (tmp_path / "repo" / "demo").exists()

@@ -61,9 +61,9 @@ def text_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("text_repo")
     report = deploy(DeployOptions(source="demo-text", backend="python", repo=str(folder / "repo"),
-                                  workdir=str(folder / "work"), limit=256))
+                                  workdir=str(folder / "work"), limit=256, metric_output="embedding"))
     assert [m.precision for m in report.models] == ["int8"]
-    assert any(s.step == "int8" and s.status == "done" for s in report.steps)
+    assert any(s.step == "int8" and s.status == "done" and "chosen on embedding" in s.detail for s in report.steps)
     return folder
 
 

@@ -55,6 +55,7 @@ class DeployOptions:
     workdir: str | None = None
     weights: str | None = None
     shapes: tuple[str, ...] = ()  # TensorRT profile per input, --shape NAME:MIN,OPT,MAX (default: from the data)
+    metric_output: str | None = None  # output the INT8 method is chosen on (default: the first output)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -196,14 +197,16 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit, seed=opts.seed)
         out = work / "model.int8.onnx"
         try:
-            result = fn(onnx_path, source, out, target, batch_size=opts.batch_size)
+            extra = {"metric_output": opts.metric_output} if opts.metric_output else {}
+            result = fn(onnx_path, source, out, target, batch_size=opts.batch_size, **extra)
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("trtrepo") or opts.precision == "int8":
                 raise
             step.status, step.detail = "fallback", f"INT8 stage incomplete here ({exc.name} missing): deploying the FP32 ONNX model"
             return onnx_path, "fp32"
         method = getattr(result, "method", None)
-        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{', ' + method if method else ''})"
+        on = f" chosen on {opts.metric_output}" if method and opts.metric_output else ""
+        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{', ' + method + on if method else ''})"
         return Path(getattr(result, "path", out)), "int8"
 
 

@@ -1037,12 +1037,14 @@ def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: st
 
 def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
                         target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
-                        force: bool = True, progress: bool = False) -> QuantizeResult:
+                        force: bool = True, progress: bool = False, metric_output: str | None = None) -> QuantizeResult:
     """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
     Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
     of the data, and falls back to entropy (ModelOpt's default) below
-    :data:`AUTO_MIN_SAMPLES` samples. Returns the path, the method used and the report."""
+    :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
+    on (default: the first output; give the embedding of a model whose first output is not a
+    classifier). Returns the path, the method used and the report."""
     from .autoquant import run_quantize
     from .data import DataSource, open_data
     from .modelio import ModelIO
@@ -1056,4 +1058,4 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
             method = "entropy"
         data_source = source
     return run_quantize(onnx_path, out_path, data=data_source, method=method, options=QuantizeOptions(target=target),
-                        batch_size=batch_size, force=force, progress=progress)
+                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output)
