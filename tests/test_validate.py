@@ -178,6 +178,7 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
                           "speed_vs_reference", "thresholds", "files"]
+    assert REPORT_SCHEMA == "trtrepo.validate/2"  # bumped when speed_vs_reference was added
     assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
     assert "**FAIL**" in paths["markdown"].read_text()
     from PIL import Image

@@ -49,7 +49,7 @@ from .speed import SpeedOptions
 
 log = logging.getLogger(__name__)
 
-REPORT_SCHEMA = "trtrepo.validate/1"
+REPORT_SCHEMA = "trtrepo.validate/2"  # /2: speed_vs_reference added
 PROTOCOLS = ("grpc", "http")
 SHARED_MEMORY = ("none", "system", "cuda")
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
