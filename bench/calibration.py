@@ -8,7 +8,7 @@ exported), peak RSS of the process, and the growth of RSS during calibration (pe
 RSS measured just before it started). Both sides use the same tensors (trtrepo's op types),
 the same batches and the same in-memory data.
 
-    python bench/calibration.py [--samples 128 512 2048] [--batch-size 32] [--markdown]
+    python bench/calibration.py [--samples 128 512 2048] [--batch-size 32]
 """
 
 from __future__ import annotations
@@ -23,23 +23,17 @@ import tempfile
 import time
 from pathlib import Path
 
-
-def _status_mb(key: str) -> float:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) / 1024
-    return float("nan")
+from _common import status_mb
 
 
 def _rss_mb() -> float:
-    return _status_mb("VmRSS")
+    return status_mb("VmRSS")
 
 
 def _peak_mb() -> float:
     # VmHWM belongs to this process image. ru_maxrss would not do: Linux carries the parent's
     # peak across fork + exec, so every worker would report the parent's (torch-sized) peak.
-    hwm = _status_mb("VmHWM")
+    hwm = status_mb("VmHWM")
     return hwm if hwm == hwm else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
