@@ -32,6 +32,8 @@ class TritonPythonModel:
         opts.intra_op_num_threads = int(params.get("intra_op_threads", "1"))
         opts.inter_op_num_threads = int(params.get("inter_op_threads", "1"))
         opts.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        # Exact INT8 on x86 CPUs without VNNI, where U8S8 kernels saturate (no-op elsewhere).
+        opts.add_session_config_entry("session.x64quantprecision", params.get("x64quantprecision", "1"))
         opts.log_severity_level = 3
         self.session = ort.InferenceSession(path, opts, providers=["CPUExecutionProvider"])
         self.batching = int(config.get("max_batch_size", 0)) > 0

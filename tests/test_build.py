@@ -28,6 +28,7 @@ from trtrepo import build as B  # noqa: E402
 from trtrepo.cli import cli  # noqa: E402
 from trtrepo.data import DataOptions  # noqa: E402
 from trtrepo.errors import MissingDependencyError, TrtrepoError, UsageError  # noqa: E402
+from trtrepo.evaluate import make_session  # noqa: E402
 from trtrepo.modelio import ModelIO, TensorSpec  # noqa: E402
 
 V10, V11 = "10.13.3.9", "11.4.0.106"
@@ -533,7 +534,6 @@ TEXT_SHAPES = tuple(B.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("inpu
 @pytest.mark.parametrize("version", [V10, V11])
 def test_fp16_qdq_builds_the_converted_graph_strongly_typed(text_models: tuple[Path, Path], tmp_path: Path, version: str) -> None:
     import onnx
-    import onnxruntime as ort
 
     qdq = text_models[1]
     builder = fake_builder(version)
@@ -554,7 +554,7 @@ def test_fp16_qdq_builds_the_converted_graph_strongly_typed(text_models: tuple[P
     assert ModelIO.from_onnx(keep) == ModelIO.from_onnx(qdq)
     assert all(t.dtype == "float32" for t in result.metadata.io.outputs)
     feed = {"input_ids": np.ones((2, 16), np.int64), "attention_mask": np.ones((2, 16), np.int64)}
-    out = ort.InferenceSession(str(keep), providers=["CPUExecutionProvider"]).run(["logits"], feed)[0]
+    out = make_session(keep).run(["logits"], feed)[0]
     assert out.dtype == np.float32 and np.isfinite(out).all()
     # trtexec: the converted model; --stronglyTyped on 10 only; never a precision flag
     cmd = data["trtexec"]

@@ -12,6 +12,7 @@ import pytest
 
 from trtrepo.deploy import DeployOptions, build_options, profile_from_data
 from trtrepo.errors import UsageError
+from trtrepo.evaluate import make_session
 from trtrepo.modelio import ModelIO, TensorSpec
 
 
@@ -77,7 +78,6 @@ def test_deployed_config_has_dynamic_sequence_dims_and_two_int64_inputs(text_rep
 
 @pytest.mark.slow
 def test_real_server_answers_variable_length_requests_like_onnxruntime(text_repo, triton_server):
-    import onnxruntime as ort
     import tritonclient.http as httpclient
 
     from trtrepo.data import iter_batches, open_data
@@ -85,7 +85,7 @@ def test_real_server_answers_variable_length_requests_like_onnxruntime(text_repo
     server = triton_server(text_repo / "repo")
     client = httpclient.InferenceServerClient(server.http_url)
     assert client.is_model_ready("demo_text")
-    sess = ort.InferenceSession(str(text_repo / "work" / "model.int8.onnx"), providers=["CPUExecutionProvider"])
+    sess = make_session(text_repo / "work" / "model.int8.onnx")  # the server's session options
     source = open_data("demo-text:val", limit=96, seed=1)
     seen_lengths = set()
     for batch in iter_batches(source, 7):  # odd batch size: partial batches, several lengths

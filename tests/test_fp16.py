@@ -2,11 +2,11 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.data import iter_batches, open_data
+from trtrepo.evaluate import make_session
 from trtrepo.export import export_onnx
 from trtrepo.fp16 import convert_file, convert_to_fp16
 from trtrepo.modelio import ModelIO
@@ -14,7 +14,7 @@ from trtrepo.modelio import ModelIO
 
 def _session(model):
     data = model if isinstance(model, (str, bytes)) else model.SerializeToString()
-    return ort.InferenceSession(data, providers=["CPUExecutionProvider"])
+    return make_session(data)
 
 
 @pytest.mark.parametrize("source,data", [("demo", "demo:val"), ("demo-text", "demo-text:val")])

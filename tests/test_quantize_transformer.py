@@ -15,6 +15,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
+from trtrepo.evaluate import make_session
 from trtrepo.quantize import QuantizeOptions, insert_qdq, plan_qdq, prepare_model, unquantizable_ranges
 
 RNG = np.random.default_rng(0)
@@ -110,7 +111,7 @@ def dq_fed(model: onnx.ModelProto) -> set[str]:
 
 
 def run(model: onnx.ModelProto, feed: dict[str, np.ndarray]) -> list[np.ndarray]:
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    return make_session(model).run(None, feed)
 
 
 # --------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 
 from trtrepo.errors import TrtrepoError
+from trtrepo.evaluate import make_session
 from trtrepo.repository import list_repository, read_config
 from trtrepo.server import find_server_binary
 from trtrepo.tritonconfig import config_to_dict
@@ -62,10 +63,9 @@ def png_bytes(images: np.ndarray) -> np.ndarray:
 
 
 def ort_logits(repo: Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
 
     version = max(int(p.name) for p in (repo / "demo").iterdir() if p.name.isdigit())
-    sess = ort.InferenceSession(str(repo / "demo" / str(version) / "model.onnx"), providers=["CPUExecutionProvider"])
+    sess = make_session(repo / "demo" / str(version) / "model.onnx")  # the server's session options
     return sess.run(["logits"], {"input": x})[0]
 
 

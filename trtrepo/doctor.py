@@ -29,6 +29,13 @@ def _onnxruntime() -> tuple[bool, str]:
     return True, f"{ort.__version__}, providers: {', '.join(ort.get_available_providers())}"
 
 
+def _cpu() -> tuple[bool, str]:
+    from .cpu import cpu_int8
+
+    info = cpu_int8()
+    return info.vnni is not False, info.describe()
+
+
 def _torch() -> tuple[bool, str]:
     if importlib.util.find_spec("torch") is None:
         return False, "not installed (pip install 'trtrepo[torch]')"
@@ -82,6 +89,7 @@ def diagnose() -> dict[str, Any]:
 
     components = [
         _probe("onnxruntime", _onnxruntime),
+        _probe("cpu-int8", _cpu),
         _probe("torch", _torch),
         _probe("tensorrt", _tensorrt),
         _probe("gpu", _gpu),

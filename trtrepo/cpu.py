@@ -1,0 +1,72 @@
+"""What this CPU offers ONNX Runtime's INT8 kernels (read from /proc/cpuinfo, no I/O elsewhere).
+
+On x86 CPUs without VNNI (AVX2 or AVX-512 only, e.g. AMD Zen 2/3, Intel before Cascade Lake),
+ONNX Runtime runs uint8 x int8 ("U8S8") Conv/MatMul with ``VPMADDUBSW``, which adds pairs of
+u8*s8 products in saturating int16: with full-range int8 weights a pair can exceed 32767 and the
+result is silently wrong (measured here: max error 1.42 on outputs of magnitude 8.3 for a
+three-conv residual block, cosine 0.976 for an attention block). ONNX Runtime's session option
+``session.x64quantprecision=1`` converts such kernels to U8U8 (no saturation) on exactly those
+CPUs and is a no-op elsewhere, so every session trtrepo opens on a quantized model sets it.
+ONNX Runtime's other remedy is 7-bit weights (``reduce_range``), which costs accuracy.
+"""
+
+from __future__ import annotations
+
+import platform
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+#: ONNX Runtime session config key: U8S8 -> U8U8 where the CPU would saturate (x86 without VNNI).
+X64_QUANT_PRECISION = "session.x64quantprecision"
+
+
+@dataclass(frozen=True)
+class CpuInt8:
+    machine: str
+    model: str
+    vnni: bool | None  # None: not x86 or flags unreadable
+    flags: tuple[str, ...]  # the INT8-relevant flags present
+
+    @property
+    def saturates(self) -> bool:
+        """True where ONNX Runtime's U8S8 kernels can saturate (x86 with AVX2/AVX-512, no VNNI)."""
+        return self.vnni is False and any(f in self.flags for f in ("avx2", "avx512f", "avx512bw"))
+
+    def describe(self) -> str:
+        what = ", ".join(self.flags) or "no AVX2/AVX-512"
+        if self.vnni is None:
+            return f"{self.model or self.machine}: INT8 features unknown"
+        note = ("VNNI: INT8 dot products without saturation" if self.vnni else
+                "no VNNI: U8S8 Conv/MatMul can saturate; trtrepo's ONNX Runtime sessions set "
+                f"{X64_QUANT_PRECISION}=1")
+        return f"{self.model or self.machine} ({what}); {note}"
+
+
+_RELEVANT = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8")
+
+
+def parse_cpuinfo(text: str, machine: str = "x86_64") -> CpuInt8:
+    """The INT8 facts from the text of ``/proc/cpuinfo`` (pure function)."""
+    model, flags = "", set()
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and not model:
+            model = value.strip()
+        elif key == "flags" and not flags:
+            flags = set(value.split())
+    if machine not in ("x86_64", "AMD64", "i686") or not flags:
+        return CpuInt8(machine, model, None, ())
+    present = tuple(f for f in _RELEVANT if f in flags)
+    return CpuInt8(machine, model, "avx512_vnni" in flags or "avx_vnni" in flags, present)
+
+
+@lru_cache(maxsize=1)
+def cpu_int8() -> CpuInt8:
+    """This machine's :class:`CpuInt8` (Linux; elsewhere ``vnni`` is None)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        text = ""
+    return parse_cpuinfo(text, platform.machine())
