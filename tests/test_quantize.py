@@ -13,6 +13,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.errors import UsageError
+from trtrepo.evaluate import make_session
 from trtrepo.quantize import (
     ActivationRange,
     QuantizeOptions,
@@ -53,10 +54,10 @@ def conv_model(opset=17):
     ), w
 
 
-def residual_model(swap=False, tail=False):
+def residual_model(swap=False, tail=False, rng=None):
     """x -> conv0 -> relu0 = r;  r -> conv1 -> relu1 -> conv2 = c;  Add(r, c) -> relu -> out
     (with ``tail``: -> conv3 -> out)."""
-    ws = [RNG.standard_normal((4, c, 3, 3)).astype(np.float32) * 0.3 for c in (3, 4, 4, 4)]
+    ws = [(rng or RNG).standard_normal((4, c, 3, 3)).astype(np.float32) * 0.3 for c in (3, 4, 4, 4)]
     add_in = ["c", "r"] if swap else ["r", "c"]
     nodes = [
         helper.make_node("Conv", ["x", "w0"], ["c0"], name="conv0", pads=[1, 1, 1, 1]),
@@ -112,7 +113,7 @@ def q_params(model, dq_node):
 
 
 def run(model, feed):
-    return ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)
+    return make_session(model).run(None, feed)
 
 
 def integer_kernels(model_or_path, tmp_path, level=ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED):
@@ -438,6 +439,23 @@ def test_cli_quantize_from_ranges_json_and_cache(demo_onnx, demo_stats, tmp_path
             assert np.isclose(float(s), (hi - lo) / 255, rtol=1e-5) and int(z) == round(-lo / float(s))
 
 
+def test_cli_reduce_range(demo_onnx, demo_stats, tmp_path, run_cli):
+    rj = tmp_path / "r.json"
+    demo_stats.compute("minmax").save_json(rj, demo_stats)
+    out = tmp_path / "q.onnx"
+    res = run_cli("quantize", demo_onnx, "--ranges", rj, "--target", "onnxruntime", "--reduce-range", "-o", out,
+                  "--report", tmp_path / "rep")
+    assert res.exit_code == 0, res.output
+    qm = onnx.load(out)
+    weights = [init(qm, n.input[0]) for n in qm.graph.node if n.op_type == "DequantizeLinear"
+               and any(t.name == n.input[0] for t in qm.graph.initializer)]
+    weights = [w for w in weights if w.dtype == np.int8]  # (biases are int32)
+    assert len(weights) == 9 and all(np.abs(w.astype(np.int32)).max() == 64 for w in weights)
+    assert json.loads((tmp_path / "rep" / "quantize.json").read_text())["reduce_range"] is True
+    res = run_cli("quantize", demo_onnx, "--ranges", rj, "--target", "tensorrt", "--reduce-range", "-o", tmp_path / "t.onnx")
+    assert res.exit_code == 2 and "--reduce-range" in res.stderr and not (tmp_path / "t.onnx").exists()
+
+
 def test_cli_bad_options(demo_onnx, tmp_path, run_cli):
     out = tmp_path / "q.onnx"
     res = run_cli("quantize", demo_onnx, "-o", out)
@@ -554,3 +572,72 @@ def test_onnxruntime_unit_extras_without_ranges_run_float(caplog):
     del ranges["r1"]  # conv2's input is required
     with pytest.raises(UsageError, match="no range for tensor 'r1'"):
         insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime"))
+
+
+# --------------------------------------------------------------------------------------------
+# Exact integer kernels on x86 CPUs without VNNI (U8S8 saturation)
+
+
+def _saturating_block():
+    """The residual block with inputs of a wide asymmetric range, and its ranges: large uint8
+    activations against full-range int8 weights, the case VPMADDUBSW saturates on."""
+    rng = np.random.default_rng(7)
+    model = residual_model(rng=rng)
+    x = rng.uniform(-1.0, 3.0, (2, 3, 8, 8)).astype(np.float32)
+    x.flat[:2] = (-1.0, 3.0)
+    ranges, feed = amax_all(model, {"x": x})
+    return model, ranges, feed
+
+
+def _unfused(model, feed):
+    """The Q/DQ model as written (DQ -> float op -> Q, no integer kernels): the exact reference."""
+    return make_session(model, optimization="disable").run(None, feed)[0]
+
+
+def test_trtrepo_sessions_run_integer_kernels_exactly_on_this_cpu():
+    model, ranges, feed = _saturating_block()
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    ref = _unfused(qm, feed)
+    got = make_session(qm).run(None, feed)[0]  # fused: QLinearConv units
+    step = float(np.abs(ref).max()) / 255  # about one output quantization step
+    assert np.abs(got - ref).max() <= 2 * step
+
+
+def test_without_vnni_plain_sessions_saturate_and_the_session_option_fixes_it():
+    from trtrepo.cpu import X64_QUANT_PRECISION, cpu_int8
+
+    if not cpu_int8().saturates:
+        pytest.skip(f"U8S8 saturation happens only on x86 without VNNI; this CPU: {cpu_int8().describe()}")
+    model, ranges, feed = _saturating_block()
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
+    ref = _unfused(qm, feed)
+    plain = ort.InferenceSession(qm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    so = ort.SessionOptions()
+    so.add_session_config_entry(X64_QUANT_PRECISION, "1")
+    fixed = ort.InferenceSession(qm.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    step = float(np.abs(ref).max()) / 255
+    assert np.abs(plain - ref).max() > 10 * step  # the hazard is real here
+    assert np.abs(fixed - ref).max() <= 2 * step
+
+
+def test_reduce_range_weights_are_7_bit_and_exact_without_the_session_option():
+    model, ranges, feed = _saturating_block()
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime", reduce_range=True)).model
+    for conv in ("conv0", "conv1", "conv2"):
+        dq = input_producer(qm, conv, 1)
+        wq, scale = init(qm, dq.input[0]), init(qm, dq.input[1])
+        assert wq.dtype == np.int8 and np.abs(wq).max() == 64  # the largest weight of a channel maps to 64
+        w = init(model, {"conv0": "w0", "conv1": "w1", "conv2": "w2"}[conv])
+        assert np.allclose(scale, np.abs(w).reshape(len(w), -1).max(axis=1) / 64)
+    ref = _unfused(qm, feed)
+    # a plain session (as Triton's onnxruntime backend opens it): no saturation with 7-bit weights
+    plain = ort.InferenceSession(qm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    assert np.abs(plain - ref).max() <= 2 * float(np.abs(ref).max()) / 255
+    # still close to FP32
+    (fp32,) = run(model, feed)
+    assert np.abs(plain - fp32).max() < 0.05 * np.abs(fp32).max()
+
+
+def test_reduce_range_is_refused_for_the_tensorrt_target():
+    with pytest.raises(UsageError, match="--reduce-range"):
+        QuantizeOptions(target="tensorrt", reduce_range=True)

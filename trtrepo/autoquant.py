@@ -384,6 +384,7 @@ def run_quantize(
     report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
     report["quantize_attention"] = options.quantize_attention
+    report["reduce_range"] = options.reduce_range
     result.report = report
     if report_dir is not None:
         from .fsutil import report_json, write_report

@@ -56,6 +56,7 @@ class DeployOptions:
     weights: str | None = None
     shapes: tuple[str, ...] = ()  # TensorRT profile per input, --shape NAME:MIN,OPT,MAX (default: from the data)
     metric_output: str | None = None  # output the INT8 method is chosen on (default: the first output)
+    reduce_range: bool = False  # 7-bit weights for the ONNX Runtime backends (x86 CPUs without VNNI)
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -197,7 +198,11 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit, seed=opts.seed)
         out = work / "model.int8.onnx"
         try:
-            extra = {"metric_output": opts.metric_output} if opts.metric_output else {}
+            extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
+            if opts.reduce_range:
+                if target != "onnxruntime":
+                    raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
+                extra["reduce_range"] = True
             result = fn(onnx_path, source, out, target, batch_size=opts.batch_size, **extra)
         except ModuleNotFoundError as exc:
             if not (exc.name or "").startswith("trtrepo") or opts.precision == "int8":

@@ -79,6 +79,7 @@ MIN_OPSET = 13
 AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 _INT8_MAX = 127.0
+_INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
 
 
 # --------------------------------------------------------------------------------------------
@@ -102,12 +103,18 @@ class QuantizeOptions:
     # median range (and above OUTLIER_FLOOR) marks a tensor unquantizable (an additive mask).
     quantize_attention: bool = False
     outlier_ratio: float = 1000.0
+    # onnxruntime target: 7-bit weights ([-64, 64], ONNX Runtime's ``reduce_range``) so that U8S8
+    # kernels cannot saturate on x86 CPUs without VNNI even where the session option that avoids it
+    # (trtrepo.cpu.X64_QUANT_PRECISION) cannot be set, e.g. Triton's onnxruntime backend.
+    reduce_range: bool = False
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
             raise UsageError(f"--target '{self.target}' is not one of {', '.join(TARGETS)}")
         object.__setattr__(self, "exclude_ops", tuple(self.exclude_ops))
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
+        if self.reduce_range and self.target != "onnxruntime":
+            raise UsageError("--reduce-range is for --target onnxruntime (TensorRT quantizes weights to 8 bits)")
         if not self.outlier_ratio > 1.0:
             raise UsageError(f"outlier ratio {self.outlier_ratio}: expected a number above 1")
         for pattern in self.exclude_nodes:
@@ -700,25 +707,26 @@ def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, 
     return QParams(np.asarray(scale, np.float32), np.asarray(zp, np.uint8))
 
 
-def weight_qparams(w: np.ndarray, axis: int | None) -> QParams:
-    """Symmetric int8 (narrow range [-127, 127]), per channel along ``axis`` or per tensor."""
+def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = _INT8_MAX) -> QParams:
+    """Symmetric int8 (narrow range [-qmax, qmax], 127 or 64 with reduce_range), per channel
+    along ``axis`` or per tensor."""
     w = np.asarray(w, np.float32)
     if axis is None:
         amax = np.asarray(np.max(np.abs(w)) if w.size else 0.0, np.float32)
     else:
         other = tuple(i for i in range(w.ndim) if i != axis)
         amax = np.max(np.abs(w), axis=other) if w.size else np.zeros(w.shape[axis], np.float32)
-    scale = np.where(amax > 0, amax / _INT8_MAX, 1.0).astype(np.float32)
+    scale = np.where(amax > 0, amax / np.float32(qmax), 1.0).astype(np.float32)
     return QParams(scale, np.zeros(scale.shape, np.int8), axis)
 
 
-def quantize_weight(w: np.ndarray, qp: QParams) -> np.ndarray:
+def quantize_weight(w: np.ndarray, qp: QParams, qmax: float = _INT8_MAX) -> np.ndarray:
     scale = qp.scale
     if qp.axis is not None:
         shape = [1] * w.ndim
         shape[qp.axis] = -1
         scale = scale.reshape(shape)
-    return np.clip(np.rint(w / scale), -127, 127).astype(np.int8)
+    return np.clip(np.rint(w / scale), -qmax, qmax).astype(np.int8)
 
 
 # --------------------------------------------------------------------------------------------
@@ -824,7 +832,8 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
             key = (p.tensor, p.axis)
             if key not in weight_dq:
                 w = view.constant_array(p.tensor).astype(np.float32)
-                qp = weight_qparams(w, p.axis)
+                qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
+                qp = weight_qparams(w, p.axis, qmax)
                 s = add_init(f"{p.tensor}_scale", qp.scale)
                 z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw = {"axis": p.axis} if p.axis is not None else {}
@@ -837,7 +846,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
                         helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw),
                     ]
                 else:
-                    wq = add_init(f"{p.tensor}_quantized", quantize_weight(w, qp))
+                    wq = add_init(f"{p.tensor}_quantized", quantize_weight(w, qp, qmax))
                     nodes = [helper.make_node("DequantizeLinear", [wq, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw)]
                 inserted_after[anchor(p.tensor)] += nodes
                 weight_dq[key] = (dq_out, qp)
@@ -1037,14 +1046,16 @@ def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: st
 
 def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
                         target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
-                        force: bool = True, progress: bool = False, metric_output: str | None = None) -> QuantizeResult:
+                        force: bool = True, progress: bool = False, metric_output: str | None = None,
+                        reduce_range: bool = False) -> QuantizeResult:
     """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
     Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
     of the data, and falls back to entropy (ModelOpt's default) below
     :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
     on (default: the first output; give the embedding of a model whose first output is not a
-    classifier). Returns the path, the method used and the report."""
+    classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
+    Returns the path, the method used and the report."""
     from .autoquant import run_quantize
     from .data import DataSource, open_data
     from .modelio import ModelIO
@@ -1057,5 +1068,6 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
             log.info("%d samples: too few to hold some out; using entropy", len(source))
             method = "entropy"
         data_source = source
-    return run_quantize(onnx_path, out_path, data=data_source, method=method, options=QuantizeOptions(target=target),
+    return run_quantize(onnx_path, out_path, data=data_source, method=method,
+                        options=QuantizeOptions(target=target, reduce_range=reduce_range),
                         batch_size=batch_size, force=force, progress=progress, metric_output=metric_output)

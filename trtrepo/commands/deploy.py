@@ -31,11 +31,14 @@ from ._options import data_options
 @click.option("--metric-output", default=None, metavar="OUTPUT",
               help="Output the INT8 calibration method is chosen on (default: the first output; e.g. the embedding "
                    "of a model whose first output is not a classifier).")
+@click.option("--reduce-range", is_flag=True,
+              help="7-bit INT8 weights for the ONNX Runtime backends: exact on x86 CPUs without VNNI even where "
+                   "session.x64quantprecision is not set (Triton's onnxruntime backend).")
 @data_options(required=False)
 @model_config_options
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
-            metric_output: str | None,
+            metric_output: str | None, reduce_range: bool,
             data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
@@ -52,7 +55,7 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         precision=precision, data=data_spec, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
-        metric_output=metric_output,
+        metric_output=metric_output, reduce_range=reduce_range,
     )
     report = deploy(opts)
     for line in report.summary_lines():

@@ -41,6 +41,9 @@ METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
 @click.option("--quantize-attention", is_flag=True,
               help="Also quantize the attention MatMuls of two activations (Q.K^T, P.V), left in float by default "
                    "as TensorRT/ModelOpt do; the additive-mask path stays float regardless.")
+@click.option("--reduce-range", is_flag=True,
+              help="onnxruntime target: 7-bit weights, so that the model stays exact on x86 CPUs without VNNI in "
+                   "runtimes that do not set session.x64quantprecision (e.g. Triton's onnxruntime backend).")
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads for evaluation.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
@@ -50,7 +53,7 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
             preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
-            threads: int | None, report_dir: str | None, force: bool, progress: bool) -> None:
+            reduce_range: bool, threads: int | None, report_dir: str | None, force: bool, progress: bool) -> None:
     """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
 
     Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
@@ -72,7 +75,7 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
     method = method or "entropy"
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
-                              quantize_attention=quantize_attention)
+                              quantize_attention=quantize_attention, reduce_range=reduce_range)
     started = time.perf_counter()
     result = run_quantize(
         model, output,
