@@ -173,13 +173,14 @@ def main() -> None:
     ap.add_argument("--accuracy-target", default="cosine=0.9995")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--update-docs", action="store_true")
+    ap.add_argument("--heading", default=SECTION, help="the docs/benchmarks.md section to write (e.g. one per CPU kind)")
     ap.add_argument("--render", type=Path, default=None, help="only re-render the section from a --json file of a run")
     args = ap.parse_args()
     if args.render is not None:
         md = markdown(json.loads(args.render.read_text(), object_hook=_int_keys))
         print(md)
         if args.update_docs:
-            update_docs(ROOT / "docs" / "benchmarks.md", SECTION, md)
+            update_docs(ROOT / "docs" / "benchmarks.md", args.heading, md)
         return
     if args.runs < 30:
         ap.error("--runs must be at least 30")
@@ -188,6 +189,7 @@ def main() -> None:
 
     from trtrepo.autoquant import activation_ranges, run_quantize
     from trtrepo.calibrate import Calibrator
+    from trtrepo.cpu import cpu_int8
     from trtrepo.data import open_data
     from trtrepo.demo import split_tensors
     from trtrepo.evaluate import compare_outputs, run_onnx
@@ -257,7 +259,9 @@ def main() -> None:
     load_after = os.getloadavg()
 
     result = {
+        "heading": args.heading,
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
+                    "cpu_int8": cpu_int8().describe(),
                     "loadavg_before": load_before, "loadavg_after": load_after},
         "versions": _versions(),
         "calibration_samples": len(calib_src), "collect_s": collect_s, "fp32_accuracy": fp32_acc,
@@ -272,7 +276,7 @@ def main() -> None:
     if args.json:
         args.json.write_text(json.dumps(result, indent=2, default=str) + "\n")
     if args.update_docs:
-        update_docs(ROOT / "docs" / "benchmarks.md", SECTION, md)
+        update_docs(ROOT / "docs" / "benchmarks.md", args.heading, md)
 
 
 def _int_keys(d: dict) -> dict:
@@ -292,9 +296,12 @@ def _pct(v: float | None) -> str:
 
 def markdown(r: dict) -> str:
     fp = r["fp32_accuracy"]
-    lines = [SECTION, "",
+    heading = r.get("heading", SECTION)
+    flag = "" if heading == SECTION else f" --heading '{heading}'"
+    cpu = f" CPU: {r['machine']['cpu_int8']}." if "cpu_int8" in r["machine"] else ""
+    lines = [heading, "",
              f"Command: `python bench/int8_cpu.py --calib-limit {r['calibration_samples']} --runs {r['runs']} "
-             f"--threads {r['threads']} --update-docs` (one run, {r['wall_s']:.0f} s). ONNX Runtime "
+             f"--threads {r['threads']} --update-docs{flag}` (one run, {r['wall_s']:.0f} s).{cpu} ONNX Runtime "
              f"{r['versions']['onnxruntime']}, {r['machine']['cores']} cores ({r['machine']['cpu']}); load average "
              f"{r['machine']['loadavg_before'][0]:.1f} before / {r['machine']['loadavg_after'][0]:.1f} after: "
              + ("**taken under load** from other workers on the same 2 cores, so compare ratios, not absolute times."
