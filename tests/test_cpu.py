@@ -53,3 +53,41 @@ def test_this_machine_is_described():
     info = cpu_int8()
     assert info is cpu_int8()  # read once
     assert info.describe()
+
+
+def test_precision_option_only_where_kernels_saturate():
+    """session.x64quantprecision=1 only on saturating CPUs: on a VNNI CPU it gives the same
+    outputs 2.9x slower (measured), so it must stay unset there."""
+    from trtrepo.cpu import X64_QUANT_PRECISION, quant_session_entries
+
+    assert quant_session_entries(parse_cpuinfo(ZEN3)) == {X64_QUANT_PRECISION: "1"}
+    assert quant_session_entries(parse_cpuinfo(SKYLAKE_SP)) == {X64_QUANT_PRECISION: "1"}
+    assert quant_session_entries(parse_cpuinfo(ICE_LAKE)) == {}
+    assert quant_session_entries(parse_cpuinfo(ALDER_LAKE)) == {}
+    assert quant_session_entries(parse_cpuinfo(ARM, "aarch64")) == {}
+    assert quant_session_entries() == quant_session_entries(cpu_int8())
+
+
+def _template_rule():
+    """The standalone copy of the rule in the Triton model.py template (which imports the Python
+    backend's utilities at module level, so only that function is taken out and run)."""
+    import ast
+
+    from trtrepo.tritonconfig import template_file
+
+    source = template_file("python_onnx_model.py").read_text()
+    fn = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "u8s8_saturates")
+    namespace: dict = {}
+    exec("import platform\n" + ast.get_source_segment(source, fn), namespace)  # noqa: S102
+    return namespace["u8s8_saturates"]
+
+
+def test_template_decides_like_trtrepo(tmp_path):
+    rule = _template_rule()
+    for name, text, machine in [("zen3", ZEN3, "x86_64"), ("skx", SKYLAKE_SP, "x86_64"), ("icx", ICE_LAKE, "x86_64"),
+                                ("adl", ALDER_LAKE, "x86_64"), ("arm", ARM, "aarch64")]:
+        path = tmp_path / name
+        path.write_text(text)
+        assert rule(str(path), machine) == parse_cpuinfo(text, machine).saturates, name
+    assert rule(str(tmp_path / "missing"), "x86_64") is False
+    assert rule() == cpu_int8().saturates

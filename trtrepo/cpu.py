@@ -3,11 +3,15 @@
 On x86 CPUs without VNNI (AVX2 or AVX-512 only, e.g. AMD Zen 2/3, Intel before Cascade Lake),
 ONNX Runtime runs uint8 x int8 ("U8S8") Conv/MatMul with ``VPMADDUBSW``, which adds pairs of
 u8*s8 products in saturating int16: with full-range int8 weights a pair can exceed 32767 and the
-result is silently wrong (measured here: max error 1.42 on outputs of magnitude 8.3 for a
-three-conv residual block, cosine 0.976 for an attention block). ONNX Runtime's session option
-``session.x64quantprecision=1`` converts such kernels to U8U8 (no saturation) on exactly those
-CPUs and is a no-op elsewhere, so every session trtrepo opens on a quantized model sets it.
-ONNX Runtime's other remedy is 7-bit weights (``reduce_range``), which costs accuracy.
+result is silently wrong (measured on an AMD EPYC Zen 3: max error 1.42 on outputs of
+magnitude 8.3 for a three-conv residual block, cosine 0.976 for an attention block). ONNX
+Runtime's session option ``session.x64quantprecision=1`` converts such kernels to U8U8 (no
+saturation). It is not free where it is not needed: on an AMD EPYC Zen 4 with AVX512-VNNI it gave
+bit-identical outputs and made the demo CNN's INT8 run 2.9x slower (7.1 vs 2.5 ms at batch 32,
+ONNX Runtime 1.32). So trtrepo sets it only where this CPU saturates
+(:func:`quant_session_entries`); the generated Triton model.py decides the same way on the
+serving machine. ONNX Runtime's other remedy is 7-bit weights (``reduce_range``), which costs
+accuracy.
 """
 
 from __future__ import annotations
@@ -37,9 +41,12 @@ class CpuInt8:
         what = ", ".join(self.flags) or "no AVX2/AVX-512"
         if self.vnni is None:
             return f"{self.model or self.machine}: INT8 features unknown"
-        note = ("VNNI: INT8 dot products without saturation" if self.vnni else
-                "no VNNI: U8S8 Conv/MatMul can saturate; trtrepo's ONNX Runtime sessions set "
-                f"{X64_QUANT_PRECISION}=1")
+        if self.vnni:
+            note = f"VNNI: INT8 dot products without saturation; {X64_QUANT_PRECISION} left unset"
+        elif self.saturates:
+            note = f"no VNNI: U8S8 Conv/MatMul can saturate; trtrepo's ONNX Runtime sessions set {X64_QUANT_PRECISION}=1"
+        else:
+            note = "no AVX2/AVX-512: ONNX Runtime's U8S8 kernels do not use VPMADDUBSW"
         return f"{self.model or self.machine} ({what}); {note}"
 
 
@@ -70,3 +77,10 @@ def cpu_int8() -> CpuInt8:
     except OSError:
         text = ""
     return parse_cpuinfo(text, platform.machine())
+
+
+def quant_session_entries(info: CpuInt8 | None = None) -> dict[str, str]:
+    """ONNX Runtime session config entries for exact INT8 on ``info`` (default: this CPU):
+    ``{X64_QUANT_PRECISION: "1"}`` where U8S8 kernels saturate, nothing elsewhere."""
+    info = cpu_int8() if info is None else info
+    return {X64_QUANT_PRECISION: "1"} if info.saturates else {}

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import X64_QUANT_PRECISION
+from .cpu import quant_session_entries
 from .errors import TrtrepoError, UsageError
 
 # --------------------------------------------------------------------------------------------
@@ -310,8 +310,9 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    # Exact INT8 on x86 CPUs without VNNI (a no-op elsewhere): see trtrepo.cpu.
-    so.add_session_config_entry(X64_QUANT_PRECISION, "1")
+    # Exact INT8 on x86 CPUs without VNNI (set only there: it is slow elsewhere): see trtrepo.cpu.
+    for key, value in quant_session_entries().items():
+        so.add_session_config_entry(key, value)
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
     if hasattr(model, "SerializeToString"):
