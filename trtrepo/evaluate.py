@@ -294,8 +294,9 @@ def score(metrics: Mapping[str, OutputMetrics], output: str | None = None, kind:
 
 
 def make_session(model: Any, *, threads: int | None = None, optimization: str = "all",
-                 optimized_path: str | Path | None = None) -> Any:
-    """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto."""
+                 optimized_path: str | Path | None = None, config: Mapping[str, str] | None = None) -> Any:
+    """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto. ``config``:
+    extra session config entries (they override trtrepo's own)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -311,7 +312,7 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     # Exact INT8 on x86 CPUs without VNNI (set only there: it is slow elsewhere): see trtrepo.cpu.
-    for key, value in quant_session_entries().items():
+    for key, value in {**quant_session_entries(), **(config or {})}.items():
         so.add_session_config_entry(key, value)
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
