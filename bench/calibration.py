@@ -107,8 +107,13 @@ def main() -> None:
             print(f"# {n}: trtrepo {ours['samples_per_s']:.0f}/s {ours['peak_rss_mb']:.0f} MB | "
                   f"ORT {ort['samples_per_s']:.0f}/s {ort['peak_rss_mb']:.0f} MB", file=sys.stderr)
 
+    import onnxruntime
+
+    from trtrepo.cpu import cpu_int8
+
     print(f"Demo CNN, {rows[0][1]['tensors']} calibrated tensors, batch {args.batch_size}, entropy; "
-          f"{os.cpu_count()} CPU cores; Python {sys.version.split()[0]}.\n")
+          f"{os.cpu_count()} CPU cores ({cpu_int8().model or 'CPU model unknown'}); Python {sys.version.split()[0]}; "
+          f"ONNX Runtime {onnxruntime.__version__}; load average {os.getloadavg()[0]:.1f} at the end.\n")
     print("| samples | trtrepo samples/s | ORT samples/s | throughput ratio | trtrepo peak RSS MB (growth) "
           "| ORT peak RSS MB (growth) | peak ratio ORT/trtrepo |")
     print("|---:|---:|---:|---:|---:|---:|---:|")
