@@ -1,4 +1,4 @@
-"""ruff over the project's Python (the configuration is in pyproject.toml)."""
+"""ruff over the project's Python and mypy over the package (configuration in pyproject.toml)."""
 
 from __future__ import annotations
 
@@ -18,4 +18,12 @@ def test_ruff_is_clean():
         pytest.skip("ruff is not installed (pip install -e '.[test]')")
     proc = subprocess.run([ruff, "check", "trtrepo", "tests", "bench", "scripts", "templates"], cwd=ROOT,
                           capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+
+
+def test_mypy_is_clean():
+    mypy = shutil.which("mypy") or str(Path(sys.executable).with_name("mypy"))
+    if not Path(mypy).exists():
+        pytest.skip("mypy is not installed (pip install -e '.[test]')")
+    proc = subprocess.run([mypy], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

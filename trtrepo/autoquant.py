@@ -238,7 +238,7 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     if steps[0].met:
         return FallbackResult(start.quantized, metrics, [], steps)
     layers = list(start.quantized.plan.layers)
-    sensitivity = []
+    scored: list[tuple[tuple[float, float], dict[str, Any]]] = []  # (goodness without the layer, entry)
     for layer in layers:
         try:
             qm = insert_qdq(model, ranges, options.with_excluded_nodes([layer]), warn=False)
@@ -246,12 +246,11 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
             continue  # nothing left to quantize without it
         m = evaluator(qm.model)
         g = _goodness(target, m)
-        sensitivity.append({"layer": layer, "value": target.measure(m), "cosine": g[1], "_key": g})
+        scored.append((g, {"layer": layer, "value": target.measure(m), "cosine": g[1]}))
         log.info("without %s: %s=%.6g", layer, target.kind, target.measure(m))
-    sensitivity.sort(key=lambda s: s["_key"], reverse=True)
-    for s in sensitivity:
-        s.pop("_key")
-    ranked = [s["layer"] for s in sensitivity]
+    scored.sort(key=lambda item: item[0], reverse=True)
+    sensitivity = [entry for _, entry in scored]
+    ranked = [str(entry["layer"]) for entry in sensitivity]
     for k in range(1, len(ranked)):
         in_float = ranked[:k]
         qm = insert_qdq(model, ranges, options.with_excluded_nodes(in_float), warn=False)

@@ -412,14 +412,14 @@ def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
     # Symbolic axes ranged by --shape: name -> ((min, opt, max), input that gave it)
     symbols: dict[str, tuple[tuple[int, int, int], str]] = {}
     for spec in io.inputs:
-        r = given.get(spec.name)
-        if r is None:
+        ranged = given.get(spec.name)
+        if ranged is None:
             continue
         for axis in spec.dynamic_axes:
             label = spec.dim_names[axis] if spec.dim_names else None
             if axis == 0 or not label:
                 continue
-            rng = (r.min[axis], r.opt[axis], r.max[axis])
+            rng = (ranged.min[axis], ranged.opt[axis], ranged.max[axis])
             prev = symbols.setdefault(label, (rng, spec.name))
             if prev[0] != rng:
                 raise UsageError(
@@ -451,7 +451,7 @@ def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
         if other:
             log.info("input '%s': range of axes %s taken from --shape %s (shared symbolic axes)", spec.name,
                      ", ".join(f"'{labels[a]}'" for a in other), ", ".join(sorted({symbols[labels[a]][1] for a in other})))  # type: ignore[index]
-        result[spec.name] = ShapeRange(*shapes)
+        result[spec.name] = ShapeRange(*(tuple(s) for s in shapes))
     return result
 
 

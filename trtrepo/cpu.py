@@ -55,7 +55,7 @@ _RELEVANT = ("avx2", "avx512f", "avx512bw", "avx512_vnni", "avx_vnni", "amx_int8
 
 def parse_cpuinfo(text: str, machine: str = "x86_64") -> CpuInt8:
     """The INT8 facts from the text of ``/proc/cpuinfo`` (pure function)."""
-    model, flags = "", set()
+    model, flags = "", set[str]()
     for line in text.splitlines():
         key, _, value = line.partition(":")
         key = key.strip()

@@ -121,7 +121,7 @@ class Preprocess:
                 raise UsageError(f"preprocess option 'center_crop': {ch}x{cw} is larger than the resized image {h0}x{w0}")
             left, top = (w0 - cw) // 2, (h0 - ch) // 2
             img = img.crop((left, top, left + cw, top + ch))
-        arr = np.asarray(img, dtype=np.float32)
+        arr: np.ndarray = np.asarray(img, dtype=np.float32)
         if arr.ndim == 2:
             arr = arr[:, :, None]
         if self.color == "bgr":
@@ -439,10 +439,9 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
     from . import demo
 
     if demo.is_demo_spec(spec):
-        src = demo.open_demo_data(spec)
         if label_array is not None:
             raise UsageError("--labels cannot be combined with the demo data (it has its own labels)")
-        return src
+        return demo.open_demo_data(spec)
     path = Path(spec)
     if path.is_dir():
         if preprocess is None:

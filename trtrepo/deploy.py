@@ -1,12 +1,11 @@
 """``trtrepo deploy``: export -> INT8 (calibrate + quantize) -> build -> repository, as steps.
 
 Each step is a function that records a :class:`StepResult`; the command prints them as the
-summary table. The INT8 and build stages are separate modules written alongside this one:
-they are reached through one call point each (:func:`_int8_step` uses
-``trtrepo.quantize.quantize_for_deploy`` when it exists, :func:`_build_step` uses
+summary table. The INT8 and build stages are reached through one call point each
+(:func:`_int8_step` calls ``trtrepo.quantize.quantize_for_deploy``, :func:`_build_step` calls
 ``trtrepo.build.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
-here, the step says why and the deploy continues with what it has (FP32 ONNX, ONNX Runtime
-backend), so the main job works on any machine.
+here, the step says why and the deploy continues with what it has (FP32 ONNX without
+calibration data, ONNX Runtime backend without TensorRT), so the main job works on any machine.
 """
 
 from __future__ import annotations
@@ -182,13 +181,8 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             step.status, step.detail = "skipped", "--precision fp32"
             return onnx_path, "fp32"
         data = _default_data(opts)
-        fn = getattr(quantize, "quantize_for_deploy", None)
-        reason = None
-        if fn is None:
-            reason = "trtrepo.quantize has no quantize_for_deploy in this version"
-        elif data is None:
+        if data is None:
             reason = "no calibration data (give --data)"
-        if reason is not None:
             if opts.precision == "int8":
                 raise UsageError(f"--precision int8: {reason}")
             step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
@@ -197,22 +191,15 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
 
         source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit, seed=opts.seed)
         out = work / "model.int8.onnx"
-        try:
-            extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
-            if opts.reduce_range:
-                if target != "onnxruntime":
-                    raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
-                extra["reduce_range"] = True
-            result = fn(onnx_path, source, out, target, batch_size=opts.batch_size, **extra)
-        except ModuleNotFoundError as exc:
-            if not (exc.name or "").startswith("trtrepo") or opts.precision == "int8":
-                raise
-            step.status, step.detail = "fallback", f"INT8 stage incomplete here ({exc.name} missing): deploying the FP32 ONNX model"
-            return onnx_path, "fp32"
-        method = getattr(result, "method", None)
-        on = f" chosen on {opts.metric_output}" if method and opts.metric_output else ""
-        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{', ' + method + on if method else ''})"
-        return Path(getattr(result, "path", out)), "int8"
+        extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
+        if opts.reduce_range:
+            if target != "onnxruntime":
+                raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
+            extra["reduce_range"] = True
+        result = quantize.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size, **extra)
+        method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
+        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
+        return result.path, "int8"
 
 
 def _default_data(opts: DeployOptions) -> str | None:

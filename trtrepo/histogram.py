@@ -262,7 +262,7 @@ def compute_amax(method: str, counts: np.ndarray, edges: np.ndarray, max_abs: fl
     if method == "minmax":
         return amax_minmax(max_abs)
     if method == "entropy":
-        keys = ("num_levels", "start_bin", "stride")
+        keys: tuple[str, ...] = ("num_levels", "start_bin", "stride")
         return amax_entropy(counts, edges, **{k: int(v) for k, v in options.items() if k in keys})
     if method == "percentile":
         return amax_percentile(counts, edges, float(options.get("percentile", DEFAULT_PERCENTILE)))

@@ -702,9 +702,9 @@ def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, 
     lo, hi = min(lo, 0.0), max(hi, 0.0)
     if hi - lo <= 0:
         return QParams(np.asarray(1.0, np.float32), np.asarray(0, np.uint8))
-    scale = np.float32((hi - lo) / 255.0)
-    zp = int(np.clip(np.rint(-lo / float(scale)), 0, 255))
-    return QParams(np.asarray(scale, np.float32), np.asarray(zp, np.uint8))
+    uscale = np.float32((hi - lo) / 255.0)
+    zp = int(np.clip(np.rint(-lo / float(uscale)), 0, 255))
+    return QParams(np.asarray(uscale, np.float32), np.asarray(zp, np.uint8))
 
 
 def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = _INT8_MAX) -> QParams:
@@ -836,7 +836,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
                 qp = weight_qparams(w, p.axis, qmax)
                 s = add_init(f"{p.tensor}_scale", qp.scale)
                 z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
-                axis_kw = {"axis": p.axis} if p.axis is not None else {}
+                axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
                 dq_out = fresh(f"{p.tensor}_dequantized")
                 if options.target == "tensorrt":
                     # FP32 weights behind Q -> DQ: TensorRT quantizes them at build time.

@@ -15,6 +15,7 @@ builder's ``model.plan.json``) and the image ensemble (:func:`add_image_ensemble
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -292,9 +293,9 @@ def _commit(model_dir: Path, new_model: Path, version: int, model_files: list[st
             if target.exists():
                 saved.parent.mkdir(parents=True, exist_ok=True)
                 os.rename(target, saved)
-                undo.append(lambda t=target, s=saved: os.replace(s, t))
+                undo.append(functools.partial(os.replace, saved, target))
             else:
-                undo.append(lambda t=target: t.unlink() if t.exists() else None)
+                undo.append(functools.partial(target.unlink, missing_ok=True))
             target.parent.mkdir(parents=True, exist_ok=True)
             os.replace(new_model / rel, target)
     except BaseException:

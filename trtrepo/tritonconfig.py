@@ -600,7 +600,7 @@ def check_config(
                         n2 *= d
                     if n1 != n2:
                         fail(f"{f}.reshape", f"'{t.name}': {list(t.reshape.shape)} has another element count than dims {list(t.dims)}")
-            if section == "input" and getattr(t, "label_filename", ""):
+            if section == "input" and getattr(t, "label_filename", None):
                 fail(f"{f}.label_filename", "only outputs take a label file")
             if section == "output" and t.label_filename:
                 if model_files is not None and t.label_filename not in model_files:

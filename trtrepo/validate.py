@@ -599,8 +599,8 @@ class TritonTarget:
         for p in payloads:
             for n, a in p.inputs.items():
                 in_sizes[n] = max(in_sizes.get(n, 0), a.nbytes)
-            for n, s in p.expected.items():
-                out_sizes[n] = max(out_sizes.get(n, 0), int(np.prod(s)) * self._out_itemsize(n))
+            for n, shape in p.expected.items():
+                out_sizes[n] = max(out_sizes.get(n, 0), int(np.prod(shape)) * self._out_itemsize(n))
         if kind == "cuda":
             cudashm = _cuda_shm()
         else:
