@@ -251,12 +251,16 @@ def _p(v: float | None) -> str:
 def markdown(r: dict) -> str:
     import onnxruntime
 
+    from trtrepo.cpu import cpu_int8
+
     fp32_acc = next(iter(r["methods"].values()))["fp32_acc"]
+    loaded = r["loadavg_start"][0] > 1.0  # before the run: other work (the run itself loads 2 cores)
     lines = [SECTION, "",
              f"`python bench/int8_text.py --update-docs docs/benchmarks.md` (ONNX Runtime {onnxruntime.__version__}, "
-             f"{os.cpu_count()} cores, shared machine: load average {r['loadavg_start'][0]:.1f} at the start, "
-             f"{r['loadavg_end'][0]:.1f} at the end -- measured under load, ratios side by side are what count; "
-             f"whole run {r['seconds']:.0f} s).", "",
+             f"{os.cpu_count()} cores, CPU: {cpu_int8().describe()}; load average {r['loadavg_start'][0]:.1f} at the "
+             f"start, {r['loadavg_end'][0]:.1f} at the end -- "
+             + ("measured under load, ratios side by side are what count; " if loaded else "a quiet machine; ")
+             + f"whole run {r['seconds']:.0f} s).", "",
              "demo-text encoder (2 blocks, d=64, additive `finfo.min` mask), calibrated on `demo-text:calib` (2048 "
              f"sequences), evaluated on `demo-text:val` (512, FP32 accuracy {_p(fp32_acc)}). Kept in float "
              f"automatically: {len(r['kept_float']['tensors'])} mask tensors "
