@@ -50,6 +50,7 @@ def integer_kernels(model_path: Path | tuple[Path, dict], tmp: Path) -> dict[str
     if isinstance(model_path, tuple):
         model_path = model_path[0]
     so = ort.SessionOptions()
+    so.log_severity_level = 3  # not the warning that an NCHWc-optimized file is machine-specific
     so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
     so.optimized_model_filepath = str(tmp / f"{model_path.stem}.opt.onnx")
     ort.InferenceSession(str(model_path), so, providers=["CPUExecutionProvider"])
@@ -87,7 +88,7 @@ def ort_quantize_static(fp32: Path, out: Path, calib: np.ndarray, method: str, b
 
 
 def latency(models: dict[str, Path | tuple[Path, dict]], x: np.ndarray, batches: tuple[int, ...], runs: int,
-            threads: int) -> dict:
+            threads: int, input_name: str = "input") -> dict:
     """Round-robin timing; a model is a path or (path, session config entries)."""
     from trtrepo.evaluate import make_session
 
@@ -97,7 +98,7 @@ def latency(models: dict[str, Path | tuple[Path, dict]], x: np.ndarray, batches:
         sessions[k] = make_session(path, threads=threads, optimization="all", config=config)
     result: dict[str, dict[str, dict[int, float]]] = {k: {"median": {}, "min": {}, "cpu": {}} for k in models}
     for bs in batches:
-        feed = {"input": np.ascontiguousarray(x[:bs])}
+        feed = {input_name: np.ascontiguousarray(x[:bs])}
         times: dict[str, list[float]] = {k: [] for k in models}
         cpu: dict[str, list[float]] = {k: [] for k in models}
         for s in sessions.values():  # warm-up
