@@ -91,3 +91,18 @@ def test_template_decides_like_trtrepo(tmp_path):
         assert rule(str(path), machine) == parse_cpuinfo(text, machine).saturates, name
     assert rule(str(tmp_path / "missing"), "x86_64") is False
     assert rule() == cpu_int8().saturates
+
+
+def test_deploy_notes_name_the_cpu_case():
+    """deploy's notes for an INT8 model served by ONNX Runtime: nothing on VNNI CPUs; on CPUs
+    that saturate, the speed caveat (python backend) or the --reduce-range advice (onnxruntime
+    backend, which cannot set the session option) unless it was taken."""
+    from trtrepo.deploy import _cpu_int8_notes
+
+    vnni, zen3 = parse_cpuinfo(ICE_LAKE), parse_cpuinfo(ZEN3)
+    assert _cpu_int8_notes("python", False, vnni) == [] and _cpu_int8_notes("onnxruntime", False, vnni) == []
+    (python_note,) = _cpu_int8_notes("python", False, zen3)
+    assert "x64quantprecision=1" in python_note and "--precision fp32" in python_note
+    (ort_note,) = _cpu_int8_notes("onnxruntime", False, zen3)
+    assert "--reduce-range" in ort_note
+    assert _cpu_int8_notes("onnxruntime", True, zen3) == []

@@ -381,4 +381,23 @@ def deploy(opts: DeployOptions) -> DeployReport:
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
     if precision == "fp32":
         report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")
+    elif plan is None:
+        report.notes.extend(_cpu_int8_notes(backend, opts.reduce_range))
     return report
+
+
+def _cpu_int8_notes(backend: str, reduce_range: bool, info: Any = None) -> list[str]:
+    """What a Q/DQ INT8 model served by ONNX Runtime on this CPU needs to know (see trtrepo.cpu)."""
+    from .cpu import cpu_int8
+
+    info = cpu_int8() if info is None else info
+    if not info.saturates:
+        return []
+    if backend == "python":
+        return ["this CPU has no VNNI: the generated model.py sets session.x64quantprecision=1 here (exact INT8), and "
+                "ONNX Runtime's U8U8 kernels it selects can be slower than FP32 (0.56-0.66x FP32 when forced on a VNNI "
+                "CPU, docs/benchmarks.md); compare with --precision fp32 before serving INT8 on such CPUs"]
+    if not reduce_range:
+        return ["this CPU has no VNNI and Triton's onnxruntime backend cannot set session.x64quantprecision: INT8 "
+                "Conv/MatMul results can saturate; redeploy with --reduce-range (7-bit weights) or use the python backend"]
+    return []
