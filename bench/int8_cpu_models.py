@@ -47,35 +47,8 @@ def images(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
     return (x - 0.5) / 0.25
 
 
-def ort_static(fp32: Path, out: Path, calib: np.ndarray, name: str, batch: int) -> float:
-    from onnxruntime.quantization import (
-        CalibrationDataReader,
-        CalibrationMethod,
-        QuantFormat,
-        QuantType,
-        quant_pre_process,
-        quantize_static,
-    )
-
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.it = iter(range(0, len(calib), batch))
-
-        def get_next(self) -> dict | None:
-            i = next(self.it, None)
-            return None if i is None else {name: calib[i : i + batch]}
-
-    pre = out.with_suffix(".pre.onnx")
-    t = time.perf_counter()
-    quant_pre_process(str(fp32), str(pre))
-    quantize_static(str(pre), str(out), Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
-                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
-                    calibrate_method=CalibrationMethod.MinMax)
-    return time.perf_counter() - t
-
-
 def bench_model(path: Path, args: argparse.Namespace, tmp: Path) -> dict:
-    from int8_cpu import integer_kernels, latency
+    from int8_cpu import integer_kernels, latency, ort_quantize_static
 
     from trtrepo.autoquant import run_quantize
     from trtrepo.data import ArraySource
@@ -95,7 +68,7 @@ def bench_model(path: Path, args: argparse.Namespace, tmp: Path) -> dict:
                        options=QuantizeOptions(target="onnxruntime"), batch_size=args.calib_batch, progress=False)
     ours_s = time.perf_counter() - t
     theirs = tmp / f"{path.stem}.ortstatic.onnx"
-    theirs_s = ort_static(path, theirs, calib, inp.name, args.calib_batch)
+    theirs_s = ort_quantize_static(path, theirs, calib, "minmax", args.calib_batch, input_name=inp.name)
 
     x = images(max(args.batches), shape, seed=1)
     ref = make_session(path).run(None, {inp.name: x})[0]

@@ -612,9 +612,7 @@ def test_without_vnni_plain_sessions_saturate_and_the_session_option_fixes_it():
     qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
     ref = _unfused(qm, feed)
     plain = ort.InferenceSession(qm.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, feed)[0]
-    so = ort.SessionOptions()
-    so.add_session_config_entry(X64_QUANT_PRECISION, "1")
-    fixed = ort.InferenceSession(qm.SerializeToString(), so, providers=["CPUExecutionProvider"]).run(None, feed)[0]
+    fixed = make_session(qm, config={X64_QUANT_PRECISION: "1"}).run(None, feed)[0]
     step = float(np.abs(ref).max()) / 255
     assert np.abs(plain - ref).max() > 10 * step  # the hazard is real here
     assert np.abs(fixed - ref).max() <= 2 * step

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
 from .modelio import ModelIO
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
@@ -386,10 +387,8 @@ def deploy(opts: DeployOptions) -> DeployReport:
     return report
 
 
-def _cpu_int8_notes(backend: str, reduce_range: bool, info: Any = None) -> list[str]:
+def _cpu_int8_notes(backend: str, reduce_range: bool, info: CpuInt8 | None = None) -> list[str]:
     """What a Q/DQ INT8 model served by ONNX Runtime on this CPU needs to know (see trtrepo.cpu)."""
-    from .cpu import cpu_int8
-
     info = cpu_int8() if info is None else info
     if not info.saturates:
         return []
