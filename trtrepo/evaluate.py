@@ -360,8 +360,23 @@ def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | No
             has_labels = False
         else:
             labels.append(batch.labels)
-    outputs = {n: np.concatenate(v) for n, v in parts.items()}
+    outputs = {n: concat_samples(v) for n, v in parts.items()}
     return RunOutputs(outputs, np.concatenate(labels) if has_labels and labels else None)
+
+
+def concat_samples(parts: Sequence[np.ndarray]) -> np.ndarray:
+    """Concatenate batches along axis 0; batches whose other axes differ (a per-token output of
+    sentences of different lengths) are zero-padded at the end of each axis to the largest.
+    Zeros padded into a reference and its candidate alike change no cosine and no max error."""
+    if not parts:
+        return np.zeros((0,))
+    if len({p.shape[1:] for p in parts}) <= 1:
+        return np.concatenate(parts)
+    if len({p.ndim for p in parts}) != 1:
+        raise TrtrepoError(f"batches of an output have different ranks: {sorted({p.ndim for p in parts})}")
+    shape = [max(p.shape[d] for p in parts) for d in range(1, parts[0].ndim)]
+    padded = [np.pad(p, [(0, 0)] + [(0, s - d) for s, d in zip(shape, p.shape[1:], strict=True)]) for p in parts]
+    return np.concatenate(padded)
 
 
 def _io_of(model: Any) -> Any:
