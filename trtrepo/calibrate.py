@@ -4,7 +4,8 @@ Stable API (the CLI ``trtrepo calibrate`` and the quantize/deploy stages use exa
 
     from trtrepo.calibrate import Calibrator, Statistics, Ranges, select_tensors
 
-    cal = Calibrator("model.onnx", "demo:calib", batch_size=32, num_bins=2048, progress=True)
+    cal = Calibrator("model.onnx", "demo:calib", batch_size=32, num_bins=2048, progress=True,
+                     memory_budget_mb=512)        # bound on fetched activations (None: whole batches)
     stats = cal.collect()                         # Statistics: one collection serves every method
     ranges = stats.compute("entropy")             # Ranges: Mapping[tensor name, amax]
     ranges = stats.compute("percentile", percentile=99.99)
@@ -31,10 +32,34 @@ its signed min/max); pass 2 adds every batch into a fixed-range histogram of ``|
 batch. Since the range is fixed before binning and counts are sums, the statistics do not depend
 on batch size or sample order. A NaN or Inf raises :class:`~trtrepo.errors.TrtrepoError` naming
 the tensor and the samples.
+
+**Memory budget** (``Calibrator(..., memory_budget_mb=512)``, ``--memory-budget-mb``): ONNX
+Runtime allocates every extra output of a run (also those not fetched), so the activations of a
+batch grow with ``batch_size``. Each batch is therefore cut into micro-batches (slices along axis
+0 of every input) whose fetched bytes stay within the budget: the first sample is run once alone
+to measure the bytes per sample of every tensor, and every run is measured again (the largest
+bytes per sample seen for each input shape; a new shape, e.g. a longer sequence, starts from a
+quadratic extrapolation). Where fewer than 3 samples' tensors fit in the budget, the tensors are
+split into groups, each fetched by its own session in its own walk over the data (the data is read
+once per group and pass). Group sessions load the model as ONNX Runtime optimized it with *all*
+the tensors as outputs (graph optimizations off), so they run the same kernels: fetching fewer
+outputs from the original model would let ONNX Runtime fuse other nodes and change the last bits.
+
+The budget does not change the results (statistics, ranges, caches): a micro-batch is never one
+sample of a larger batch (ONNX Runtime runs a one-row MatMul/Gemm through another kernel whose
+last bits differ), and a tensor that does not depend on the batch (e.g. a position embedding) is
+recognised on the first cut batch (runs of 2 then 3 or more samples) and counted once per batch,
+as without a budget. The budget bounds the fetched activations; it is exceeded only by a tensor
+larger than it (alone in its group), a cut batch of 3 or 4 samples before that classification
+(run whole), a run of 3 where only 2 fit (never leaving 1 behind) and a first run on a new input
+shape whose extrapolation fell short. The batch's inputs, the model, ONNX Runtime's scratch memory
+and one tensor's histogram scratch come on top. ``memory_budget_mb=None`` fetches whole batches
+(the behaviour before the budget).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import math
@@ -62,6 +87,11 @@ CALIBRATED_OPS = COMPUTE_OPS | POOL_OPS | ACTIVATION_OPS
 _DATA_INPUTS: dict[str, tuple[int, ...]] = {"Conv": (0,), "ConvTranspose": (0,), "Gemm": (0, 1), "MatMul": (0, 1),
                                             "Add": (0, 1), "PRelu": (0,), "Clip": (0,)}
 _FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}  # ONNX elem types numpy can carry
+
+DEFAULT_MEMORY_BUDGET_MB = 512.0
+
+# Input shapes of one sample (axis 0 dropped), by input name: what the fetched bytes depend on.
+Signature = tuple[tuple[str, tuple[int, ...]], ...]
 
 METHOD_ALGORITHM = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration",
                     "percentile": "EntropyCalibration2", "mse": "EntropyCalibration2"}
@@ -333,20 +363,62 @@ def _providers(requested: Sequence[str] | None) -> list[str]:
     return [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
 
 
+def _signature(inputs: Mapping[str, np.ndarray]) -> Signature:
+    return tuple(sorted((name, tuple(np.shape(a)[1:])) for name, a in inputs.items()))
+
+
+def _elements(sig: Signature) -> int:
+    return sum(math.prod(shape) for _, shape in sig)
+
+
+def _digest(value: np.ndarray) -> bytes:
+    return hashlib.blake2b(np.ascontiguousarray(value).data, digest_size=16).digest()
+
+
+def _take(left: int, most: int, avoid: int = 0) -> int:
+    """Samples of the next micro-batch: ``left`` if at most ``most``, else up to ``most`` but at
+    least 2, never leaving exactly 1 sample behind (nor taking ``avoid``)."""
+    if left <= most and left != avoid:
+        return left
+    for take in (*range(min(most, left), 1, -1), *range(min(most, left) + 1, left + 1)):
+        if take != avoid and left - take != 1:
+            return take
+    return left
+
+
+def _pack(names: Sequence[str], sizes: Mapping[str, float], budget: int) -> list[list[str]]:
+    """Consecutive groups of ``names`` whose ``sizes`` sum within ``budget`` (a larger tensor alone)."""
+    groups: list[list[str]] = []
+    total = 0.0
+    for name in names:
+        if groups and total + sizes[name] <= budget:
+            groups[-1].append(name)
+            total += sizes[name]
+        else:
+            groups.append([name])
+            total = sizes[name]
+    return groups
+
+
 class Calibrator:
     """Collects activation statistics of an FP32 ONNX model over calibration data.
 
     ``model`` is a path to an ONNX file; ``data`` a data spec or :class:`~trtrepo.data.DataSource`
     (optional when only :meth:`tensor_names`/cache checks are needed). ``tensors`` overrides
     :func:`select_tensors`; ``providers`` overrides the ONNX Runtime providers.
+    ``memory_budget_mb`` bounds the activations fetched per ONNX Runtime run (micro-batches, then
+    tensor groups; see the module docstring); ``None`` fetches whole batches.
     """
 
     def __init__(self, model: str | Path, data: Any = None, *, batch_size: int = 32, num_bins: int = H.DEFAULT_NUM_BINS,
                  progress: bool = True, preprocess: Any = None, labels: Any = None, limit: int | None = None,
                  seed: int | None = 0, tensors: Sequence[str] | None = None, op_types: Sequence[str] | None = None,
-                 providers: Sequence[str] | None = None) -> None:
+                 providers: Sequence[str] | None = None,
+                 memory_budget_mb: float | None = DEFAULT_MEMORY_BUDGET_MB) -> None:
         if batch_size < 1:
             raise UsageError(f"--batch-size must be positive, got {batch_size}")
+        if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
+            raise UsageError(f"--memory-budget-mb must be a positive number, got {memory_budget_mb}")
         if num_bins < 1:
             raise UsageError(f"--num-bins must be positive, got {num_bins}")
         self.model_path = Path(model)
@@ -355,6 +427,7 @@ class Calibrator:
         self.batch_size = batch_size
         self.num_bins = num_bins
         self.progress = progress
+        self.memory_budget_mb = memory_budget_mb
         self._providers = providers
         self.tensors = list(tensors) if tensors is not None else select_tensors(self.model, op_types)
         if not self.tensors:
@@ -368,6 +441,11 @@ class Calibrator:
         self._source: Any = None
         self._session: Any = None
         self.statistics: Statistics | None = None
+        # Memory budget state, kept across the two passes (see _run_batch).
+        self._bytes: dict[Signature, dict[str, float]] = {}  # largest bytes per sample (per run if batch-independent)
+        self._independent: dict[str, bool] = {}  # tensor -> does not depend on the batch (absent: not known yet)
+        self._groups: list[list[str]] | None = None  # tensors fetched together, one session each
+        self._optimized: Any = None  # TemporaryDirectory holding the ORT-optimized model of the group sessions
 
     # --- data and session ---------------------------------------------------------------------
     @property
@@ -380,9 +458,9 @@ class Calibrator:
             self._source = open_data(self._data_spec, io=self.io, **self._data_args)
         return self._source
 
-    def _build_session(self) -> Any:
+    def _augmented_model(self) -> Any:
+        """A copy of the model with every selected tensor as a graph output."""
         import onnx
-        import onnxruntime as ort
 
         model = onnx.ModelProto()
         model.CopyFrom(self.model)
@@ -391,10 +469,16 @@ class Calibrator:
         for name in self.tensors:
             if name not in outputs:
                 model.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, 1), None))
-        options = ort.SessionOptions()
-        options.log_severity_level = 3
+        return model
+
+    def _open_session(self, model: Any, options: Any) -> Any:
+        import onnx
+        import onnxruntime as ort
+
         providers = _providers(self._providers)
         try:
+            if isinstance(model, (str, Path)):
+                return ort.InferenceSession(str(model), options, providers=providers)
             if model.ByteSize() < 2**31 - 2**20:
                 return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
             import tempfile
@@ -407,32 +491,229 @@ class Calibrator:
             raise TrtrepoError(f"{self.model_path}: ONNX Runtime cannot load the model ({type(exc).__name__}: "
                                f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})") from exc
 
+    def _build_session(self) -> Any:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        return self._open_session(self._augmented_model(), options)
+
     @property
     def session(self) -> Any:
         if self._session is None:
             self._session = self._build_session()
         return self._session
 
+    # --- memory budget ------------------------------------------------------------------------
+    @property
+    def _budget(self) -> int | None:
+        return None if self.memory_budget_mb is None else int(self.memory_budget_mb * 2**20)
+
+    def _output_groups(self) -> list[list[str]]:
+        """The tensors fetched together (one group unless one sample's tensors exceed the budget).
+
+        Measures the bytes of every tensor on the first sample, alone, with the full session."""
+        if self._groups is not None:
+            return self._groups
+        from .data import iter_batches
+
+        budget = self._budget
+        groups = [list(self.tensors)]
+        first = next(iter(iter_batches(self.source, 1, self.io)), None)
+        if budget is not None and first is not None:
+            values = self._session_run(self.session, self.tensors, first.inputs, first.indices)
+            sizes = {name: float(v.nbytes) for name, v in zip(self.tensors, values, strict=True)}
+            del values
+            self._record(_signature(first.inputs), sizes)
+            # Room for the smallest runs of a batch: 3 samples (runs of 1 are avoided, see _run_batch).
+            room = budget // min(3, self.batch_size)
+            if sum(sizes.values()) > room:
+                groups = _pack(self.tensors, sizes, room)
+            if len(groups) > 1:
+                try:
+                    self._save_optimized()
+                except TrtrepoError as exc:
+                    log.warning("cannot split the calibrated tensors into groups (%s); fetching all of them per "
+                                "sample, over the memory budget", exc)
+                    groups = [list(self.tensors)]
+                else:
+                    log.info("%d tensors take %.3g MB per sample: %d samples do not fit in the %.3g MB budget; "
+                             "%d groups, each reading the data once per pass", len(sizes), sum(sizes.values()) / 2**20,
+                             min(3, self.batch_size), budget / 2**20, len(groups))
+        self._groups = groups
+        return groups
+
+    def _save_optimized(self) -> None:
+        """Save the model as ONNX Runtime optimizes it with all the tensors as outputs (for group sessions)."""
+        import tempfile
+
+        import onnx
+        import onnxruntime as ort
+
+        tmp = tempfile.TemporaryDirectory(prefix="trtrepo-calib-")
+        path = Path(tmp.name) / "optimized.onnx"
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.optimized_model_filepath = str(path)
+        options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
+        options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
+        self._session = None  # one copy of the weights at a time
+        self._open_session(self._augmented_model(), options)
+        if not path.is_file():
+            raise TrtrepoError("ONNX Runtime did not save the optimized model")
+        saved = {o.name for o in onnx.load(str(path), load_external_data=False).graph.output}
+        missing = [n for n in self.tensors if n not in saved]
+        if missing:
+            raise TrtrepoError(f"the optimized model lacks {', '.join(missing[:3])}")
+        self._optimized = tmp
+
+    def _group_session(self, names: Sequence[str]) -> Any:
+        """A session over the optimized model (optimizations off) with only ``names`` as outputs."""
+        import onnx
+        import onnxruntime as ort
+
+        folder = Path(self._optimized.name)
+        model = onnx.load(str(folder / "optimized.onnx"), load_external_data=False)
+        wanted = set(names)
+        keep = [o for o in model.graph.output if o.name in wanted]
+        del model.graph.output[:]
+        model.graph.output.extend(keep)
+        path = folder / "group.onnx"
+        onnx.save(model, str(path))
+        options = ort.SessionOptions()
+        options.log_severity_level = 3
+        options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+        return self._open_session(path, options)
+
+    def _record(self, sig: Signature, measured: Mapping[str, float]) -> None:
+        known = self._bytes.setdefault(sig, {})
+        for name, size in measured.items():
+            known[name] = max(known.get(name, 0.0), size)
+
+    def _estimate(self, sig: Signature, names: Sequence[str]) -> dict[str, float] | None:
+        """Bytes per sample (per run for batch-independent tensors) of ``names`` on inputs of shape ``sig``."""
+        known = self._bytes.get(sig)
+        if known is not None and all(n in known for n in names):
+            return known
+        # A shape not run yet: the largest extrapolation from the shapes run, quadratic in the input
+        # size (attention scores), never below what a smaller input took.
+        size = _elements(sig)
+        best: dict[str, float] | None = None
+        for other, measured in self._bytes.items():
+            if not all(n in measured for n in names):
+                continue
+            factor = max(1.0, size / max(_elements(other), 1)) ** 2
+            guess = {n: measured[n] * factor for n in names}
+            if best is None or sum(guess.values()) > sum(best.values()):
+                best = guess
+        return best
+
+    def _fit(self, sig: Signature, names: Sequence[str], budget: int) -> int | None:
+        """Most samples per run whose fetched bytes of ``names`` stay within ``budget`` (None: any)."""
+        est = self._estimate(sig, names)
+        if est is None:
+            return 1
+        fixed = sum(est[n] for n in names if self._independent.get(n))
+        per_sample = sum(est[n] for n in names if not self._independent.get(n))
+        if per_sample <= 0:
+            return None
+        return max(1, int((budget - fixed) // per_sample))
+
+    # --- runs ---------------------------------------------------------------------------------
+    def _session_run(self, session: Any, names: Sequence[str], inputs: Mapping[str, np.ndarray],
+                     indices: np.ndarray) -> list[Any]:
+        try:
+            return list(session.run(list(names), dict(inputs)))
+        except Exception as exc:
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
+                               f"{indices[0]}..{indices[-1]} ({first})") from exc
+
     def _run(self, desc: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
-        """Yield ``(tensor name, values, batch sample indices)`` for every selected tensor of every batch."""
+        """Yield ``(tensor name, values, sample indices)`` for every selected tensor of every batch.
+
+        Every tensor of every batch comes once (in pieces when the batch is cut into micro-batches;
+        a batch-independent tensor whole, once per batch). Each array is dropped by this generator
+        as soon as it is yielded."""
         from tqdm import tqdm
 
         from .data import iter_batches
 
         source = self.source
-        session = self.session
-        with tqdm(total=len(source), desc=desc, unit="sample", disable=None if self.progress else True,
+        groups = [list(self.tensors)] if self._budget is None else self._output_groups()
+        with tqdm(total=len(source) * len(groups), desc=desc, unit="sample", disable=None if self.progress else True,
                   leave=False) as bar:
-            for batch in iter_batches(source, self.batch_size, self.io):
-                try:
-                    values = session.run(self.tensors, batch.inputs)
-                except Exception as exc:
-                    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                    raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
-                                       f"{batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
-                for name, value in zip(self.tensors, values, strict=True):
-                    yield name, value, batch.indices
-                bar.update(batch.size)
+            for names in groups:
+                session = self.session if len(groups) == 1 else self._group_session(names)
+                for batch in iter_batches(source, self.batch_size, self.io):
+                    yield from self._run_batch(session, names, batch, bar)
+                session = None  # free a group's session before building the next one
+
+    def _run_batch(self, session: Any, names: list[str], batch: Any, bar: Any) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        """One batch, in micro-batches within the budget.
+
+        A micro-batch is never one sample of a larger batch: ONNX Runtime computes a one-row
+        MatMul/Gemm with another kernel (GEMV), whose last bits differ, while runs of 2 samples
+        or more give every sample the bits of the whole batch.
+
+        A tensor that does not depend on the batch (same shape and values for 2 and 3 samples,
+        e.g. a position embedding) is yielded only from the batch's first micro-batch, so it counts
+        once per batch as without a budget. The first batch that must be cut classifies the
+        tensors: its first micro-batch is 2 samples, its second 3 or more."""
+        budget = self._budget
+        size = batch.size
+        if budget is None:
+            yield from self._yield_run(session, names, batch.inputs, batch.indices)
+            bar.update(size)
+            return
+        sig = _signature(batch.inputs)
+        start = 0
+        witnesses: dict[str, tuple[tuple[int, ...], bytes]] | None = None
+        while start < size:
+            left = size - start
+            fit = self._fit(sig, names, budget)
+            m = _take(left, left if fit is None else fit)
+            classify = False
+            if start == 0 and m < left and any(n not in self._independent for n in names):
+                if size < 5:  # too few samples to classify: one run
+                    m = left
+                else:
+                    m, witnesses = 2, {}
+            elif witnesses is not None:
+                m = _take(left, max(3, fit or left), avoid=2)
+                classify = True
+            stop = start + m
+            inputs = {k: v[start:stop] for k, v in batch.inputs.items()}
+            indices = batch.indices[start:stop]
+            values = self._session_run(session, names, inputs, indices)
+            del inputs
+            measured: dict[str, float] = {}
+            for i, name in enumerate(names):
+                value, values[i] = values[i], None
+                if witnesses is not None and name not in self._independent:
+                    if classify:
+                        self._independent[name] = witnesses.pop(name) == (value.shape, _digest(value))
+                    else:
+                        witnesses[name] = (value.shape, _digest(value))
+                independent = self._independent.get(name, False)
+                measured[name] = float(value.nbytes) if independent else value.nbytes / m
+                if not (independent and start > 0):
+                    yield name, value, indices
+                del value
+            del values
+            self._record(sig, measured)
+            if classify:
+                witnesses = None
+            bar.update(m)
+            start = stop
+
+    def _yield_run(self, session: Any, names: list[str], inputs: Mapping[str, np.ndarray],
+                   indices: np.ndarray) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
+        values = self._session_run(session, names, inputs, indices)
+        for i, name in enumerate(names):
+            value, values[i] = values[i], None
+            yield name, value, indices
+            del value
 
     # --- the two passes -----------------------------------------------------------------------
     def collect(self) -> Statistics:
@@ -443,9 +724,12 @@ class Calibrator:
         seen: set[str] = set()
         for name, value, indices in self._run("calibrate 1/2 (max)"):
             if value.size == 0:
+                del value
                 continue
             vmin, vmax = float(value.min()), float(value.max())
-            if not (math.isfinite(vmin) and math.isfinite(vmax)) and np.isnan(value).any():
+            nan = not (math.isfinite(vmin) and math.isfinite(vmax)) and bool(np.isnan(value).any())
+            del value  # no reference across the next run
+            if nan:
                 raise TrtrepoError(f"tensor '{name}' has NaN values on samples {indices[0]}..{indices[-1]}; "
                                    "check the model and the data (preprocessing)")
             # An infinite value (e.g. an additive attention mask filled with -inf) is recorded:
@@ -461,6 +745,7 @@ class Calibrator:
         for name, value, _ in self._run("calibrate 2/2 (histograms)"):
             if math.isfinite(max_abs[name]):
                 H.accumulate(counts[name], value, max_abs[name])
+            del value
         empty = [n for n in self.tensors if n not in seen]
         if empty:
             log.warning("%d tensor(s) were always empty: %s", len(empty), ", ".join(empty[:5]))

@@ -51,11 +51,14 @@ def _check_outputs(**paths: str | None) -> None:
 @click.option("--cache-algorithm", type=click.Choice(CACHE_ALGORITHMS), default=None,
               help="Algorithm named in the cache header [default: MinMaxCalibration for minmax, else EntropyCalibration2, "
                    "which trtexec --calib reads].")
+@click.option("--memory-budget-mb", type=click.FloatRange(min=0, min_open=True), default=512, show_default=True,
+              help="Bound on the activations fetched per ONNX Runtime run: batches are cut into micro-batches "
+                   "(and tensors into groups) to fit; the ranges do not change.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
 def command(model: str, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None, seed: int,
             batch_size: int, method: str, percentile: float, num_bins: int, cache_path: str | None, ranges_path: str | None,
             dynamic_range_path: str | None, recalibrate: bool, trt_version: str, cache_algorithm: str | None,
-            progress: bool) -> None:
+            memory_budget_mb: float, progress: bool) -> None:
     """Compute INT8 ranges of MODEL (ONNX) from calibration data.
 
     Two streamed passes with ONNX Runtime (exact max |x|, then fixed-range histograms) make the
@@ -74,7 +77,7 @@ def command(model: str, data_spec: str | None, preprocess: str | None, labels: s
 
     started = time.perf_counter()
     cal = Calibrator(model, data_spec, batch_size=batch_size, num_bins=num_bins, progress=progress,
-                     preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+                     preprocess=preprocess, labels=labels, limit=limit, seed=seed, memory_budget_mb=memory_budget_mb)
     stats = None
     if reuse and cache_path is not None:
         ranges = cal.load_cache(cache_path)
