@@ -158,9 +158,11 @@ def test_attention_graph_keeps_mask_softmax_layernorm_and_attention_matmuls_floa
     if target == "tensorrt":
         assert not quantized & {"q", "kt", "v", "ctx", "res"} and not fed & {"qk", "pv", "ln"}
     else:
-        # q, k, v are the outputs of the projection units (QLinearMatMul) and the residual Add is a
-        # QLinearAdd unit whose output feeds the (float) LayerNorm; the attention MatMuls stay float
-        assert {"q", "k", "v", "res"} <= quantized and "ln" in fed
+        # transformer-safe placement: q, k, v feed float ops (the attention MatMuls), so the projections
+        # keep float outputs (MatMulIntegerToFloat, no requantization); the residual Add in front of
+        # the LayerNorm stays float with its reason
+        assert not quantized & {"q", "k", "v", "res"} and not fed & {"residual", "ln"}
+        assert "residual-stream" in plan.auto_float["residual"]
     # the projections are quantized: input per tensor, weight per output channel (last axis of [K, N])
     assert {"q_proj", "k_proj", "v_proj", "out_proj"} <= fed
     assert {"x", "ln"} <= quantized

@@ -107,6 +107,12 @@ class QuantizeOptions:
     # kernels cannot saturate on x86 CPUs without VNNI even where the session option that avoids it
     # (trtrepo.cpu.X64_QUANT_PRECISION) cannot be set, e.g. Triton's onnxruntime backend.
     reduce_range: bool = False
+    # onnxruntime target, transformer-safe placement (see find_float_nodes): residual-stream Adds
+    # (activation + activation Adds in front of a LayerNorm) and gating products inside activation
+    # functions (GELU's x * (1 + erf), SiLU's x * sigmoid) stay float, and a MatMul/Gemm whose output
+    # feeds no quantized unit keeps a float output (ONNX Runtime's MatMulIntegerToFloat) instead of
+    # being requantized. False restores full node units everywhere.
+    transformer_safe: bool = True
 
     def __post_init__(self) -> None:
         if self.target not in TARGETS:
@@ -442,6 +448,18 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
                     tensors[out] = f"downstream of the mask tensor '{t}'"
                     stack.append(out)
 
+    if options.target == "onnxruntime" and options.transformer_safe:
+        for node in view.nodes:
+            if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
+                continue
+            if not all(view.is_float_activation(i) for i in node.input):
+                continue
+            if node.op_type == "Add" and residual_stream_add(view, node):
+                keep(node, "residual-stream Add in front of a LayerNorm: its trained outlier channels do not survive one "
+                           "per-tensor 8-bit scale (MatMul/Conv inputs are still quantized)")
+            elif gating_product(view, node):
+                keep(node, f"{node.op_type} inside an activation function (GELU/SiLU gating): stays float so ONNX Runtime "
+                           "fuses the activation")
     for node in view.nodes:
         op = node.op_type
         if op in ("Softmax", "LayerNormalization"):
@@ -459,6 +477,48 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
                 if len(shape) >= 2 and n_out == 1:
                     keep(node, "GEMV (a single output column): stays float as in ModelOpt")
     return FloatReasons(nodes, tensors)
+
+
+_NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "ReduceMean",
+             "RMSNormalization", "GroupNormalization")
+_GATE_OPS = ("Erf", "Tanh", "Sigmoid", "HardSigmoid")
+_PASS_OPS = ("Cast", "Identity", "Reshape", "Transpose")
+
+
+def residual_stream_add(view: GraphView, node: Any, depth: int = 4) -> bool:
+    """An activation + activation Add on a transformer's residual stream: its output reaches a
+    normalization (LayerNorm, RMSNorm, or a decomposed one starting with ReduceMean) directly or
+    through further residual Adds (pre-LN blocks). A CNN's residual Add (followed by Relu or a
+    Conv) is not one."""
+    if depth <= 0 or not node.output:
+        return False
+    for consumer, _ in view.consumers.get(node.output[0], []):
+        op = consumer.op_type
+        if op in _NORM_OPS:
+            return True
+        if op in _PASS_OPS and residual_stream_add(view, consumer, depth - 1):
+            return True
+        if op == "Add" and all(view.is_float_activation(i) for i in consumer.input) and \
+                residual_stream_add(view, consumer, depth - 1):
+            return True
+    return False
+
+
+def gating_product(view: GraphView, node: Any) -> bool:
+    """A Mul (or Add) of two activations where one input is computed from Erf/Tanh/Sigmoid within a
+    few elementwise steps: the inside of GELU (``x * (1 + erf(x / sqrt 2))``), SiLU and the like."""
+    for name in node.input:
+        prod, hops = view.producer.get(name), 0
+        while prod is not None and hops < 4:
+            if prod.op_type in _GATE_OPS:
+                return True
+            if prod.op_type not in ("Add", "Mul", "Div", "Sub", "Cast"):
+                break
+            acts = [i for i in prod.input if view.is_float_activation(i)]
+            if len(acts) != 1:
+                break
+            prod, hops = view.producer.get(acts[0]), hops + 1
+    return False
 
 
 def _mark_score_path(view: GraphView, matmul: Any, keep: Callable[[Any, str], None]) -> None:
@@ -669,10 +729,57 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
             if producer is not None and producer.name in excluded_set:
                 continue
         kept.append(p)
+    if options.target == "onnxruntime" and options.transformer_safe:
+        kept = _units_on_quantized_inputs(view, kept)
+        kept = _float_matmul_outputs(view, kept)
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
     return QdqPlan(kept, layers, excluded, options.target, kept_float, auto_float, dict(reasons.tensors))
+
+
+def _units_on_quantized_inputs(view: GraphView, points: list[QuantPoint]) -> list[QuantPoint]:
+    """Keep an elementwise/pooling unit (Add, Mul, AveragePool, GlobalAveragePool) only when one of
+    its activation inputs is already the quantized output of another unit (a CNN's residual Add after
+    a QLinearConv): then it saves a DQ/Q round trip. A unit none of whose inputs is quantized (a
+    LayerNorm output times the attention mask in mean pooling) would only add rounding: it stays float.
+    Decided in graph order, so dropping one unit drops the units that relied on its output."""
+    by_node: dict[str, list[QuantPoint]] = defaultdict(list)
+    for p in points:
+        by_node[p.node].append(p)
+    outputs: set[str] = set()  # tensors quantized as some unit's output
+    dropped: set[str] = set()
+    for node in view.nodes:
+        pts = by_node.get(node.name)
+        if not pts:
+            continue
+        if node.op_type not in WEIGHTED_OPS:
+            inputs = [p.tensor for p in pts if p.consumer is not None and p.kind == "activation"]
+            if not any(t in outputs for t in inputs):
+                dropped.add(node.name)
+                continue
+        outputs.update(p.tensor for p in pts if p.consumer is None)
+    return [p for p in points if p.node not in dropped]
+
+
+def _float_matmul_outputs(view: GraphView, points: list[QuantPoint]) -> list[QuantPoint]:
+    """Drop the output Q of a MatMul/Gemm unit when some consumer of that output does not quantize
+    it (a bias Add, a reshape on the way to attention, a residual Add kept float): requantizing there
+    only adds an 8-bit rounding, while ``DQ -> MatMul`` with a float output still runs as
+    ONNX Runtime's MatMulIntegerToFloat."""
+    quantized_inputs = {(p.consumer, p.tensor) for p in points if p.kind == "activation" and p.consumer is not None}
+    out = []
+    for p in points:
+        if p.consumer is None and p.rule == "node_unit_output":
+            producer = view.producer.get(p.tensor)
+            if producer is not None and producer.op_type in ORT_FUSED_ACTIVATIONS:
+                producer = view.producer.get(producer.input[0])
+            if producer is not None and producer.op_type in ("MatMul", "Gemm"):
+                consumers = view.consumers.get(p.tensor, [])
+                if not consumers or any((c.name, p.tensor) not in quantized_inputs for c, _ in consumers):
+                    continue
+        out.append(p)
+    return out
 
 
 # --------------------------------------------------------------------------------------------
