@@ -40,6 +40,7 @@ from .evaluate import (
 )
 from .quantize import (
     ActivationRange,
+    QdqPlan,
     QuantizedModel,
     QuantizeOptions,
     QuantizeResult,
@@ -173,11 +174,18 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
     ``metric_output`` (default the first output) wins; ``metric="cosine"`` ranks by mean cosine
     first (the first method on ties; without an evaluator the first method)."""
     candidates = []
+    seen: dict[tuple[Any, ...], dict[str, OutputMetrics]] = {}
     for k, (method, ranges) in enumerate(ranges_per_method.items()):
         qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
         cand = Candidate(method, qm)
         if evaluator is not None:
-            cand.metrics = evaluator(qm.model)
+            # Methods that give every quantized tensor the same parameters (e.g. all inputs smoothed)
+            # build the same model: measured once.
+            key = tuple(sorted((t, qp.scale.tobytes(), qp.zero_point.tobytes()) for t, qp in qm.activation_qparams.items()))
+            if key in seen:
+                cand.metrics = seen[key]
+            else:
+                cand.metrics = seen[key] = evaluator(qm.model)
             log.info("method %s: %s", method, _brief(cand.metrics, metric_output))
         candidates.append(cand)
     if evaluator is None or len(candidates) == 1:
@@ -266,6 +274,98 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
 
 
 # --------------------------------------------------------------------------------------------
+# SmoothQuant and the held-out accuracy check
+
+DEFAULT_ALPHA = 0.8  # --smooth-quant auto without evaluation data
+MAX_TOP1_DROP_POINTS = 1.0  # the default check: top-1 agreement may drop by at most this
+MIN_COSINE = 0.99  # ... and an output without classes needs at least this mean cosine
+
+
+def _smoothed_ranges(base: Mapping[str, ActivationRange], smoothed: Mapping[str, tuple[float, float]]) -> dict[str, ActivationRange]:
+    out = dict(base)
+    for name, (lo, hi) in smoothed.items():
+        out[name] = ActivationRange(max(abs(lo), abs(hi)), lo, hi)
+    return out
+
+
+@dataclass
+class SmoothChoice:
+    alpha: float | None  # None: no smoothing
+    model: Any  # the (smoothed) FP32 model the Q/DQ model is built from
+    ranges: dict[str, tuple[float, float]]  # smoothed tensor -> exact (min, max)
+    groups: list[dict[str, Any]]
+    rows: list[dict[str, Any]]  # alpha candidates and their metrics
+
+
+def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, ActivationRange], options: QuantizeOptions,
+                     evaluator: Evaluator | None, request: float | str | None, *, metric_output: str | None = None,
+                     metric: str | None = None) -> SmoothChoice:
+    """SmoothQuant on the MatMul/Gemm inputs (:mod:`trtrepo.smoothquant`). ``request``: None (off),
+    an alpha, or "auto": each alpha of :data:`~trtrepo.smoothquant.AUTO_ALPHAS` and no smoothing
+    are quantized with ``first_ranges`` and compared on the held-out data; the best wins."""
+    from .smoothquant import AUTO_ALPHAS, apply_smoothquant
+
+    prepared = prepare_model(model)
+    none = SmoothChoice(None, model, {}, [], [])
+    channels = getattr(stats, "channels", None) or {}
+    if request is None or not channels:
+        return none
+    plan = plan_qdq(prepared, options, ranges=first_ranges)
+    skip = set(plan.excluded) | set(plan.auto_float) | set(plan.kept_float)
+    if request == "auto":
+        alphas: tuple[float | None, ...] = (None, *AUTO_ALPHAS) if evaluator is not None else (DEFAULT_ALPHA,)
+    else:
+        alphas = (float(request),)
+    best: tuple[tuple[float, ...], SmoothChoice] | None = None
+    rows: list[dict[str, Any]] = []
+    for alpha in alphas:
+        if alpha is None:
+            choice = SmoothChoice(None, model, {}, [], rows)
+        else:
+            sm = apply_smoothquant(prepared, channels, alpha, skip=skip)
+            if not sm.groups:
+                return none  # nothing to smooth (a CNN): no candidates to compare
+            choice = SmoothChoice(alpha, sm.model, sm.ranges, sm.groups, rows)
+        row: dict[str, Any] = {"alpha": alpha, "groups": len(choice.groups)}
+        if evaluator is not None and len(alphas) > 1:
+            qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
+            metrics = evaluator(qm.model)
+            row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
+            row["brief"] = _brief(metrics, metric_output)
+            log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
+            key = score(metrics, metric_output, metric)
+            if best is None or key > best[0]:
+                best = (key, choice)
+        rows.append(row)
+    chosen = best[1] if best is not None else choice
+    chosen.rows = rows
+    return chosen
+
+
+@dataclass(frozen=True)
+class AccuracyCheck:
+    """The check every quantize/deploy run ends with: on ``output`` (default: every output),
+    top-1 agreement may drop by at most ``max_top1_drop`` points and an output without classes
+    needs a mean cosine of at least ``min_cosine``."""
+
+    max_top1_drop: float = MAX_TOP1_DROP_POINTS
+    min_cosine: float = MIN_COSINE
+
+    def failures(self, metrics: Mapping[str, OutputMetrics], output: str | None = None) -> list[str]:
+        names = [output] if output else list(metrics)
+        out = []
+        for name in names:
+            m = metrics[name]
+            if m.top1_agreement is not None:
+                drop = 100.0 * (1.0 - m.top1_agreement)
+                if drop > self.max_top1_drop:
+                    out.append(f"output '{name}': top-1 drops by {drop:.2f} points (limit {self.max_top1_drop:g})")
+            elif m.cosine_mean < self.min_cosine:
+                out.append(f"output '{name}': mean cosine vs FP32 {m.cosine_mean:.4f} < {self.min_cosine:g}")
+        return out
+
+
+# --------------------------------------------------------------------------------------------
 # The quantize command's engine
 
 
@@ -289,12 +389,19 @@ def run_quantize(
     report_dir: str | Path | None = None,
     force: bool = True,
     progress: bool = False,
+    smooth_quant: float | str | None = "auto",
+    check: AccuracyCheck | None = AccuracyCheck(),
+    memory_budget_mb: float | None = None,
 ) -> QuantizeResult:
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
     ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
     anything fails. ``metric_output`` names the output that ``auto`` and ``accuracy_target``
-    are measured on (default: the first output; an embedding output wants ``cosine=``)."""
+    are measured on (default: the first output; an embedding output wants ``cosine=``).
+    ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data) or None.
+    ``check``: the held-out accuracy check against FP32 the run ends with (result in
+    ``report["accuracy_check"]``, a warning when it fails; None skips it)."""
+    from .smoothquant import parse_alpha
     from .data import open_data
     from .modelio import ModelIO
 
@@ -325,7 +432,8 @@ def run_quantize(
     def open_(spec: Any, with_args: bool = True) -> Any:
         return open_data(spec, io=io, **(data_args if with_args else {}))
 
-    need_eval = method == "auto" or accuracy_target is not None
+    sq_request = parse_alpha(smooth_quant)
+    need_eval = method == "auto" or accuracy_target is not None or check is not None or sq_request == "auto"
     calib_src = eval_src = None
     if given:
         if eval_data is not None:
@@ -337,8 +445,15 @@ def run_quantize(
         if eval_data is not None:
             calib_src, eval_src = source, open_(eval_data, with_args=False)
         elif need_eval:
-            calib_src, eval_src = split_holdout(source, holdout, seed)
-            log.info("holding out %d of %d samples of %s for evaluation", len(eval_src), len(source), source.name)
+            try:
+                calib_src, eval_src = split_holdout(source, holdout, seed)
+                log.info("holding out %d of %d samples of %s for evaluation", len(eval_src), len(source), source.name)
+            except UsageError:
+                if method == "auto" or accuracy_target is not None:
+                    raise
+                log.warning("%s: %d samples are too few to hold some out; the INT8 model's accuracy is NOT checked "
+                            "against FP32 (give more data or --eval-data)", source.name, len(source))
+                calib_src = source
         else:
             calib_src = source
     if accuracy_target is not None and eval_src is None:
@@ -359,20 +474,38 @@ def run_quantize(
     else:
         from .calibrate import Calibrator
 
+        from .smoothquant import smooth_candidates
+
+        channel_tensors = list(smooth_candidates(prepare_model(model))) if sq_request is not None else []
+        extra = {} if memory_budget_mb is None else {"memory_budget_mb": memory_budget_mb}
         cal = Calibrator(onnx_path, calib_src, batch_size=batch_size, progress=progress,
-                         tensors=calibration_tensors(model, options))
+                         tensors=calibration_tensors(model, options), channel_tensors=channel_tensors, **extra)
         stats = cal.collect()
         methods = METHODS if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
+    if sq_request is not None and stats is None and sq_request != "auto":
+        raise UsageError("--smooth-quant needs calibration data (--data): ranges and caches carry no per-channel statistics")
     metric = "cosine" if (accuracy_target is not None and accuracy_target.kind == "cosine") else None
-    best, candidates = select_method(model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
+    smooth = choose_smoothing(model, stats, next(iter(per_method.values())), options, evaluator, sq_request,
+                              metric_output=metric_output, metric=metric)
+    base_model = smooth.model
+    per_method = {k: _smoothed_ranges(v, smooth.ranges) for k, v in per_method.items()}
+    best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     chosen, metrics = best.quantized, best.metrics
     fb = None
     if accuracy_target is not None:
         if evaluator is None:  # pragma: no cover - eval_src is required above
             raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
-        fb = fallback(model, per_method[best.label], options, evaluator, accuracy_target, best)
+        fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
+    if metrics is None and evaluator is not None and check is not None:
+        metrics = evaluator(chosen.model)
+    check_failures: list[str] | None = None
+    if check is not None and metrics is not None:
+        check_failures = check.failures(metrics, metric_output or outputs[0])
+        if check_failures:
+            log.warning("INT8 ACCURACY LOSS on %d held-out samples: %s", len(eval_src) if eval_src is not None else 0,
+                        "; ".join(check_failures))
 
     path = save_model(chosen.model, out_path, force=force)
     result = _result(chosen, path, options, best.label)
@@ -384,6 +517,14 @@ def run_quantize(
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
     report["quantize_attention"] = options.quantize_attention
     report["reduce_range"] = options.reduce_range
+    report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
+                              "candidates": [{k: v for k, v in r.items() if k != "outputs"} for r in smooth.rows]}
+    report["accuracy_check"] = None if check is None else {
+        "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
+        "failures": check_failures or [], "max_top1_drop_points": check.max_top1_drop, "min_cosine": check.min_cosine,
+        "output": metric_output or outputs[0]}
+    if stats is not None:
+        report["input_methods"] = {t.name: best.label for t in io.inputs if t.name in stats}
     result.report = report
     if report_dir is not None:
         from .fsutil import report_json, write_report

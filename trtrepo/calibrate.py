@@ -64,7 +64,7 @@ import json
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -189,6 +189,8 @@ class Statistics:
     num_samples: int
     num_bins: int
     model: str = ""
+    # Per-channel (last axis) signed min and max of the ``channel_tensors`` (SmoothQuant's statistics).
+    channels: dict[str, tuple[np.ndarray, np.ndarray]] = field(default_factory=dict)
 
     def __contains__(self, name: object) -> bool:
         return name in self.tensors
@@ -414,7 +416,8 @@ class Calibrator:
                  progress: bool = True, preprocess: Any = None, labels: Any = None, limit: int | None = None,
                  seed: int | None = 0, tensors: Sequence[str] | None = None, op_types: Sequence[str] | None = None,
                  providers: Sequence[str] | None = None,
-                 memory_budget_mb: float | None = DEFAULT_MEMORY_BUDGET_MB) -> None:
+                 memory_budget_mb: float | None = DEFAULT_MEMORY_BUDGET_MB,
+                 channel_tensors: Sequence[str] = ()) -> None:
         if batch_size < 1:
             raise UsageError(f"--batch-size must be positive, got {batch_size}")
         if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
@@ -430,6 +433,9 @@ class Calibrator:
         self.memory_budget_mb = memory_budget_mb
         self._providers = providers
         self.tensors = list(tensors) if tensors is not None else select_tensors(self.model, op_types)
+        # Tensors whose per-channel (last axis) min/max pass 1 also records (SmoothQuant).
+        self.channel_tensors = list(dict.fromkeys(channel_tensors))
+        self.tensors += [t for t in self.channel_tensors if t not in self.tensors]
         if not self.tensors:
             raise UsageError(f"{self.model_path}: no float tensors to calibrate")
         known = tensor_names(self.model)
@@ -722,10 +728,18 @@ class Calibrator:
         lo = dict.fromkeys(self.tensors, math.inf)
         hi = dict.fromkeys(self.tensors, -math.inf)
         seen: set[str] = set()
+        channel_set = set(self.channel_tensors)
+        channels: dict[str, tuple[np.ndarray, np.ndarray]] = {}
         for name, value, indices in self._run("calibrate 1/2 (max)"):
             if value.size == 0:
                 del value
                 continue
+            if name in channel_set and value.ndim >= 1:
+                flat = value.reshape(-1, value.shape[-1])
+                cmin, cmax = flat.min(axis=0).astype(np.float64), flat.max(axis=0).astype(np.float64)
+                if name in channels and channels[name][0].shape == cmin.shape:
+                    cmin, cmax = np.minimum(channels[name][0], cmin), np.maximum(channels[name][1], cmax)
+                channels[name] = (cmin, cmax)
             vmin, vmax = float(value.min()), float(value.max())
             nan = not (math.isfinite(vmin) and math.isfinite(vmax)) and bool(np.isnan(value).any())
             del value  # no reference across the next run
@@ -753,7 +767,7 @@ class Calibrator:
             n: TensorStatistics(n, max_abs[n], lo[n] if n in seen else 0.0, hi[n] if n in seen else 0.0, counts[n])
             for n in self.tensors
         }
-        self.statistics = Statistics(tensors, len(self.source), self.num_bins, str(self.model_path))
+        self.statistics = Statistics(tensors, len(self.source), self.num_bins, str(self.model_path), channels)
         return self.statistics
 
     def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:

@@ -57,6 +57,9 @@ class DeployOptions:
     shapes: tuple[str, ...] = ()  # TensorRT profile per input, --shape NAME:MIN,OPT,MAX (default: from the data)
     metric_output: str | None = None  # output the INT8 method is chosen on (default: the first output)
     reduce_range: bool = False  # 7-bit weights for the ONNX Runtime backends (x86 CPUs without VNNI)
+    method: str = "auto"  # calibration method (auto: chosen on held-out data)
+    smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
+    accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
 
     def __post_init__(self) -> None:
         if self.backend not in BACKENDS:
@@ -197,9 +200,28 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             if target != "onnxruntime":
                 raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
             extra["reduce_range"] = True
-        result = quantize.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size, **extra)
+        result = quantize.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
+                                              method=opts.method, smooth_quant=opts.smooth_quant, **extra)
         method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
+        sq = (result.report or {}).get("smooth_quant") or {}
+        if sq.get("alpha") is not None:
+            method += f", smooth-quant {sq['alpha']}"
         step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
+        check = (result.report or {}).get("accuracy_check") or {}
+        if check.get("ok") is False:
+            failures = "; ".join(check["failures"])
+            if not opts.accept_accuracy_loss:
+                step.status = "fallback"
+                step.detail += f"; INT8 FAILED the held-out check vs FP32 ({failures}): deploying the FP32 model " \
+                               "(--accept-accuracy-loss ships the INT8 model anyway)"
+                report.notes.append(f"INT8 not shipped: {failures}")
+                log.warning("INT8 ACCURACY LOSS: %s; deploying FP32 instead", failures)
+                return onnx_path, "fp32"
+            report.notes.append(f"INT8 shipped with --accept-accuracy-loss although {failures}")
+        elif check.get("ok") is True:
+            step.detail += f"; held-out check vs FP32 on '{check['output']}' passed"
+        else:
+            report.notes.append("INT8 accuracy vs FP32 was NOT measured (too few samples to hold some out)")
         return result.path, "int8"
 
 

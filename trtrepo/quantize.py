@@ -1154,7 +1154,7 @@ def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: st
 def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
                         target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
                         force: bool = True, progress: bool = False, metric_output: str | None = None,
-                        reduce_range: bool = False) -> QuantizeResult:
+                        reduce_range: bool = False, smooth_quant: float | str | None = "auto") -> QuantizeResult:
     """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
     Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
@@ -1162,7 +1162,9 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
     :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
     on (default: the first output; give the embedding of a model whose first output is not a
     classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
-    Returns the path, the method used and the report."""
+    ``smooth_quant``: see :func:`trtrepo.autoquant.run_quantize`. The run ends with the held-out
+    check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
+    and the report."""
     from .autoquant import run_quantize
     from .data import DataSource, open_data
     from .modelio import ModelIO
@@ -1177,4 +1179,5 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
         data_source = source
     return run_quantize(onnx_path, out_path, data=data_source, method=method,
                         options=QuantizeOptions(target=target, reduce_range=reduce_range),
-                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output)
+                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
+                        smooth_quant=smooth_quant)

@@ -34,11 +34,18 @@ from ._options import data_options
 @click.option("--reduce-range", is_flag=True,
               help="7-bit INT8 weights for the ONNX Runtime backends: exact on x86 CPUs without VNNI even where "
                    "session.x64quantprecision is not set (Triton's onnxruntime backend).")
+@click.option("--method", type=click.Choice(("auto", "entropy", "minmax", "percentile", "mse")), default="auto",
+              show_default=True, help="INT8 range calibrator; auto keeps the best of the four on held-out data.")
+@click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
+              help="SmoothQuant on MatMul/Gemm inputs (auto: alpha chosen on held-out data, or none).")
+@click.option("--accept-accuracy-loss", is_flag=True,
+              help="Ship the INT8 model even when the held-out check against FP32 fails (top-1 agreement drop "
+                   "> 1 point or cosine < 0.99); without it the FP32 model is deployed instead.")
 @data_options(required=False)
 @model_config_options
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
-            metric_output: str | None, reduce_range: bool,
+            metric_output: str | None, reduce_range: bool, method: str, smooth_quant: str, accept_accuracy_loss: bool,
             data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
@@ -55,7 +62,8 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         precision=precision, data=data_spec, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
-        metric_output=metric_output, reduce_range=reduce_range,
+        metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
+        accept_accuracy_loss=accept_accuracy_loss,
     )
     report = deploy(opts)
     for line in report.summary_lines():

@@ -22,8 +22,12 @@ METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
               help="TensorRT calibration cache (scales) instead of ranges; refused when made for another model.")
 @data_options(required=False)
 @click.option("--method", type=click.Choice(METHODS), default=None,
-              help="With --data: range calibrator [default: entropy]; auto quantizes with all four and keeps the best "
-                   "on held-out data.")
+              help="With --data: range calibrator [default: auto: quantizes with all four and keeps the best "
+                   "on held-out data].")
+@click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
+              help="SmoothQuant on MatMul/Gemm inputs: migrate activation outliers into the weights with ALPHA in (0, 1]; "
+                   "auto compares 0.5/0.65/0.8/0.95 and none on held-out data.")
+
 @click.option("--target", type=click.Choice(("tensorrt", "onnxruntime")), default="tensorrt", show_default=True,
               help="tensorrt: TensorRT placement, int8 symmetric; onnxruntime: full node units, uint8 activations (CPU integer kernels).")
 @click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", help="Leave every node of this op type in float (repeatable).")
@@ -53,7 +57,8 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
             preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
-            reduce_range: bool, threads: int | None, report_dir: str | None, force: bool, progress: bool) -> None:
+            reduce_range: bool, threads: int | None, report_dir: str | None, force: bool, progress: bool,
+            smooth_quant: str) -> None:
     """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
 
     Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
@@ -72,7 +77,7 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
     if (ranges_path or cache_path) and method is not None:
         flag = "--ranges" if ranges_path else "--cache"
         raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {flag} (ranges are used as given)")
-    method = method or "entropy"
+    method = method or ("auto" if data_spec else "entropy")
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
@@ -84,6 +89,7 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
         batch_size=batch_size,
         threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
         report_dir=report_dir, force=force, progress=progress,
+        smooth_quant=smooth_quant if data_spec else None,
     )
     report = result.report or {}
     took = time.perf_counter() - started
@@ -110,5 +116,16 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
                    f"layer(s) left in float (value {steps[-1]['value']:.6g})")
         for name in report["layers_in_float"]:
             click.echo(f"    float: {name}")
+    sq = report.get("smooth_quant") or {}
+    if sq.get("alpha") is not None:
+        click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s)")
     if report_dir is not None:
         click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
+    check = report.get("accuracy_check") or {}
+    if check.get("ok") is True:
+        click.echo(f"  held-out check vs FP32 on '{check['output']}': ok")
+    elif check.get("measured") is False or (check and check.get("ok") is None):
+        click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
+    elif check.get("ok") is False:
+        click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
+                   + " (written anyway; try --accuracy-target, --smooth-quant or --exclude-node)", err=True)
