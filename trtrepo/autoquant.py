@@ -40,7 +40,6 @@ from .evaluate import (
 )
 from .quantize import (
     ActivationRange,
-    QdqPlan,
     QuantizedModel,
     QuantizeOptions,
     QuantizeResult,
@@ -401,9 +400,9 @@ def run_quantize(
     ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data) or None.
     ``check``: the held-out accuracy check against FP32 the run ends with (result in
     ``report["accuracy_check"]``, a warning when it fails; None skips it)."""
-    from .smoothquant import parse_alpha
     from .data import open_data
     from .modelio import ModelIO
+    from .smoothquant import parse_alpha
 
     options = options or QuantizeOptions()
     if isinstance(accuracy_target, str):
@@ -473,13 +472,14 @@ def run_quantize(
         per_method = {"cache": activation_ranges(ranges_from_cache(cache, model))}
     else:
         from .calibrate import Calibrator
-
         from .smoothquant import smooth_candidates
 
         channel_tensors = list(smooth_candidates(prepare_model(model))) if sq_request is not None else []
-        extra = {} if memory_budget_mb is None else {"memory_budget_mb": memory_budget_mb}
+        from .calibrate import DEFAULT_MEMORY_BUDGET_MB
+
         cal = Calibrator(onnx_path, calib_src, batch_size=batch_size, progress=progress,
-                         tensors=calibration_tensors(model, options), channel_tensors=channel_tensors, **extra)
+                         tensors=calibration_tensors(model, options), channel_tensors=channel_tensors,
+                         memory_budget_mb=memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
         stats = cal.collect()
         methods = METHODS if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}

@@ -160,7 +160,7 @@ def apply_smoothquant(model: Any, channels: Mapping[str, tuple[np.ndarray, np.nd
         if not names or x not in channels:
             continue
         cmin, cmax = (np.asarray(v, np.float64) for v in channels[x])
-        rows = []
+        rows: list[tuple[Any, np.ndarray, int, np.ndarray]] = []
         for n in names:
             node = nodes[n]
             w = numpy_helper.to_array(inits[node.input[1]])
