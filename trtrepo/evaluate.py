@@ -109,9 +109,27 @@ def is_classification(outputs: np.ndarray) -> bool:
     return np.ndim(outputs) == 2 and np.shape(outputs)[1] >= 2
 
 
+EMBEDDING_NAME_HINTS = ("embed", "pool", "feature", "hidden", "vector", "encod", "sentence", "token")
+
+
+def looks_like_embedding(name: str, values: np.ndarray) -> bool:
+    """An ``[N, C]`` output that is an embedding rather than class scores: its rows are
+    L2-normalised (a sentence encoder's output), or its name says so (``sentence_embedding``,
+    ``pooler_output``, ``features``, ...). Its argmax means nothing, so top-1 is not reported."""
+    lowered = name.lower()
+    if any(h in lowered for h in EMBEDDING_NAME_HINTS):
+        return True
+    v = np.asarray(values, np.float64)
+    if v.ndim == 2 and v.shape[0] > 0 and v.shape[1] >= 8:
+        norms = np.linalg.norm(v, axis=1)
+        return bool(np.all(np.abs(norms - 1.0) < 1e-3))
+    return False
+
+
 def label_output(outputs: Mapping[str, np.ndarray]) -> str | None:
-    """The default label output: the first ``[N, C]`` output (None when there is none)."""
-    return next((name for name, v in outputs.items() if is_classification(v)), None)
+    """The default label output: the first ``[N, C]`` output that does not look like an
+    embedding (:func:`looks_like_embedding`); None when there is none."""
+    return next((name for name, v in outputs.items() if is_classification(v) and not looks_like_embedding(name, v)), None)
 
 
 def classification_outputs(outputs: Mapping[str, np.ndarray], names: str | Iterable[str] | None = None) -> tuple[str, ...]:
