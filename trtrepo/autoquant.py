@@ -717,6 +717,8 @@ def run_quantize(
         "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
         "failures": check_failures or [], "max_top1_drop_points": check.max_top1_drop, "min_cosine": check.min_cosine,
         "output": metric_output or outputs[0]}
+    if options.target == "onnxruntime":
+        report["integer_kernels"] = _kernel_report(base_model, per_method[best.label], options, chosen)
     if stats is not None:
         report["input_methods"] = {t.name: best.label for t in io.inputs if t.name in stats}
     result.report = report
@@ -725,6 +727,30 @@ def run_quantize(
 
         write_report(report_dir, "quantize", report_json(report), report_markdown(report))
     return result
+
+
+def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions,
+                   chosen: QuantizedModel) -> dict[str, Any]:
+    """Integer kernels ONNX Runtime runs for the chosen model and, per ``--exclude-op`` /
+    ``--exclude-node``, how many kernels that exclusion costs (the count without it, minus now)."""
+    from dataclasses import replace
+
+    from .evaluate import integer_kernels
+
+    now = integer_kernels(chosen.model)
+    costs: list[dict[str, Any]] = []
+    for kind, values in (("op", options.exclude_ops), ("node", options.exclude_nodes)):
+        for value in values:
+            rest = tuple(v for v in values if v != value)
+            opts = replace(options, exclude_ops=rest) if kind == "op" else replace(options, exclude_nodes=rest)
+            try:
+                without = insert_qdq(model, ranges, opts, warn=False)
+            except UsageError:
+                continue
+            total = integer_kernels(without.model)["total"]
+            costs.append({"exclusion": f"--exclude-{kind} {value}", "kernels_without_it": total,
+                          "kernels_lost": total - now["total"]})
+    return {"kernels": now, "exclusion_costs": costs}
 
 
 def _report(onnx_path: Path, out: Path, options: QuantizeOptions, method: str, best: Candidate,
@@ -771,6 +797,25 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         if report.get("kept_float"):
             lines += ["| node | reason |", "|---|---|"]
             lines += [f"| `{t['node']}` | {t['reason']} |" for t in report["kept_float"]]
+    kr = report.get("integer_kernels")
+    if kr:
+        ks = kr["kernels"]
+        lines += ["", f"- ONNX Runtime integer kernels: {ks['total']} (" +
+                  ", ".join(f"{k} {v}" for k, v in ks.items() if k != "total") + ")"]
+        for c in kr.get("exclusion_costs", []):
+            lines.append(f"- `{c['exclusion']}` costs {c['kernels_lost']} integer kernel(s) ({c['kernels_without_it']} without it)")
+    sq = report.get("smooth_quant")
+    if sq and sq.get("alpha") is not None:
+        lines.append(f"- SmoothQuant alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s) (requested {sq['requested']})")
+    check = report.get("accuracy_check")
+    if check:
+        if check.get("ok") is True:
+            lines.append(f"- held-out check vs FP32 on `{check['output']}`: **passed** (top-1 drop <= "
+                         f"{check['max_top1_drop_points']:g} points, cosine >= {check['min_cosine']:g})")
+        elif check.get("ok") is False:
+            lines.append("- held-out check vs FP32: **FAILED**: " + "; ".join(check["failures"]))
+        else:
+            lines.append("- held-out check vs FP32: **not measured** (no held-out data)")
     if report["methods"]:
         lines += ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | cosine min | max abs err |",
                   "|---|---|---|---|---|---|"]

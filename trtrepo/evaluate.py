@@ -350,6 +350,28 @@ class RunOutputs:
     labels: np.ndarray | None
 
 
+def integer_kernels(model: Any) -> dict[str, int]:
+    """``{op type: count}`` of the integer kernels (QLinear*, *Integer*, QGemm, QAttention, ...) in
+    the graph ONNX Runtime's CPU provider actually runs for ``model`` (ORT_ENABLE_ALL), and their
+    ``total``: what an INT8 model gains on the CPU, as ONNX Runtime fused it."""
+    import tempfile
+    from collections import Counter
+
+    import onnx
+
+    with tempfile.TemporaryDirectory(prefix="trtrepo-kernels-") as tmp:
+        path = Path(tmp) / "optimized.onnx"
+        make_session(model, threads=1, optimized_path=path)
+        graph = onnx.load(str(path), load_external_data=False).graph
+        counts = Counter(n.op_type for n in graph.node
+                         if n.op_type.startswith("QLinear") or "Integer" in n.op_type
+                         or (n.domain == "com.microsoft" and n.op_type.startswith("Q") and n.op_type != "QuickGelu")
+                         or n.op_type == "DynamicQuantizeMatMul")
+    out = dict(sorted(counts.items()))
+    out["total"] = sum(counts.values())
+    return out
+
+
 def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
              session: Any = None, io: Any = None, batches: Sequence[Any] | None = None) -> RunOutputs:
     """Run ``model`` over every sample of ``source`` (or over prepared ``batches`` of
