@@ -1,0 +1,89 @@
+"""Safe defaults (issue 13): every quantize/deploy run ends with a held-out check against FP32.
+A model whose INT8 version really loses accuracy (a MatMul input with one +-1000 channel that
+the weights ignore, so one per-tensor 8-bit scale rounds every useful channel to zero) makes
+``quantize`` warn loudly and record it, and ``deploy`` ship FP32 unless --accept-accuracy-loss."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from trtrepo.autoquant import AccuracyCheck, run_quantize
+from trtrepo.evaluate import OutputMetrics
+from trtrepo.quantize import QuantizeOptions
+
+K, C, N = 8, 16, 300
+
+
+@pytest.fixture(scope="module")
+def hard_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    rng = np.random.default_rng(0)
+    w = rng.normal(0, 1, (K, C)).astype(np.float32)
+    w[0] = 0.0  # the outlier channel carries no information
+    graph = helper.make_graph(
+        [helper.make_node("MatMul", ["x", "w"], ["logits"], name="fc")], "hard",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", K])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["n", C])], [numpy_helper.from_array(w, "w")])
+    folder = tmp_path_factory.mktemp("hard")
+    model = folder / "hard.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(model))
+    x = rng.normal(0, 0.05, (N, K)).astype(np.float32)
+    x[:, 0] = rng.choice([-1000.0, 1000.0], N)
+    data = folder / "x.npz"
+    np.savez(data, x=x)
+    return model, data
+
+
+def test_quantize_warns_and_reports_a_failed_check(hard_case, tmp_path, caplog):
+    model, data = hard_case
+    with caplog.at_level("WARNING", logger="trtrepo.autoquant"):
+        res = run_quantize(model, tmp_path / "q.onnx", data=str(data), method="auto",
+                           options=QuantizeOptions(target="onnxruntime"))
+    check = res.report["accuracy_check"]
+    assert check["measured"] and check["ok"] is False and "top-1" in check["failures"][0]
+    assert any("INT8 ACCURACY LOSS" in r.getMessage() for r in caplog.records)
+    assert (tmp_path / "q.onnx").is_file()  # quantize writes it anyway, and says so
+
+
+def test_cli_quantize_prints_the_loss_on_stderr(hard_case, tmp_path, run_cli):
+    model, data = hard_case
+    result = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx")
+    assert result.exit_code == 0
+    assert "INT8 ACCURACY LOSS" in result.stderr and "top-1" in result.stderr
+
+
+@pytest.mark.parametrize("accept", [False, True])
+def test_deploy_ships_fp32_unless_accuracy_loss_is_accepted(hard_case, tmp_path, accept):
+    from trtrepo.deploy import DeployOptions, deploy
+
+    model, data = hard_case
+    report = deploy(DeployOptions(source=str(model), data=str(data), backend="onnxruntime", repo=str(tmp_path / "repo"),
+                                  workdir=str(tmp_path / "work"), accept_accuracy_loss=accept))
+    (deployed,) = report.models
+    step = next(s for s in report.steps if s.step == "int8")
+    if accept:
+        assert deployed.precision == "int8" and any("--accept-accuracy-loss" in n for n in report.notes)
+    else:
+        assert deployed.precision == "fp32" and step.status == "fallback" and "FAILED the held-out check" in step.detail
+        assert any("INT8 not shipped" in n for n in report.notes)
+
+
+def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
+    res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
+                       options=QuantizeOptions(target="tensorrt"))
+    assert res.report["accuracy_check"]["ok"] is True
+    assert res.report["input_methods"] == {"input": res.method}
+
+
+def metrics(top1: float | None, cosine: float) -> dict[str, OutputMetrics]:
+    return {"y": OutputMetrics("y", 10, 0.1, 0.01, cosine, cosine, top1_agreement=top1)}
+
+
+@pytest.mark.parametrize("top1,cosine,fails", [(0.995, 0.5, False), (0.985, 0.999, True), (None, 0.995, False),
+                                               (None, 0.985, True)])
+def test_check_thresholds(top1, cosine, fails):
+    assert bool(AccuracyCheck().failures(metrics(top1, cosine))) == fails
