@@ -47,7 +47,7 @@ def outputs(stats: Statistics, folder: Path, tag: str) -> tuple[bytes, bytes]:
     return json_path.read_bytes(), cache_path.read_bytes()
 
 
-@pytest.mark.parametrize(("model", "data", "limit"), [("demo", "demo:calib", 32), ("demo-text", "demo-text:calib", 48)])
+@pytest.mark.parametrize(("model", "data", "limit"), [("demo", "demo:calib", 24), ("demo-text", "demo-text:calib", 40)])
 def test_budget_does_not_change_the_statistics(model: str, data: str, limit: int, demo_onnx: Path,
                                                demo_text_onnx: Path, tmp_path: Path) -> None:
     path = demo_onnx if model == "demo" else demo_text_onnx
