@@ -494,6 +494,7 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
 # SmoothQuant and the held-out accuracy check
 
 DEFAULT_ALPHA = 0.8  # --smooth-quant auto without evaluation data
+AUTO_MIN_GROUPS = 2  # --smooth-quant auto tries alphas only on models with this many smoothable MatMul/Gemm inputs
 MAX_TOP1_DROP_POINTS = 1.0  # the default check: top-1 agreement may drop by at most this
 MIN_COSINE = 0.99  # ... and an output without classes needs at least this mean cosine
 
@@ -519,7 +520,9 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
                      metric: str | None = None) -> SmoothChoice:
     """SmoothQuant on the MatMul/Gemm inputs (:mod:`trtrepo.smoothquant`). ``request``: None (off),
     an alpha, or "auto": each alpha of :data:`~trtrepo.smoothquant.AUTO_ALPHAS` and no smoothing
-    are quantized with ``first_ranges`` and compared on the held-out data; the best wins."""
+    are quantized with ``first_ranges`` and compared on the held-out data; the best wins. "auto"
+    leaves models with fewer than :data:`AUTO_MIN_GROUPS` smoothable inputs alone (a CNN whose
+    only MatMul/Gemm is the classifier)."""
     from .smoothquant import AUTO_ALPHAS, apply_smoothquant
 
     prepared = prepare_model(model)
@@ -530,6 +533,10 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
     plan = plan_qdq(prepared, options, ranges=first_ranges)
     skip = set(plan.excluded) | set(plan.auto_float) | set(plan.kept_float)
     if request == "auto":
+        from .smoothquant import smooth_candidates
+
+        if len([x for x, nodes in smooth_candidates(prepared).items() if set(nodes) - skip]) < AUTO_MIN_GROUPS:
+            return none  # a CNN with one classifier Gemm: nothing worth five evaluations
         alphas: tuple[float | None, ...] = (None, *AUTO_ALPHAS) if evaluator is not None else (DEFAULT_ALPHA,)
     else:
         alphas = (float(request),)
