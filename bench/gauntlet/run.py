@@ -516,6 +516,9 @@ def machine_info() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[pkg] = None
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--", "trtrepo"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    if commit and dirty:
+        commit += " + uncommitted changes in trtrepo/"
     return {"cpu": cpu, "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
             "cpu_count": os.cpu_count(), "threads": THREADS, "versions": versions, "trtrepo_commit": commit or None,
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
