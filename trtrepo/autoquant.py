@@ -219,23 +219,35 @@ def _select_streaming(model: Any, ranges_per_method: Mapping[str, Mapping[str, A
                       evaluator: Evaluator, *, metric_output: str | None, metric: str | None) -> tuple[Candidate, list[Candidate]]:
     """:func:`select_method` holding one candidate model at a time besides the best (a 110 M
     parameter encoder is ~0.5 GB per Q/DQ copy): the losers keep their label and metrics only."""
+    import gc
+
     best: Candidate | None = None
     rows: list[Candidate] = []
     seen: dict[tuple[Any, ...], dict[str, OutputMetrics]] = {}
+    planned: list[str] | None = None  # the activations the first candidate quantizes
     for k, (method, ranges) in enumerate(ranges_per_method.items()):
-        qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
-        key = tuple(sorted((t, qp.scale.tobytes(), qp.zero_point.tobytes()) for t, qp in qm.activation_qparams.items()))
-        metrics = seen[key] if key in seen else evaluator(qm.model)
-        seen[key] = metrics
+        # Methods that give every quantized tensor the same range (all inputs smoothed, say)
+        # build the same model: measured once, not even rebuilt.
+        key = None if planned is None else tuple((t, repr(ranges.get(t))) for t in planned)
+        if key is not None and key in seen:
+            metrics = seen[key]
+            cand = Candidate(method, None, metrics)  # type: ignore[arg-type]
+        else:
+            qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
+            if planned is None:
+                planned = sorted(qm.activation_qparams)
+                key = tuple((t, repr(ranges.get(t))) for t in planned)
+            metrics = seen[key] = evaluator(qm.model)  # type: ignore[index]
+            cand = Candidate(method, qm, metrics)
         log.info("method %s: %s", method, _brief(metrics, metric_output))
-        cand = Candidate(method, qm, metrics)
         rows.append(cand)
         if best is None or score(metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
             best = cand
         for c in rows:
             if c is not best:
                 c.quantized = None  # type: ignore[assignment]
-    assert best is not None
+        gc.collect()
+    assert best is not None and best.quantized is not None
     return best, rows
 
 
@@ -540,28 +552,44 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
         alphas: tuple[float | None, ...] = (None, *AUTO_ALPHAS) if evaluator is not None else (DEFAULT_ALPHA,)
     else:
         alphas = (float(request),)
-    best: tuple[tuple[float, ...], SmoothChoice] | None = None
-    rows: list[dict[str, Any]] = []
-    for alpha in alphas:
+    import gc
+
+    def build(alpha: float | None) -> SmoothChoice:
         if alpha is None:
-            choice = SmoothChoice(None, model, {}, [], rows)
-        else:
-            sm = apply_smoothquant(prepared, channels, alpha, skip=skip)
-            if not sm.groups:
-                return none  # nothing to smooth (a CNN): no candidates to compare
-            choice = SmoothChoice(alpha, sm.model, sm.ranges, sm.groups, rows)
+            return SmoothChoice(None, model, {}, [], [])
+        sm = apply_smoothquant(prepared, channels, alpha, skip=skip)
+        return SmoothChoice(alpha, sm.model, sm.ranges, sm.groups, [])
+
+    best: tuple[tuple[float, ...], float | None] | None = None
+    rows: list[dict[str, Any]] = []
+    if len(alphas) == 1:
+        chosen = build(alphas[0])
+        if not chosen.groups:
+            return none
+        chosen.rows = [{"alpha": alphas[0], "groups": len(chosen.groups)}]
+        return chosen
+    assert evaluator is not None
+    for alpha in alphas:
+        # one candidate model alive at a time (each is a full copy of the weights): build,
+        # measure, drop; the winner is rebuilt at the end (smoothing is deterministic)
+        choice = build(alpha)
+        if alpha is not None and not choice.groups:
+            return none  # nothing to smooth: no candidates to compare
         row: dict[str, Any] = {"alpha": alpha, "groups": len(choice.groups)}
-        if evaluator is not None and len(alphas) > 1:
-            qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
-            metrics = evaluator(qm.model)
-            row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
-            row["brief"] = _brief(metrics, metric_output)
-            log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
-            key = score(metrics, metric_output, metric)
-            if best is None or key > best[0]:
-                best = (key, choice)
+        qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
+        del choice
+        metrics = evaluator(qm.model)
+        del qm
+        gc.collect()
+        row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
+        row["brief"] = _brief(metrics, metric_output)
+        log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
+        key = score(metrics, metric_output, metric)
+        if best is None or key > best[0]:
+            best = (key, alpha)
         rows.append(row)
-    chosen = best[1] if best is not None else choice
+    assert best is not None
+    chosen = build(best[1])
     chosen.rows = rows
     return chosen
 
@@ -706,6 +734,10 @@ def run_quantize(
                          tensors=calibration_tensors(model, options), channel_tensors=channel_tensors,
                          memory_budget_mb=memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
         stats = cal.collect()
+        del cal  # its ONNX Runtime session holds the model with every tensor as an output
+        import gc
+
+        gc.collect()
         methods = METHODS if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
     if sq_request is not None and stats is None and sq_request != "auto":

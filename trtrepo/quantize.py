@@ -80,6 +80,7 @@ AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (en
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 _INT8_MAX = 127.0
 _INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
+CHECK_FULL_BYTES = 64 * 2**20  # insert_qdq: onnx.checker on the whole model below this size
 
 
 # --------------------------------------------------------------------------------------------
@@ -214,7 +215,7 @@ class GraphView:
                     self.consumers[name].append((node, i))
         self.elem_type: dict[str, int] = {}
         try:
-            inferred = onnx.shape_inference.infer_shapes(model)
+            inferred = onnx.shape_inference.infer_shapes(without_weights(model))
         except Exception as exc:  # shape inference is a help, not a requirement
             log.debug("shape inference failed: %s", exc)
             inferred = model
@@ -274,6 +275,29 @@ class GraphView:
             result = bool(np.all(self.constant_array(name) >= 0))
         self._nonneg[name] = result
         return result
+
+
+def without_weights(model: Any) -> Any:
+    """A copy of ``model`` whose initializers are graph inputs (name, type, shape) without data:
+    what shape/type inference needs, without copying a 110 M-parameter model's weights."""
+    import onnx
+    from onnx import helper
+
+    light = onnx.ModelProto()
+    light.CopyFrom(onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                                   producer_name=model.producer_name))
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared = {i.name for i in model.graph.input}
+    for t in model.graph.initializer:
+        if t.name not in declared:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
 
 
 Rule = Callable[[GraphView, Any, QuantizeOptions], list[QuantPoint]]
@@ -1002,7 +1026,9 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
     _drop_unused_initializers(work)
     try:
-        onnx.checker.check_model(work)
+        # The checker serializes the model: for a large one (a copy of every weight) check the
+        # graph without the weights; ONNX Runtime checks the rest when it loads the model.
+        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else without_weights(work))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc

@@ -210,6 +210,13 @@ def apply_smoothquant(model: Any, channels: Mapping[str, tuple[np.ndarray, np.nd
         ranges[xs] = (lo, hi)
         groups.append({"input": x, "nodes": [r[0].name for r in rows], "folded_into": mul.name,
                        "outlier_ratio": _ratio(act), "smoothed_ratio": _ratio(act / s)})
+    # the original weights (and LayerNorm scales) now read by nobody: dropped, not carried twice
+    used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
+    used |= {i for muls in inserted.values() for n in muls for i in n.input}
+    if any(t.name not in used for t in graph.initializer):
+        keep = [t for t in graph.initializer if t.name in used]
+        del graph.initializer[:]
+        graph.initializer.extend(keep)
     if inserted:
         order = list(inserted.get("", []))
         for n in graph.node:
