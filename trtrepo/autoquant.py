@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import math
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -158,8 +159,6 @@ class Evaluator:
     def _run(self, model: Any) -> RunOutputs:
         """Run ``model`` on the held-out data; the inference time (without building the session)
         goes to ``last_seconds``."""
-        import time
-
         from .evaluate import make_session
 
         session = make_session(model, threads=self.threads)
@@ -385,8 +384,6 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
 
     Bounded by ``budget_s`` (the best model meeting the target so far is returned when it runs
     out; an error when none does)."""
-    import time
-
     t0 = time.perf_counter()
     check_reachable(target, evaluator)
     metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
@@ -684,6 +681,8 @@ def run_quantize(
     def open_(spec: Any, with_args: bool = True) -> Any:
         return open_data(spec, io=io, **(data_args if with_args else {}))
 
+    t_start = time.perf_counter()
+    timings: dict[str, float] = {}
     sq_request = parse_alpha(smooth_quant)
     need_eval = method == "auto" or accuracy_target is not None or check is not None or sq_request == "auto"
     calib_src = eval_src = None
@@ -730,10 +729,12 @@ def run_quantize(
         channel_tensors = list(smooth_candidates(prepare_model(model))) if sq_request is not None else []
         from .calibrate import DEFAULT_MEMORY_BUDGET_MB
 
+        t_cal = time.perf_counter()
         cal = Calibrator(onnx_path, calib_src, batch_size=batch_size, progress=progress,
                          tensors=calibration_tensors(model, options), channel_tensors=channel_tensors,
                          memory_budget_mb=memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
         stats = cal.collect()
+        timings["calibration"] = time.perf_counter() - t_cal
         del cal  # its ONNX Runtime session holds the model with every tensor as an output
         import gc
 
@@ -772,6 +773,8 @@ def run_quantize(
     result.layers_in_float = list(chosen.plan.excluded)
     report = _report(onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src,
                      calib_src, stats)
+    timings["total"] = time.perf_counter() - t_start
+    report["seconds"] = timings  # calibration (both passes) and total, selection and checks included
     report["metric_output"] = metric_output or outputs[0]
     report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
