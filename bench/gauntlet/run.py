@@ -319,7 +319,8 @@ def run_trtrepo(spec: ModelSpec, target: str, out: Path, report_dir: Path, n_cal
                    accuracy_check_ok=check.get("ok"), accuracy_check_failures=check.get("failures") or [],
                    accuracy_check_output=check.get("output"), trtrepo_calibration_samples=rep.get("calibration_samples"),
                    trtrepo_holdout_samples=(rep.get("evaluation_data") or {}).get("samples"),
-                   kept_float=len(rep.get("kept_float") or []))
+                   kept_float=len(rep.get("kept_float") or []),
+                   calibration_s=(rep.get("seconds") or {}).get("calibration"))
     else:
         row["error"] = f"no report {rpath}"
     return row
@@ -479,6 +480,8 @@ def notes(row: dict[str, Any]) -> str:
     if row["family"] == "trtrepo":
         alpha = row.get("smooth_quant_alpha")
         parts.append(f"method {row.get('method')}, SmoothQuant {'alpha ' + str(alpha) if alpha is not None else 'off'}")
+        if row.get("calibration_s") is not None:
+            parts.append(f"calibration {row['calibration_s']:.1f} s of it")
         ok = row.get("accuracy_check_ok")
         if ok is True:
             parts.append("held-out check ok")
