@@ -296,8 +296,9 @@ def check_reachable(target: AccuracyTarget, evaluator: Evaluator) -> None:
 
 
 # Layer roles (what the fallback leaves in float as a group before single layers).
-_ACT_OPS = ("Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "FastGelu", "BiasGelu", "Clip", "HardSigmoid", "HardSwish", "Mul")
-_THROUGH = ("Reshape", "Transpose", "Cast", "Identity", "Add", "Squeeze", "Unsqueeze", "Flatten", "Div", "Mul")
+_ACT_OPS = ("Relu", "Gelu", "Erf", "Tanh", "Sigmoid", "FastGelu", "BiasGelu", "Clip", "HardSigmoid", "HardSwish", "Softplus",
+            "LeakyRelu", "Elu", "Mish")
+_LAYOUT_OPS = ("Reshape", "Transpose", "Cast", "Identity", "Squeeze", "Unsqueeze", "Flatten")
 
 
 def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
@@ -314,19 +315,30 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
     def act_matmul(node: Any) -> bool:
         return node.op_type in ("MatMul", "Gemm") and all(view.is_float_activation(i) for i in node.input[:2] if i)
 
-    def reaches_attention(tensor: str, depth: int = 5) -> bool:
+    def transparent(node: Any) -> bool:
+        """Reshapes, casts, and elementwise ops with one activation input (a bias Add, a scale,
+        SmoothQuant's Mul, GELU's * 0.5): they do not change what a tensor is."""
+        if node.op_type in _LAYOUT_OPS:
+            return True
+        return node.op_type in ("Add", "Sub", "Mul", "Div") and sum(view.is_float_activation(i) for i in node.input) == 1
+
+    def source(tensor: str, depth: int = 8) -> Any:
+        p = view.producer.get(tensor)
+        while p is not None and depth > 0 and transparent(p):
+            act = next((i for i in p.input if view.is_float_activation(i)), None)
+            p, depth = (view.producer.get(act) if act else None), depth - 1
+        return p
+
+    def reaches_attention(tensor: str, depth: int = 8) -> bool:
         for c, _ in view.consumers.get(tensor, []):
-            if act_matmul(c) or (depth > 0 and c.op_type in _THROUGH and reaches_attention(c.output[0], depth - 1)):
+            if act_matmul(c) or (depth > 0 and transparent(c) and reaches_attention(c.output[0], depth - 1)):
                 return True
         return False
 
-    def from_attention(tensor: str, depth: int = 5) -> bool:
-        p = view.producer.get(tensor)
-        if p is None:
-            return False
-        if act_matmul(p):
-            return True
-        return depth > 0 and p.op_type in ("Reshape", "Transpose", "Cast", "Identity") and from_attention(p.input[0], depth - 1)
+    def after_activation(p: Any) -> bool:
+        from .quantize import gating_product
+
+        return p is not None and (p.op_type in _ACT_OPS or (p.op_type == "Mul" and gating_product(view, p)))
 
     roles: dict[str, str] = {}
     weighted = []
@@ -338,11 +350,11 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
         if op in ("Conv", "ConvTranspose"):
             roles[name] = "conv"
         elif op in ("MatMul", "Gemm"):
-            if reaches_attention(node.output[0]) or from_attention(node.input[0]):
+            src = source(node.input[0])
+            if reaches_attention(node.output[0]) or (src is not None and act_matmul(src)):
                 roles[name] = "attention"
             else:
-                p = view.producer.get(node.input[0])
-                roles[name] = "mlp_down" if p is not None and p.op_type in _ACT_OPS else "mlp_up"
+                roles[name] = "mlp_down" if after_activation(src) else "mlp_up"
         elif op in ("Add", "Mul"):
             roles[name] = "residual_add"
         else:
