@@ -1,21 +1,24 @@
 """Benchmark: peak memory of ``Calibrator(model, data, batch_size=B).collect()`` against the batch
-size, with the memory budget (default 512 MB) and without it (``memory_budget_mb=None``, whole
-batches as before the budget), on all-mpnet-base-v2 (the gauntlet's ONNX export).
+size, with the memory budget (default 512 MB; ``--budgets 512 none`` adds runs without it, whole
+batches as before the budget), on all-mpnet-base-v2 (the gauntlet's ONNX export, 436 MB of
+weights embedded in the file).
 
 Data: ``--sentences`` (128) English-like sentences of 4 to 60 words generated from a fixed seed,
 tokenized with the model's own tokenizer (``transformers.AutoTokenizer``, local files only) and
 padded to the longest, so that every batch is full; ``input_ids`` and ``attention_mask`` int64
 in an .npz that the calibrator reads as its data spec.
 
-Every run is a fresh subprocess. Reported per run: wall time of ``collect()``, the process's peak
-RSS (``VmHWM``, session build included), the growth of RSS during ``collect()`` (peak after the
-session is built minus the RSS then; memory the session build freed is reused first, so this
-understates), and whether its TensorRT cache (entropy) and ranges JSON are
-byte-identical to batch size 1 with the same budget and to the run without a budget at the same
-batch size.
+Every run is a fresh subprocess. Reported per run: the time to build the calibrator and its
+session (imports included) and the time of ``collect()``; the process's peak RSS (``VmHWM``:
+interpreter, imports, model, session build and ``collect()``) and its peak before ``collect()``
+(``build peak``); the growth of RSS during ``collect()`` (peak after the session is built minus
+the RSS then); whether its TensorRT cache (entropy) and ranges JSON are byte-identical to the
+first batch size with the same budget (``== bs``), to the run without a budget at the same batch
+size (``== none``) and to the same run saved by an earlier ``--save`` (``== ref``, e.g. of the code
+before a change: ``--save DIR`` there, ``--reference DIR`` here).
 
     python bench/calib_memory.py [--model /work/gauntlet-cache/mpnet/model.onnx]
-        [--batch-sizes 1 16 32 64] [--budgets 512 none] [--sentences 128]
+        [--batch-sizes 1 16 32 64] [--budgets 512 none] [--sentences 128] [--save DIR] [--reference DIR]
 """
 
 from __future__ import annotations
@@ -69,10 +72,12 @@ def make_data(model: Path, tokenizer_dir: Path, n: int, path: Path) -> tuple[int
 
 
 def worker(model: str, data: str, batch_size: int, budget: float | None, out: str) -> dict:
+    start = time.perf_counter()
     from trtrepo.calibrate import Calibrator
 
     cal = Calibrator(model, data, batch_size=batch_size, progress=False, memory_budget_mb=budget)
     cal.session  # noqa: B018 - built before the baseline
+    built = time.perf_counter()
     hwm_before = status_mb("VmHWM")
     base = status_mb("VmRSS")
     try:
@@ -80,14 +85,14 @@ def worker(model: str, data: str, batch_size: int, budget: float | None, out: st
             f.write("5")  # VmHWM := VmRSS, so the peak below is collect()'s own
     except OSError:
         pass
-    start = time.perf_counter()
     stats = cal.collect()
-    took = time.perf_counter() - start
+    took = time.perf_counter() - built
     hwm = status_mb("VmHWM")
     ranges = stats.compute("entropy")
     ranges.write_cache(out + ".cache")
     ranges.save_json(out + ".json", stats)
-    return {"batch_size": batch_size, "budget": budget, "seconds": took, "peak_rss_mb": max(hwm, hwm_before),
+    return {"batch_size": batch_size, "budget": budget, "seconds": took, "build_seconds": built - start,
+            "peak_rss_mb": max(hwm, hwm_before), "build_peak_mb": hwm_before,
             "growth_mb": hwm - base, "groups": len(cal._groups or [cal.tensors]),
             # Fetched bytes of one sample (measured with a budget only).
             "fetched_mb_per_sample": max((sum(v.values()) for v in cal._bytes.values()), default=0) / 2**20,
@@ -108,8 +113,11 @@ def main() -> None:
     ap.add_argument("--model", type=Path, default=CACHE / "model.onnx")
     ap.add_argument("--tokenizer", type=Path, default=None, help="tokenizer folder [default: next to the model]")
     ap.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16, 32, 64])
-    ap.add_argument("--budgets", nargs="+", default=["512", "none"], help="MB, or 'none' for whole batches")
+    ap.add_argument("--budgets", nargs="+", default=["512"], help="MB, or 'none' for whole batches")
     ap.add_argument("--sentences", type=int, default=128)
+    ap.add_argument("--save", type=Path, default=None, help="keep every run's cache and ranges JSON in this folder")
+    ap.add_argument("--reference", type=Path, default=None,
+                    help="a --save folder of an earlier run (e.g. before a change): compare the outputs byte for byte")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--data", default=None, help=argparse.SUPPRESS)
     ap.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -124,34 +132,47 @@ def main() -> None:
     if tok_dir is None:
         found = sorted(p.parent for p in args.model.parent.rglob("tokenizer.json"))
         tok_dir = found[0] if found else args.model.parent
+    if args.save is not None:
+        args.save.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="calib-memory-") as tmp:
         data = Path(tmp) / "sentences.npz"
         shape = make_data(args.model, tok_dir, args.sentences, data)
-        print(f"model {args.model}, {shape[0]} sentences padded to {shape[1]} tokens", flush=True)
+        print(f"model {args.model} ({args.model.stat().st_size / 2**20:.0f} MB), {shape[0]} sentences padded to "
+              f"{shape[1]} tokens", flush=True)
         rows = []
         for budget in budgets:
             for bs in args.batch_sizes:
-                out = Path(tmp) / f"{budget}-{bs}"
+                tag = f"{'none' if budget is None else f'{budget:g}'}-{bs}"
+                out = (args.save or Path(tmp)) / tag
                 row = run_one(args.model, data, bs, budget, out)
-                row["cache"] = (out.parent / (out.name + ".cache")).read_bytes()
-                row["json"] = (out.parent / (out.name + ".json")).read_bytes()
+                row["cache"] = out.with_name(tag + ".cache").read_bytes()
+                row["json"] = out.with_name(tag + ".json").read_bytes()
+                if args.reference is not None:
+                    ref = args.reference / tag
+                    row["ref"] = (None if not ref.with_name(tag + ".cache").is_file() else
+                                  (row["cache"] == ref.with_name(tag + ".cache").read_bytes()
+                                   and row["json"] == ref.with_name(tag + ".json").read_bytes()))
                 rows.append(row)
-                print(f"  budget {budget or 'none':>5} MB  batch {bs:>3}: {row['seconds']:6.1f} s  peak RSS "
-                      f"{row['peak_rss_mb']:7.0f} MB  growth in collect {row['growth_mb']:7.0f} MB  groups {row['groups']}",
-                      flush=True)
-        print(f"\n{'budget MB':>9} {'batch':>5} {'seconds':>8} {'peak RSS MB':>11} {'growth MB':>9} "
-              f"{'cache == bs 1':>13} {'json == bs 1':>12} {'cache == none':>13} {'json == none':>12}")
+                print(f"  budget {budget or 'none':>5} MB  batch {bs:>3}: build {row['build_seconds']:5.1f} s  collect "
+                      f"{row['seconds']:6.1f} s  peak RSS {row['peak_rss_mb']:6.0f} MB (build {row['build_peak_mb']:6.0f})"
+                      f"  growth in collect {row['growth_mb']:6.0f} MB  groups {row['groups']}", flush=True)
+
+        def yes(value: bool | None) -> str:
+            return "-" if value is None else "yes" if value else "NO"
+
+        print(f"\n{'budget MB':>9} {'batch':>5} {'build s':>7} {'collect s':>9} {'peak RSS MB':>11} {'build peak':>10} "
+              f"{'growth MB':>9} {'== bs ' + str(args.batch_sizes[0]):>8} {'== none':>7} {'== ref':>6}")
         for row in rows:
             first = next(r for r in rows if r["budget"] == row["budget"] and r["batch_size"] == args.batch_sizes[0])
             whole = next((r for r in rows if r["budget"] is None and r["batch_size"] == row["batch_size"]), None)
-            print(f"{row['budget'] or 'none':>9} {row['batch_size']:>5} {row['seconds']:8.1f} {row['peak_rss_mb']:11.0f} "
-                  f"{row['growth_mb']:9.0f} {str(row['cache'] == first['cache']):>13} {str(row['json'] == first['json']):>12} "
-                  f"{'-' if whole is None else str(row['cache'] == whole['cache']):>13} "
-                  f"{'-' if whole is None else str(row['json'] == whole['json']):>12}")
+            print(f"{row['budget'] or 'none':>9} {row['batch_size']:>5} {row['build_seconds']:7.1f} {row['seconds']:9.1f} "
+                  f"{row['peak_rss_mb']:11.0f} {row['build_peak_mb']:10.0f} {row['growth_mb']:9.0f} "
+                  f"{yes(row['cache'] == first['cache'] and row['json'] == first['json']):>8} "
+                  f"{yes(None if whole is None else row['cache'] == whole['cache'] and row['json'] == whole['json']):>7} "
+                  f"{yes(row.get('ref')):>6}")
         per_sample = max(r["fetched_mb_per_sample"] for r in rows)
         print(f"\n{rows[0]['tensors']} tensors, {per_sample:.0f} MB fetched per sample; batch-independent: "
-              f"{', '.join(rows[-1]['independent']) or 'none found'}")
-
+              f"{', '.join(rows[-1]['independent']) or 'none found'}; '==' columns: cache and ranges JSON byte-identical")
 
 if __name__ == "__main__":
     main()

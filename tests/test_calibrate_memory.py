@@ -191,3 +191,116 @@ def test_peak_memory_stays_within_the_budget(tmp_path: Path) -> None:
     whole = peak_growth(model, HUGE)
     assert bounded < limit, f"peak growth {bounded / mb:.0f} MB with a {budget} MB budget"
     assert whole > 300 * mb, f"whole batches should fetch ~336 MB, peak growth {whole / mb:.0f} MB"
+
+
+# --------------------------------------------------------------------------------------------
+# The weights: never in Python, one copy in ONNX Runtime
+
+_BUILD_CHILD = r"""
+import json, sys
+import numpy as np
+import onnx, onnxruntime
+from trtrepo.calibrate import Calibrator
+from trtrepo.data import ArraySource
+
+def status(key):
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+
+base = status("VmRSS")
+x = np.random.default_rng(1).standard_normal((8, 1024)).astype(np.float32)
+cal = Calibrator(sys.argv[1], ArraySource("x", {"x": x}), batch_size=8, progress=False)
+stats = cal.collect()
+print(json.dumps({"growth": status("VmHWM") - base, "graph_bytes": cal.model.ByteSize(), "tensors": len(stats)}))
+"""
+
+
+def heavy_model(path: Path, layers: int = 16, hidden: int = 1024) -> int:
+    """MatMul/Relu layers with ``layers`` x 4 MB of weights embedded in the file; returns their bytes."""
+    rng = np.random.default_rng(0)
+    nodes, inits, prev = [], [], "x"
+    for i in range(layers):
+        inits.append(numpy_helper.from_array((rng.standard_normal((hidden, hidden)) / np.sqrt(hidden)).astype(np.float32), f"w{i}"))
+        nodes += [helper.make_node("MatMul", [prev, f"w{i}"], [f"m{i}"]), helper.make_node("Relu", [f"m{i}"], [f"r{i}"])]
+        prev = f"r{i}"
+    graph = helper.make_graph(nodes, "heavy", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", hidden])],
+                              [helper.make_tensor_value_info(prev, TensorProto.FLOAT, None)], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.save(model, str(path))
+    return layers * hidden * hidden * 4
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").is_file(), reason="needs /proc/self/status (VmHWM)")
+def test_calibration_holds_one_copy_of_the_weights(tmp_path: Path) -> None:
+    """Loading, selecting tensors, building the session and calibrating a model with 64 MB of
+    embedded weights peaks at about one copy of them (the session's packed weights; 1.3x measured): the graph is
+    read without the weights and the session maps them from a file (before: ~6 copies)."""
+    weights = heavy_model(tmp_path / "heavy.onnx")
+    res = subprocess.run([sys.executable, "-c", _BUILD_CHILD, str(tmp_path / "heavy.onnx")], capture_output=True,
+                         text=True, timeout=120, check=False)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out = json.loads(res.stdout.strip().splitlines()[-1])
+    assert out["tensors"] == 33
+    assert out["graph_bytes"] < 64 * 1024, "the calibrator's model should not hold the weights"
+    assert out["growth"] < 2 * weights, f"peak growth {out['growth'] / 2**20:.0f} MB for {weights / 2**20:.0f} MB of weights"
+
+
+def augmented_outputs(path: Path, tensors: list[str], inputs: dict[str, np.ndarray]) -> list[np.ndarray]:
+    """The tensors computed by a session built from the whole model in memory (weights inline),
+    as before the weights file."""
+    import onnxruntime as ort
+
+    from trtrepo.calibrate import _inferred_types
+
+    model = onnx.load(str(path))
+    types = _inferred_types(model)
+    outputs = {o.name for o in model.graph.output}
+    model.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in tensors if n not in outputs)
+    options = ort.SessionOptions()
+    options.log_severity_level = 3
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    return list(session.run(tensors, inputs))
+
+
+def test_external_data_models_calibrate_the_same(demo_text_onnx: Path, tmp_path: Path) -> None:
+    """A model saved with external data (in a subfolder) calibrates like the same model with its
+    weights embedded, with the bits of a session built from the whole model in memory; external
+    data outside the model's folder is refused; a file that is not ONNX gets a usage error."""
+    model = onnx.load(str(demo_text_onnx))
+    (tmp_path / "ext" / "weights").mkdir(parents=True)
+    external = tmp_path / "ext" / "model.onnx"
+    onnx.save(model, str(external), save_as_external_data=True, location="weights/model.bin", size_threshold=1024)
+    assert onnx.load(str(external), load_external_data=False).ByteSize() < demo_text_onnx.stat().st_size / 2
+
+    results = []
+    for path in (demo_text_onnx, external):
+        cal = Calibrator(path, "demo-text:calib", limit=12, batch_size=6, progress=False)
+        stats = cal.collect()
+        results.append(outputs(stats, tmp_path, path.parent.name))
+    assert results[0] == results[1]
+
+    from trtrepo.data import iter_batches
+
+    first = next(iter(iter_batches(cal.source, 4, cal.io)))
+    got = cal.session.run(cal.tensors, dict(first.inputs))
+    want = augmented_outputs(demo_text_onnx, cal.tensors, dict(first.inputs))
+    for name, a, b in zip(cal.tensors, got, want, strict=True):
+        assert a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes(), name
+
+    # External data that escapes the model's folder.
+    escape = onnx.load(str(external), load_external_data=False)
+    for t in escape.graph.initializer:
+        for entry in t.external_data:
+            if entry.key == "location":
+                entry.value = "../outside.bin"
+    (tmp_path / "outside.bin").write_bytes((tmp_path / "ext" / "weights" / "model.bin").read_bytes())
+    onnx.save(escape, str(tmp_path / "ext" / "escape.onnx"))
+    with pytest.raises(UsageError, match="external data location .*outside the model.s folder"):
+        Calibrator(tmp_path / "ext" / "escape.onnx", "demo-text:calib", limit=4, progress=False).collect()
+
+    (tmp_path / "bad.onnx").write_bytes(b"not an ONNX model\n" * 100)
+    with pytest.raises(UsageError, match="bad.onnx: not a readable ONNX model"):
+        Calibrator(tmp_path / "bad.onnx", "demo-text:calib")
