@@ -218,7 +218,9 @@ def test_infinite_mask_calibrates_and_quantizes_without_crashing(target, tmp_pat
     assert {"additive", "scores"} <= set(stats.unbounded)
     assert "scores" not in stats.compute("entropy")  # no range rather than an invalid one
     res = run_quantize(src, tmp_path / "q.onnx", data=str(data), method="minmax", options=QuantizeOptions(target=target))
-    assert res.float_tensors["scores"] == "non-finite range"
+    # quantize calibrates only what its placement quantizes; the scores are kept float either for
+    # their own non-finite range or as downstream of the mask
+    assert res.float_tensors["scores"] in ("non-finite range", "downstream of the mask tensor 'additive'")
     assert res.report["float_tensors"] and any(r["node"] == "mask_add" for r in res.report["kept_float"])
     (y, _s) = run(onnx.load(str(res.path)), feed)
     assert np.all(np.isfinite(y))

@@ -98,12 +98,18 @@ def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict
 
 
 def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
-    """What to calibrate: the calibration module's default selection plus every activation the
-    target's placement quantizes (without exclusions, so fallback never runs short)."""
+    """What to calibrate: the float network inputs and every activation the target's placement
+    quantizes (without exclusions, so the fallback never runs short). Not the other tensors of
+    :func:`trtrepo.calibrate.select_tensors` (activation and pooling outputs that no Q/DQ reads):
+    on MobileNetV2 that halves the tensors fetched and binned. ``trtrepo calibrate`` (a TensorRT
+    cache for implicit INT8) still calibrates the full selection."""
     from .calibrate import select_tensors
 
-    names = list(select_tensors(model))
-    no_excl = QuantizeOptions(target=options.target, per_channel=options.per_channel)
+    selected = select_tensors(model)
+    graph_inputs = {i.name for i in model.graph.input}
+    names = [t for t in selected if t in graph_inputs]
+    no_excl = QuantizeOptions(target=options.target, per_channel=options.per_channel,
+                              transformer_safe=options.transformer_safe, quantize_attention=options.quantize_attention)
     for t in plan_qdq(prepare_model(model), no_excl).activation_tensors():
         if t not in names:
             names.append(t)
