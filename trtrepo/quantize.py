@@ -14,11 +14,16 @@ Two targets, because their consumers need different graphs:
       outputs are never quantized.
 
 ``onnxruntime`` (ONNX Runtime's CPU integer kernels)
-    * full node units: the activation inputs *and* the output of Conv, ConvTranspose, Gemm,
-      MatMul, Add, Mul, AveragePool and GlobalAveragePool are quantized, so ONNX Runtime turns
+    * node units: the activation inputs *and* the output of Conv, ConvTranspose, Gemm, MatMul,
+      Add, Mul, AveragePool and GlobalAveragePool are quantized, so ONNX Runtime turns
       ``DQ -> Conv -> Q`` into QLinearConv, ``DQ -> Add -> Q`` into QLinearAdd and so on. An
       output that feeds a single Relu/Clip is quantized after the activation instead (ONNX
       Runtime drops a Relu in front of a Q whose zero point is the type minimum);
+    * transformer-safe (``QuantizeOptions.transformer_safe``, default): an Add/Mul/pool unit only
+      where one of its inputs is already a quantized unit output; a MatMul/Gemm whose output feeds
+      a float op keeps a float output (``DQ -> MatMul`` runs as MatMulIntegerToFloat) instead of
+      being requantized; residual-stream Adds and GELU/SiLU gating products stay float (see
+      :func:`find_float_nodes`);
     * activations: uint8 asymmetric per tensor over ``[min, max]`` (clipped to the method's
       ``amax``) -- symmetric int8 activations ran at 0.1-0.8x FP32 speed here, u8 asymmetric at
       1.2-2.1x; without measured min/max a tensor that is provably non-negative (after Relu,
@@ -426,9 +431,11 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
       ``ranges``) or computed from a huge/non-finite constant (``(1 - mask) * finfo.min``,
       ``Where(mask, 0, -inf)``), and everything downstream of them up to the next Softmax: the
       producers and consumers of those tensors get no Q/DQ;
-    * **Softmax** and **LayerNormalization** (what TensorRT and ModelOpt leave in float; on the
-      onnxruntime target the residual Add in front of a LayerNorm stays a QLinearAdd unit: keeping
-      it float cost 30% latency on demo-text for +1e-4 cosine);
+    * **Softmax** and **LayerNormalization** (what TensorRT and ModelOpt leave in float);
+    * onnxruntime target with ``transformer_safe``: **residual-stream Adds** (activation +
+      activation Adds in front of a LayerNorm; on trained all-mpnet-base-v2 their outlier channels
+      took the embedding cosine to 0.09-0.43 as QLinearAdd units) and the **gating products**
+      inside GELU/SiLU (so ONNX Runtime still fuses the activation);
     * the **attention score path** unless ``options.quantize_attention``: MatMuls whose two inputs
       are both activations (Q.K^T and P.V) and the scale/mask ops between Q.K^T and the Softmax;
     * **GEMV** MatMul/Gemm (a constant weight with a single output column), which ModelOpt excludes.
