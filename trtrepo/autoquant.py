@@ -123,7 +123,7 @@ def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
 @dataclass
 class Candidate:
     label: str
-    quantized: QuantizedModel
+    quantized: QuantizedModel | None  # None for a losing candidate once it has been measured
     metrics: dict[str, OutputMetrics] | None = None
 
     def row(self) -> dict[str, Any]:
@@ -195,35 +195,11 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
                   metric: str | None = None) -> tuple[Candidate, list[Candidate]]:
     """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.score` on
     ``metric_output`` (default the first output) wins; ``metric="cosine"`` ranks by mean cosine
-    first (the first method on ties; without an evaluator the first method)."""
-    candidates = []
-    seen: dict[tuple[Any, ...], dict[str, OutputMetrics]] = {}
-    for k, (method, ranges) in enumerate(ranges_per_method.items()):
-        qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
-        cand = Candidate(method, qm)
-        if evaluator is not None:
-            # Methods that give every quantized tensor the same parameters (e.g. all inputs smoothed)
-            # build the same model: measured once.
-            key = tuple(sorted((t, qp.scale.tobytes(), qp.zero_point.tobytes()) for t, qp in qm.activation_qparams.items()))
-            if key in seen:
-                cand.metrics = seen[key]
-            else:
-                cand.metrics = seen[key] = evaluator(qm.model)
-            log.info("method %s: %s", method, _brief(cand.metrics, metric_output))
-        candidates.append(cand)
-    if evaluator is None or len(candidates) == 1:
-        return candidates[0], candidates
-    best = candidates[0]
-    for c in candidates[1:]:
-        if score(c.metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
-            best = c
-    return best, candidates
-
-
-def _select_streaming(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,
-                      evaluator: Evaluator, *, metric_output: str | None, metric: str | None) -> tuple[Candidate, list[Candidate]]:
-    """:func:`select_method` holding one candidate model at a time besides the best (a 110 M
-    parameter encoder is ~0.5 GB per Q/DQ copy): the losers keep their label and metrics only."""
+    first (the first method on ties; without an evaluator the first method, the others are not
+    built). One candidate model is held at a time besides the best (a 110 M parameter encoder is
+    ~0.5 GB per Q/DQ copy): the losers keep their label and metrics only. Methods that give every
+    quantized tensor the same range (all inputs smoothed, say) build the same model: measured
+    once, not rebuilt."""
     import gc
 
     best: Candidate | None = None
@@ -231,26 +207,27 @@ def _select_streaming(model: Any, ranges_per_method: Mapping[str, Mapping[str, A
     seen: dict[tuple[Any, ...], dict[str, OutputMetrics]] = {}
     planned: list[str] | None = None  # the activations the first candidate quantizes
     for k, (method, ranges) in enumerate(ranges_per_method.items()):
-        # Methods that give every quantized tensor the same range (all inputs smoothed, say)
-        # build the same model: measured once, not even rebuilt.
         key = None if planned is None else tuple((t, repr(ranges.get(t))) for t in planned)
         if key is not None and key in seen:
-            metrics = seen[key]
-            cand = Candidate(method, None, metrics)  # type: ignore[arg-type]
+            cand = Candidate(method, None, seen[key])
         else:
             qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
             if planned is None:
                 planned = sorted(qm.activation_qparams)
                 key = tuple((t, repr(ranges.get(t))) for t in planned)
-            metrics = seen[key] = evaluator(qm.model)  # type: ignore[index]
-            cand = Candidate(method, qm, metrics)
-        log.info("method %s: %s", method, _brief(metrics, metric_output))
+            cand = Candidate(method, qm, None if evaluator is None else evaluator(qm.model))
+            if cand.metrics is not None:
+                seen[key] = cand.metrics  # type: ignore[index]
         rows.append(cand)
-        if best is None or score(metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
+        if evaluator is None:
+            best = cand
+            break
+        log.info("method %s: %s", method, _brief(cand.metrics, metric_output))  # type: ignore[arg-type]
+        if best is None or score(cand.metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
             best = cand
         for c in rows:
             if c is not best:
-                c.quantized = None  # type: ignore[assignment]
+                c.quantized = None
         gc.collect()
     assert best is not None and best.quantized is not None
     return best, rows
@@ -404,6 +381,8 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     out; an error when none does)."""
     t0 = time.perf_counter()
     check_reachable(target, evaluator)
+    if start.quantized is None:
+        raise ValueError("fallback starts from the chosen candidate, whose model is kept")
     metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
     steps = [FallbackStep([], target.measure(metrics), target.met(metrics), pick_output(metrics, target.output).cosine_mean,
                           "all INT8", evaluator.speed())]
@@ -766,10 +745,8 @@ def run_quantize(
                               metric_output=metric_output, metric=metric)
     base_model = smooth.model
     per_method = {k: _smoothed_ranges(v, smooth.ranges) for k, v in per_method.items()}
-    if evaluator is not None and len(per_method) > 1:
-        best, candidates = _select_streaming(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
-    else:
-        best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
+    best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
+    assert best.quantized is not None
     chosen, metrics = best.quantized, best.metrics
     fb = None
     if accuracy_target is not None:
