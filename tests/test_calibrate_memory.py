@@ -121,7 +121,8 @@ def test_cli_memory_budget_writes_the_same_cache(run_cli, demo_onnx: Path, tmp_p
 # --------------------------------------------------------------------------------------------
 # Peak memory of a real run, in a fresh process
 
-_CHILD = r"""
+# What both child processes start with: imports and a reader of /proc/self/status (bytes).
+_CHILD_PRELUDE = r"""
 import json, sys
 import numpy as np
 from trtrepo.calibrate import Calibrator
@@ -132,7 +133,9 @@ def status(key):
         for line in f:
             if line.startswith(key + ":"):
                 return int(line.split()[1]) * 1024
+"""
 
+_CHILD = _CHILD_PRELUDE + r"""
 x = np.random.default_rng(1).standard_normal((64, 512, 128)).astype(np.float32)
 cal = Calibrator(sys.argv[1], ArraySource("wide", {"x": x}), batch_size=64, progress=False,
                  memory_budget_mb=float(sys.argv[2]))
@@ -196,19 +199,8 @@ def test_peak_memory_stays_within_the_budget(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------------------------
 # The weights: never in Python, one copy in ONNX Runtime
 
-_BUILD_CHILD = r"""
-import json, sys
-import numpy as np
+_BUILD_CHILD = _CHILD_PRELUDE + r"""
 import onnx, onnxruntime
-from trtrepo.calibrate import Calibrator
-from trtrepo.data import ArraySource
-
-def status(key):
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith(key + ":"):
-                return int(line.split()[1]) * 1024
-
 base = status("VmRSS")
 x = np.random.default_rng(1).standard_normal((8, 1024)).astype(np.float32)
 cal = Calibrator(sys.argv[1], ArraySource("x", {"x": x}), batch_size=8, progress=False)
