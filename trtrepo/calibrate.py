@@ -85,7 +85,7 @@ import numpy as np
 
 from . import histogram as H
 from .errors import TrtrepoError, UsageError
-from .modelio import ModelIO, load_onnx
+from .modelio import ModelIO, load_onnx, without_weights
 
 log = logging.getLogger(__name__)
 
@@ -118,37 +118,13 @@ METHOD_ALGORITHM = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibrati
 # Tensor selection
 
 
-def _without_weights(model: Any) -> Any:
-    """What shape inference reads of ``model``: its graph with the initializers of ``_LARGE`` bytes
-    or more reduced to name, type and dims (their data is never read: shapes and constant inputs of
-    shape computations are small), so that inference does not copy the weights (4 times)."""
-    import onnx
-
-    graph = model.graph
-    if not any(len(t.raw_data) >= _LARGE for t in graph.initializer):
-        return model
-    light = onnx.ModelProto(ir_version=model.ir_version)
-    light.opset_import.extend(model.opset_import)
-    light.functions.extend(model.functions)
-    g = light.graph
-    g.name = graph.name
-    for name in ("node", "input", "output", "value_info", "sparse_initializer"):
-        getattr(g, name).extend(getattr(graph, name))
-    for t in graph.initializer:
-        if len(t.raw_data) >= _LARGE:
-            g.initializer.append(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
-        else:
-            g.initializer.append(t)
-    return light
-
-
 def _inferred_types(model: Any) -> dict[str, int]:
     """ONNX elem type of every named value, from the graph and from shape inference."""
     import onnx
 
     types: dict[str, int] = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(_without_weights(model), strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(without_weights(model, _LARGE), strict_mode=False)
     except Exception as exc:  # inference is best effort; declared types still count
         log.warning("ONNX shape inference failed (%s); using declared types only", exc)
         inferred = model

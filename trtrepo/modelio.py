@@ -300,3 +300,28 @@ def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         raise UsageError("bfloat16 tensors cannot be fed from numpy")
     return np.dtype(name)
+
+
+def without_weights(model: Any, large: int = 1024) -> Any:
+    """What shape inference reads of ``model``: its graph with the initializers of ``large`` bytes
+    or more reduced to name, type and dims (their data is never read: shapes and constant inputs of
+    shape computations are small), so that inference does not copy the weights (4 times). The
+    model itself when it has no such initializer. Not for ``onnx.checker``, which wants data."""
+    import onnx
+
+    graph = model.graph
+    if not any(len(t.raw_data) >= large for t in graph.initializer):
+        return model
+    light = onnx.ModelProto(ir_version=model.ir_version)
+    light.opset_import.extend(model.opset_import)
+    light.functions.extend(model.functions)
+    g = light.graph
+    g.name = graph.name
+    for name in ("node", "input", "output", "value_info", "sparse_initializer"):
+        getattr(g, name).extend(getattr(graph, name))
+    for t in graph.initializer:
+        if len(t.raw_data) >= large:
+            g.initializer.append(onnx.TensorProto(name=t.name, data_type=t.data_type, dims=t.dims))
+        else:
+            g.initializer.append(t)
+    return light

@@ -71,6 +71,7 @@ from typing import Any
 import numpy as np
 
 from .errors import TrtrepoError, UsageError
+from .modelio import without_weights
 
 log = logging.getLogger(__name__)
 
@@ -282,9 +283,11 @@ class GraphView:
         return result
 
 
-def without_weights(model: Any) -> Any:
+def weights_as_inputs(model: Any) -> Any:
     """A copy of ``model`` whose initializers are graph inputs (name, type, shape) without data:
-    what shape/type inference needs, without copying a 110 M-parameter model's weights."""
+    what ``onnx.checker`` can check of a large model without serializing its weights (the
+    checker refuses data-less initializers, which :func:`trtrepo.modelio.without_weights` makes
+    for shape inference)."""
     import onnx
     from onnx import helper
 
@@ -1035,7 +1038,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     try:
         # The checker serializes the model: for a large one (a copy of every weight) check the
         # graph without the weights; ONNX Runtime checks the rest when it loads the model.
-        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else without_weights(work))
+        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else weights_as_inputs(work))
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
