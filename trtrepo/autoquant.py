@@ -723,7 +723,8 @@ def run_quantize(
         from .calibrate import Calibrator
         from .smoothquant import smooth_candidates
 
-        channel_tensors = list(smooth_candidates(prepare_model(model))) if sq_request is not None else []
+        # only the input tensor names are used: no prepared (renamed) copy of the weights needed
+        channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
         from .calibrate import DEFAULT_MEMORY_BUDGET_MB
 
         t_cal = time.perf_counter()
