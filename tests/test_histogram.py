@@ -151,6 +151,22 @@ def test_histogram_is_independent_of_split_and_order() -> None:
     assert whole.sum() == x.size
 
 
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64])
+@pytest.mark.parametrize("size", [H._CHUNK - 1, H._CHUNK, 3 * H._CHUNK + 5])
+def test_chunked_accumulate_bins_like_bin_index(dtype: type, size: int) -> None:
+    """accumulate bins big tensors chunk by chunk; every value must land where bin_index puts
+    it, across chunk boundaries, with values above max_abs in the last bin."""
+    rng = np.random.default_rng(size)
+    x = (rng.laplace(size=size) * 3).astype(dtype).reshape(-1, 5) if size % 5 == 0 else \
+        (rng.laplace(size=size) * 3).astype(dtype)
+    m = float(np.abs(x).max())
+    for top in (m, m / 3):
+        counts = H.accumulate(np.zeros(NUM_BINS, np.int64), x, top)
+        expected = np.bincount(H.bin_index(x, top, NUM_BINS), minlength=NUM_BINS)
+        assert np.array_equal(counts, expected)
+        assert counts.sum() == x.size
+
+
 def test_max_value_lands_in_last_bin_and_zero_in_first() -> None:
     counts = H.accumulate(np.zeros(16, np.int64), np.asarray([0.0, -2.0, 2.0, 1.0], np.float32), 2.0)
     assert counts[0] == 1 and counts[-1] == 2 and counts[8] == 1
