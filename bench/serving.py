@@ -25,8 +25,8 @@ from pathlib import Path
 
 
 def build_repository(root: Path) -> Path:
+    from trtrepo.autoquant import quantize_for_deploy
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import quantize_for_deploy
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions

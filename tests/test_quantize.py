@@ -531,8 +531,8 @@ def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx,
 
 
 def test_quantize_for_deploy(demo_onnx, tmp_path):
+    from trtrepo.autoquant import quantize_for_deploy
     from trtrepo.data import open_data
-    from trtrepo.quantize import quantize_for_deploy
 
     source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
     res = quantize_for_deploy(demo_onnx, source, tmp_path / "d.onnx", "onnxruntime")

@@ -213,8 +213,8 @@ def test_cuda_shared_memory_without_a_gpu_is_a_usage_error(run_cli, demo_onnx, t
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, demo_onnx):
     """ONNX files: demo FP32, demo INT8 (ONNX Runtime Q/DQ via trtrepo.quantize), demo-text."""
+    from trtrepo.autoquant import quantize_for_deploy
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import quantize_for_deploy
 
     d = tmp_path_factory.mktemp("validate-models")
     int8 = quantize_for_deploy(demo_onnx, "demo:calib", d / "demo_int8.onnx", target="onnxruntime", method="minmax").path

@@ -58,6 +58,7 @@ log = logging.getLogger(__name__)
 
 METHODS = ("entropy", "minmax", "percentile", "mse")
 DEFAULT_HOLDOUT = 0.2
+AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
 CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
 
 
@@ -919,3 +920,34 @@ def report_markdown(report: Mapping[str, Any]) -> str:
         outs = {k: OutputMetrics(**{f: v[f] for f in OutputMetrics.__dataclass_fields__}) for k, v in report["metrics"].items()}
         lines += ["", "## Result vs FP32", "", metrics_table(outs)]
     return "\n".join(lines) + "\n"
+
+
+def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
+                        target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
+                        force: bool = True, progress: bool = False, metric_output: str | None = None,
+                        reduce_range: bool = False, smooth_quant: float | str | None = "auto") -> QuantizeResult:
+    """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
+    or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
+    Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
+    of the data, and falls back to entropy (ModelOpt's default) below
+    :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
+    on (default: the first output; give the embedding of a model whose first output is not a
+    classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
+    ``smooth_quant``: see :func:`run_quantize`. The run ends with the held-out
+    check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
+    and the report."""
+    from .data import DataSource, open_data
+    from .modelio import ModelIO
+
+    if method == "auto":
+        source = data_source
+        if not isinstance(source, DataSource):
+            source = open_data(data_source, io=ModelIO.from_onnx(load_model(onnx_path)))
+        if len(source) < AUTO_MIN_SAMPLES:
+            log.info("%d samples: too few to hold some out; using entropy", len(source))
+            method = "entropy"
+        data_source = source
+    return run_quantize(onnx_path, out_path, data=data_source, method=method,
+                        options=QuantizeOptions(target=target, reduce_range=reduce_range),
+                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
+                        smooth_quant=smooth_quant)

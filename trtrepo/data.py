@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 
+from .contracts import builtin
 from .errors import UsageError
 from .modelio import ModelIO
 
@@ -436,12 +437,12 @@ def open_data(
 
 def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None) -> DataSource:
     label_array = _load_labels(labels) if labels is not None else None
-    from . import demo
-
-    if demo.is_demo_spec(spec):
+    found = builtin.data_spec(spec)
+    if found is not None:
+        plugin, split = found
         if label_array is not None:
-            raise UsageError("--labels cannot be combined with the demo data (it has its own labels)")
-        return demo.open_demo_data(spec)
+            raise UsageError(f"--labels cannot be combined with the {plugin.name} data (it has its own labels)")
+        return plugin.open_data(split)
     path = Path(spec)
     if path.is_dir():
         if preprocess is None:

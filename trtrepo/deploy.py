@@ -2,7 +2,7 @@
 
 Each step is a function that records a :class:`StepResult`; the command prints them as the
 summary table. The INT8 and build stages are reached through one call point each
-(:func:`_int8_step` calls ``trtrepo.quantize.quantize_for_deploy``, :func:`_build_step` calls
+(:func:`_int8_step` calls ``trtrepo.autoquant.quantize_for_deploy``, :func:`_build_step` calls
 ``trtrepo.build.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
 here, the step says why and the deploy continues with what it has (FP32 ONNX without
 calibration data, ONNX Runtime backend without TensorRT), so the main job works on any machine.
@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .contracts import builtin
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
 from .modelio import ModelIO
@@ -119,7 +120,7 @@ def _timed(report: DeployReport, step: str) -> Iterator[StepResult]:
 
 
 def default_name(source: str) -> str:
-    if source in ("demo", "demo-text"):
+    if source in builtin.names():
         return source.replace("-", "_")
     base = Path(source).stem if ("/" in source or "." in Path(source).name and ":" not in source) else source.rsplit(":", 1)[-1].split(".")[-1]
     name = re.sub(r"[^A-Za-z0-9_.\-]", "_", base) or "model"
@@ -178,7 +179,7 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
 def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
                report: DeployReport) -> tuple[Path, str]:
     """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
-    from . import quantize
+    from . import autoquant
 
     with _timed(report, "int8") as step:
         if opts.precision == "fp32":
@@ -200,8 +201,8 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             if target != "onnxruntime":
                 raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
             extra["reduce_range"] = True
-        result = quantize.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
-                                              method=opts.method, smooth_quant=opts.smooth_quant, **extra)
+        result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
+                                               method=opts.method, smooth_quant=opts.smooth_quant, **extra)
         method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
         sq = (result.report or {}).get("smooth_quant") or {}
         if sq.get("alpha") is not None:
@@ -227,7 +228,8 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
 
 def _default_data(opts: DeployOptions) -> str | None:
     """The calibration data: --data, else the built-in demos' own calibration split."""
-    return opts.data or {"demo": "demo:calib", "demo-text": "demo-text:calib"}.get(opts.source)
+    plugin = builtin.builtin(opts.source)
+    return opts.data or (plugin.calib_spec if plugin is not None else None)
 
 
 def profile_from_data(io: ModelIO, source: Any, max_batch: int, opt_batch: int) -> tuple[tuple[str, Any], ...]:
@@ -334,11 +336,8 @@ def _load(path: Path) -> Any:
 def _labels(opts: DeployOptions) -> Any:
     if opts.class_labels:
         return opts.class_labels
-    if opts.source == "demo":
-        from . import demo
-
-        return [str(i) for i in range(demo.NUM_CLASSES)]
-    return None
+    plugin = builtin.builtin(opts.source)
+    return list(plugin.class_labels) if plugin is not None and plugin.class_labels else None
 
 
 def _preprocess_spec(opts: DeployOptions) -> Any:
@@ -346,10 +345,9 @@ def _preprocess_spec(opts: DeployOptions) -> Any:
 
     if opts.preprocess:
         return Preprocess.load(opts.preprocess)
-    if opts.source == "demo":
-        from . import demo
-
-        return demo.preprocess()
+    plugin = builtin.builtin(opts.source)
+    if plugin is not None and plugin.preprocess is not None:
+        return plugin.preprocess()
     raise UsageError("--ensemble needs the preprocessing spec (--preprocess FILE, see 'trtrepo preprocess')")
 
 

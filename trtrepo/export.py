@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from .contracts import builtin
 from .errors import MissingDependencyError, TrtrepoError, UsageError
 from .modelio import ModelIO, load_onnx
 
@@ -64,7 +65,7 @@ def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
     w = str(weights) if weights is not None else None
     if w is not None and not Path(w).is_file():
         raise UsageError(f"{w}: weights file not found")
-    if spec in ("demo", "demo-text"):
+    if spec in builtin.names():
         if w is not None:
             raise UsageError(f"--weights cannot be combined with the built-in '{spec}' model")
         return ModelSource(spec, spec)
@@ -132,14 +133,9 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
     if source.kind == "onnx":
         raise UsageError(f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as --reference")
     torch = _import_torch()
-    if source.kind == "demo":
-        from .demo import build_model
-
-        return build_model()
-    if source.kind == "demo-text":
-        from .demo import text
-
-        return text.build_model()
+    plugin = builtin.builtin(source.kind)
+    if plugin is not None:
+        return plugin.build_model()
     if source.kind == "torchscript":
         try:
             model = torch.jit.load(source.location, map_location="cpu")
@@ -212,26 +208,6 @@ def _random_batch(inputs: Sequence[InputShape], batch: int, seed: int = 0) -> di
         else:
             feed[spec.name] = rng.standard_normal(shape).astype(spec.dtype)
     return feed
-
-
-def demo_inputs(kind: str) -> list[InputShape]:
-    if kind == "demo":
-        from . import demo
-
-        return [InputShape(demo.INPUT_NAME, (1, demo.IMAGE_SIZE, demo.IMAGE_SIZE))]
-    from .demo import text
-
-    return text.export_inputs()
-
-
-def demo_output_names(kind: str) -> list[str]:
-    if kind == "demo":
-        from . import demo
-
-        return [demo.OUTPUT_NAME]
-    from .demo import text
-
-    return text.output_names()
 
 
 # --------------------------------------------------------------------------------------------
@@ -314,9 +290,10 @@ def export_onnx(
 
     torch = _import_torch()
     model = load_torch_model(source)
+    plugin = builtin.builtin(source.kind)
     if inputs is None:
-        if source.kind in ("demo", "demo-text"):
-            inputs = demo_inputs(source.kind)
+        if plugin is not None:
+            inputs = plugin.inputs()
         else:
             raise UsageError(f"{source.location}: give the input shape(s) with --input-shape (e.g. 3x224x224) or --data")
     inputs = list(inputs)
@@ -329,17 +306,15 @@ def export_onnx(
     except Exception as exc:
         shapes = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in inputs)
         raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: {exc}") from exc
-    if output_names is None and source.kind in ("demo", "demo-text"):
-        output_names = demo_output_names(source.kind)
+    if output_names is None and plugin is not None:
+        output_names = list(plugin.output_names)
     if output_names is None:
         output_names = ["output"] if len(ref_out) == 1 else [f"output{i}" for i in range(len(ref_out))]
     output_names = list(output_names)
     if len(output_names) != len(ref_out):
         raise UsageError(f"--output-names lists {len(output_names)} names but the model returns {len(ref_out)} outputs")
-    if source.kind == "demo-text":
-        from .demo import text
-
-        dynamic_axes = {**text.dynamic_axes(), **(dynamic_axes or {})}
+    if plugin is not None and plugin.dynamic_axes:
+        dynamic_axes = {**plugin.dynamic_axes, **(dynamic_axes or {})}
     axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in (*names, *output_names)}
     for tensor, extra in (dynamic_axes or {}).items():
         if tensor not in axes:

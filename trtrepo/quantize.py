@@ -54,7 +54,6 @@ Stable API::
     find_float_nodes(view, options, ranges=None) -> FloatReasons     # what stays float, and why
     insert_qdq(model, ranges, options) -> QuantizedModel     # in memory; ranges: {tensor: amax | ActivationRange}
     quantize_model(onnx_path, ranges, out_path, options) -> QuantizeResult   # file in, file out (atomic)
-    quantize_for_deploy(onnx_path, data_source, out_path, target) -> QuantizeResult
     ranges_from_cache(path, model) -> {tensor: amax};  ranges_from_json(path) -> {tensor: ActivationRange}
 """
 
@@ -82,7 +81,6 @@ ORT_UNIT_OPS = WEIGHTED_OPS + ("Add", "Mul", "AveragePool", "GlobalAveragePool")
 # Activations ONNX Runtime removes in front of a Q whose zero point is the type minimum.
 ORT_FUSED_ACTIVATIONS = ("Relu", "Clip")
 MIN_OPSET = 13
-AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
 _FLOAT = 1  # onnx.TensorProto.FLOAT
 _INT8_MAX = 127.0
 _INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
@@ -1136,7 +1134,7 @@ def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, f
 
 @dataclass
 class QuantizeResult:
-    """What :func:`quantize_model` / :func:`quantize_for_deploy` wrote."""
+    """What :func:`quantize_model` / :func:`trtrepo.autoquant.quantize_for_deploy` wrote."""
 
     path: Path
     target: str
@@ -1185,35 +1183,3 @@ def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: st
         activations=len(qm.activation_qparams),
         weights=len({(p.tensor, p.axis) for p in qm.plan.points if p.kind == "weight"}),
     )
-
-
-def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
-                        target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
-                        force: bool = True, progress: bool = False, metric_output: str | None = None,
-                        reduce_range: bool = False, smooth_quant: float | str | None = "auto") -> QuantizeResult:
-    """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
-    or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
-    Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
-    of the data, and falls back to entropy (ModelOpt's default) below
-    :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
-    on (default: the first output; give the embedding of a model whose first output is not a
-    classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
-    ``smooth_quant``: see :func:`trtrepo.autoquant.run_quantize`. The run ends with the held-out
-    check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
-    and the report."""
-    from .autoquant import run_quantize
-    from .data import DataSource, open_data
-    from .modelio import ModelIO
-
-    if method == "auto":
-        source = data_source
-        if not isinstance(source, DataSource):
-            source = open_data(data_source, io=ModelIO.from_onnx(load_model(onnx_path)))
-        if len(source) < AUTO_MIN_SAMPLES:
-            log.info("%d samples: too few to hold some out; using entropy", len(source))
-            method = "entropy"
-        data_source = source
-    return run_quantize(onnx_path, out_path, data=data_source, method=method,
-                        options=QuantizeOptions(target=target, reduce_range=reduce_range),
-                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-                        smooth_quant=smooth_quant)

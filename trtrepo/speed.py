@@ -382,7 +382,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     """Time the served model (``target``: a prepared :class:`~trtrepo.validate.TritonTarget`) and
     the reference on batches of one input shape taken from ``batches`` (the request batches
     of the accuracy data), batch size by batch size. Returns ``speed_vs_reference``."""
-    from .validate import Payload, expected_shapes
+    from .contracts.payload import Payload, expected_shapes
 
     sizes = list(options.batch_sizes)
     skipped = [{"batch_size": b, "reason": f"larger than the server's max_batch_size {max_batch_size}"}

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from .contracts.payload import Payload, check_shape, expected_shapes
 from .errors import TrtrepoError, UsageError
 from .modelio import ModelIO, TensorSpec
 from .speed import SpeedOptions
@@ -342,31 +343,6 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
 
 # --------------------------------------------------------------------------------------------
 # Requests
-
-
-@dataclass
-class Payload:
-    """One request: a batch of inputs, and the output shapes its response must have (``-1``:
-    not known in advance)."""
-
-    inputs: dict[str, np.ndarray]
-    expected: dict[str, tuple[int, ...]]
-    indices: np.ndarray | None = None
-
-    @property
-    def batch(self) -> int:
-        return int(len(next(iter(self.inputs.values()))))
-
-
-def expected_shapes(io: ModelIO, batch: int) -> dict[str, tuple[int, ...]]:
-    return {t.name: t.with_batch(batch) for t in io.outputs}
-
-
-def check_shape(name: str, got: Sequence[int], expected: Sequence[int], where: str) -> None:
-    ok = len(got) == len(expected) and all(e == -1 or g == e for g, e in zip(got, expected, strict=True))
-    if not ok:
-        raise TrtrepoError(f"{where}: output '{name}' has shape {list(got)}, expected {list(expected)}"
-                           f"{' (empty response: check the Python backend environment, numpy<2)' if 0 in got or not got else ''}")
 
 
 class _Slot:

@@ -37,9 +37,8 @@ def folded_model():
     """The trained MobileNetV2 with every BatchNorm folded into the conv before it (as the ONNX
     export does), in eval mode."""
     import torch
-    from torch import nn
-
     import vision
+    from torch import nn
 
     model = vision.mobilenet_v2(pretrained=True)
 
@@ -92,7 +91,6 @@ def quantize_weight(w, bits: int):
 
 def main(argv: list[str] | None = None) -> int:
     import torch
-
     import vision
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

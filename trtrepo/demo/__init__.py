@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..contracts.builtin import BuiltinModel
 from ..errors import UsageError
 
 NAME = "demo"
@@ -103,23 +104,20 @@ def split_tensors(split: str) -> tuple[np.ndarray, np.ndarray]:
     return to_tensors(images), labels
 
 
-def is_demo_spec(spec: str) -> bool:
-    return spec.split(":", 1)[0] in ("demo", "demo-text") and (":" in spec or spec in ("demo", "demo-text"))
-
-
-def open_demo_data(spec: str) -> Any:
+def open_split(split: str) -> Any:
+    """The demo data of ``split`` (``demo:SPLIT``) as an ArraySource with labels."""
     from ..data import ArraySource
 
-    name, _, split = spec.partition(":")
-    if name == "demo-text":
-        from . import text
-
-        return text.open_data(split or "val")
-    split = split or "val"
     if split not in SPLITS:
-        raise UsageError(f"{spec}: demo data has no split '{split}' (splits: {', '.join(SPLITS)})")
+        raise UsageError(f"demo:{split}: demo data has no split '{split}' (splits: {', '.join(SPLITS)})")
     x, y = split_tensors(split)
     return ArraySource(f"demo:{split}", {INPUT_NAME: x}, y)
+
+
+def export_inputs() -> list[Any]:
+    from ..export import InputShape
+
+    return [InputShape(INPUT_NAME, (1, IMAGE_SIZE, IMAGE_SIZE))]
 
 
 def preprocess() -> Any:
@@ -138,3 +136,14 @@ def build_model(weights: bool = True) -> Any:
         state = torch.load(weights_path(), map_location="cpu", weights_only=True)
         model.load_state_dict(state)
     return model.eval()
+
+
+BUILTIN = BuiltinModel(
+    name=NAME,
+    build_model=build_model,
+    inputs=export_inputs,
+    output_names=(OUTPUT_NAME,),
+    open_data=open_split,
+    class_labels=tuple(str(i) for i in range(NUM_CLASSES)),
+    preprocess=preprocess,
+)

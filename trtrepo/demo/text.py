@@ -21,6 +21,7 @@ from typing import Any
 
 import numpy as np
 
+from ..contracts.builtin import BuiltinModel
 from ..errors import UsageError
 
 VOCAB = 64
@@ -229,5 +230,16 @@ def main(argv: list[str] | None = None) -> float:
     return acc
 
 
+BUILTIN = BuiltinModel(
+    name="demo-text",
+    build_model=build_model,
+    inputs=export_inputs,
+    output_names=OUTPUT_NAMES,
+    open_data=open_data,
+    dynamic_axes=dynamic_axes(),
+)
+
+
 if __name__ == "__main__":
     main()
+
