@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 
+from . import histogram as H
 from .errors import UsageError
 from .evaluate import (
     AccuracyTarget,
@@ -56,7 +57,6 @@ from .quantize import (
 
 log = logging.getLogger(__name__)
 
-METHODS = ("entropy", "minmax", "percentile", "mse")
 DEFAULT_HOLDOUT = 0.2
 AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
 CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
@@ -658,8 +658,8 @@ def run_quantize(
     given = [n for n, v in (("--ranges", ranges), ("--cache", cache)) if v is not None]
     if len(given) > 1:
         raise UsageError("give only one of --ranges, --cache")
-    if method != "auto" and method not in METHODS:
-        raise UsageError(f"--method '{method}': expected one of {', '.join(METHODS)}, auto")
+    if method != "auto" and method not in H.METHODS:
+        raise UsageError(f"--method '{method}': expected one of {', '.join(H.method_names(auto=True))}")
     if given and method == "auto":
         raise UsageError("--method auto calibrates: it needs --data, not --ranges/--cache")
     if not given and data is None:
@@ -738,7 +738,7 @@ def run_quantize(
         import gc
 
         gc.collect()
-        methods = METHODS if method == "auto" else (method,)
+        methods = tuple(H.METHODS) if method == "auto" else (method,)
         per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
     if sq_request is not None and stats is None and sq_request != "auto":
         raise UsageError("--smooth-quant needs calibration data (--data): ranges and caches carry no per-channel statistics")
@@ -928,7 +928,7 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         reduce_range: bool = False, smooth_quant: float | str | None = "auto") -> QuantizeResult:
     """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
-    Q/DQ model for ``target``. ``auto`` picks the best of the four methods on a held-out fifth
+    Q/DQ model for ``target``. ``auto`` picks the best of the registered methods on a held-out fifth
     of the data, and falls back to entropy (ModelOpt's default) below
     :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
     on (default: the first output; give the embedding of a model whose first output is not a

@@ -110,8 +110,9 @@ Signature = tuple[tuple[str, tuple[int, ...]], ...]
 # for external data); smaller ones (shapes, scalars) stay in the graph, where shape inference reads them.
 _LARGE = 1024
 
-METHOD_ALGORITHM = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration",
-                    "percentile": "EntropyCalibration2", "mse": "EntropyCalibration2"}
+def _cache_algorithm(method: str) -> str:
+    entry = H.METHODS.get(method)
+    return entry.cache_algorithm if entry is not None else "EntropyCalibration2"
 
 
 # --------------------------------------------------------------------------------------------
@@ -228,13 +229,13 @@ class Statistics:
         return [n for n, t in self.tensors.items() if not math.isfinite(t.max_abs)]
 
     def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
-        """Ranges (tensor -> amax) with ``method`` in entropy, minmax, percentile, mse."""
+        """Ranges (tensor -> amax) with a registered ``method`` (:data:`trtrepo.histogram.METHODS`)."""
         if method not in H.METHODS:
             raise UsageError(f"--method '{method}': expected one of {', '.join(H.METHODS)}")
         if not 0.0 < percentile <= 100.0:
             raise UsageError(f"--percentile {percentile}: expected a value in (0, 100]")
         opts = dict(options)
-        if method == "percentile":
+        if "percentile" in H.METHODS[method].options:
             opts["percentile"] = percentile
         # Tensors with infinite values have no range (see unbounded); they are left out.
         amax = {name: t.amax(method, **opts) for name, t in self.tensors.items() if math.isfinite(t.max_abs)}
@@ -350,7 +351,7 @@ class Ranges(Mapping[str, float]):
     def write_cache(self, path: str | Path, trt_version: str | int = "10.13.0", algorithm: str | None = None) -> Path:
         from .cache import write_cache
 
-        return write_cache(path, self, trt_version, algorithm or METHOD_ALGORITHM.get(self.method, "EntropyCalibration2"))
+        return write_cache(path, self, trt_version, algorithm or _cache_algorithm(self.method))
 
     def write_dynamic_range(self, path: str | Path) -> Path:
         from .cache import write_dynamic_range

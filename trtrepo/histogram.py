@@ -17,7 +17,7 @@ Stable API (used by :mod:`trtrepo.calibrate` and later stages)::
     amax_percentile(counts, edges, percentile=99.99) -> float
     amax_mse(counts, edges, *, start_bin=128, num_bits=8) -> float
     compute_amax(method, counts, edges, max_abs, **options) -> float
-    METHODS = ("entropy", "minmax", "percentile", "mse")
+    METHODS: dict[str, CalibrationMethod]   # the registry: entropy, minmax, percentile, mse
 
 Conventions:
 
@@ -42,11 +42,12 @@ Conventions:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from fractions import Fraction
 
 import numpy as np
 
-METHODS = ("entropy", "minmax", "percentile", "mse")
 DEFAULT_NUM_BINS = 2048
 DEFAULT_PERCENTILE = 99.99
 
@@ -287,20 +288,69 @@ def amax_mse(counts: np.ndarray, edges: np.ndarray, *, start_bin: int = 128, num
     return float(candidates[int(np.argmin(errors))])
 
 
+@dataclass(frozen=True)
+class CalibrationMethod:
+    """One range calibrator of the registry :data:`METHODS`.
+
+    ``amax(counts, edges, max_abs, **options)``: the range from the fixed-range histogram;
+    ``options``: the option names it accepts (others are ignored), each converted with its type;
+    ``cache_algorithm``: the algorithm name a TensorRT calibration cache of its ranges carries;
+    ``help``: one line for the CLI. Registering a method (:func:`register`) is the only step a new
+    method needs: ``trtrepo calibrate/quantize/deploy --method`` and ``--method auto`` iterate
+    :data:`METHODS`."""
+
+    name: str
+    amax: Callable[..., float]
+    options: dict[str, type] = None  # type: ignore[assignment]
+    cache_algorithm: str = "EntropyCalibration2"
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.options is None:
+            object.__setattr__(self, "options", {})
+
+    def compute(self, counts: np.ndarray, edges: np.ndarray, max_abs: float, **options: float) -> float:
+        kw = {k: self.options[k](v) for k, v in options.items() if k in self.options}
+        return float(self.amax(counts, edges, max_abs, **kw))
+
+
+METHODS: dict[str, CalibrationMethod] = {}
+
+
+def register(method: CalibrationMethod) -> CalibrationMethod:
+    """Add ``method`` to :data:`METHODS` (the order of registration is the order ``auto`` tries)."""
+    if method.name in METHODS or method.name == "auto":
+        raise ValueError(f"calibration method '{method.name}' is already registered (or reserved)")
+    METHODS[method.name] = method
+    return method
+
+
+register(CalibrationMethod(
+    "entropy", lambda c, e, m, **o: amax_entropy(c, e, **o), {"num_levels": int, "start_bin": int, "stride": int},
+    help="TensorRT's EntropyCalibrator2: the range whose 128-level histogram is closest (KL) to the data's"))
+register(CalibrationMethod(
+    "minmax", lambda c, e, m, **o: amax_minmax(m), cache_algorithm="MinMaxCalibration",
+    help="max |x|: nothing clipped"))
+register(CalibrationMethod(
+    "percentile", lambda c, e, m, **o: amax_percentile(c, e, **o), {"percentile": float},
+    help=f"the given percentile of |x| (default {DEFAULT_PERCENTILE})"))
+register(CalibrationMethod(
+    "mse", lambda c, e, m, **o: amax_mse(c, e, **o), {"start_bin": int, "num_bits": int},
+    help="the range with the least expected squared quantization error"))
+
+
+def method_names(*, auto: bool = False) -> tuple[str, ...]:
+    """The registered method names (plus ``auto`` when asked): the CLI's ``--method`` choices."""
+    return (*METHODS, *(("auto",) if auto else ()))
+
+
 def compute_amax(method: str, counts: np.ndarray, edges: np.ndarray, max_abs: float, **options: float) -> float:
-    """Dispatch to one calibrator. ``options``: ``percentile`` (percentile), ``start_bin``,
-    ``num_levels``, ``stride`` (entropy), ``start_bin``, ``num_bits`` (mse)."""
-    if method == "minmax":
-        return amax_minmax(max_abs)
-    if method == "entropy":
-        keys: tuple[str, ...] = ("num_levels", "start_bin", "stride")
-        return amax_entropy(counts, edges, **{k: int(v) for k, v in options.items() if k in keys})
-    if method == "percentile":
-        return amax_percentile(counts, edges, float(options.get("percentile", DEFAULT_PERCENTILE)))
-    if method == "mse":
-        keys = ("start_bin", "num_bits")
-        return amax_mse(counts, edges, **{k: int(v) for k, v in options.items() if k in keys})
-    raise ValueError(f"unknown calibration method '{method}' (expected one of {', '.join(METHODS)})")
+    """Dispatch to one registered calibrator. ``options``: ``percentile`` (percentile),
+    ``start_bin``, ``num_levels``, ``stride`` (entropy), ``start_bin``, ``num_bits`` (mse)."""
+    entry = METHODS.get(method)
+    if entry is None:
+        raise ValueError(f"unknown calibration method '{method}' (expected one of {', '.join(METHODS)})")
+    return entry.compute(counts, edges, max_abs, **options)
 
 
 def summarize(counts: np.ndarray, edges: np.ndarray, amax: float | None = None) -> dict[str, float | int]:

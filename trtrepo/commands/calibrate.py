@@ -8,13 +8,14 @@ from typing import TYPE_CHECKING
 
 import click
 
+from .. import histogram as H
 from ..errors import UsageError
 from ._options import data_options
 
 if TYPE_CHECKING:
     from ..calibrate import Ranges
 
-METHODS = ("entropy", "minmax", "percentile", "mse")
+METHODS = H.method_names()
 CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
 
 
@@ -36,7 +37,7 @@ def _check_outputs(**paths: str | None) -> None:
 @click.argument("model", type=click.Path(dir_okay=False))
 @data_options(required=False)
 @click.option("--method", type=click.Choice(METHODS), default="entropy", show_default=True,
-              help="Range calibrator: entropy = TensorRT EntropyCalibrator2, minmax = max |x|, percentile, mse.")
+              help="Range calibrator: " + "; ".join(f"{m.name} = {m.help}" for m in H.METHODS.values()) + ".")
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=99.99, show_default=True,
               help="Percentile of |x| for --method percentile.")
 @click.option("--num-bins", type=click.IntRange(min=1), default=2048, show_default=True, help="Histogram bins of |x| per tensor.")
@@ -88,12 +89,12 @@ def command(model: str, data_spec: str | None, preprocess: str | None, labels: s
         ranges = stats.compute(method, percentile=percentile)
         took = time.perf_counter() - started
         click.echo(f"calibrated {len(ranges)} tensors of {model} on {stats.num_samples} samples with {method}"
-                   f"{f' {percentile:g}' if method == 'percentile' else ''} ({num_bins} bins) in {took:.1f}s")
+                   f"{f' {percentile:g}' if 'percentile' in H.METHODS[method].options else ''} ({num_bins} bins) in {took:.1f}s")
 
     # Render everything first so that a failure writes nothing.
     from ..cache import format_cache, format_dynamic_range
 
-    algorithm = cache_algorithm or ("MinMaxCalibration" if method == "minmax" else "EntropyCalibration2")
+    algorithm = cache_algorithm or H.METHODS[method].cache_algorithm
     outputs: list[tuple[str, str]] = []
     if cache_path is not None and not reuse:
         outputs.append((cache_path, format_cache(ranges.scales(), trt_version, algorithm)))

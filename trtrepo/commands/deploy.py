@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from .. import histogram as H
 from ._model_options import build_model_options, model_config_options
 from ._options import data_options
 
@@ -34,8 +35,8 @@ from ._options import data_options
 @click.option("--reduce-range", is_flag=True,
               help="7-bit INT8 weights for the ONNX Runtime backends: exact on x86 CPUs without VNNI even where "
                    "session.x64quantprecision is not set (Triton's onnxruntime backend).")
-@click.option("--method", type=click.Choice(("auto", "entropy", "minmax", "percentile", "mse")), default="auto",
-              show_default=True, help="INT8 range calibrator; auto keeps the best of the four on held-out data.")
+@click.option("--method", type=click.Choice(H.method_names(auto=True)), default="auto",
+              show_default=True, help="INT8 range calibrator; auto keeps the best of the registered methods on held-out data.")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
               help="SmoothQuant on MatMul/Gemm inputs (auto: alpha chosen on held-out data, or none).")
 @click.option("--accept-accuracy-loss", is_flag=True,

@@ -7,10 +7,11 @@ from pathlib import Path
 
 import click
 
+from .. import histogram as H
 from ..errors import UsageError
 from ._options import data_options
 
-METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
+METHODS = H.method_names(auto=True)
 
 
 @click.command("quantize")
@@ -22,7 +23,7 @@ METHODS = ("entropy", "minmax", "percentile", "mse", "auto")
               help="TensorRT calibration cache (scales) instead of ranges; refused when made for another model.")
 @data_options(required=False)
 @click.option("--method", type=click.Choice(METHODS), default=None,
-              help="With --data: range calibrator [default: auto: quantizes with all four and keeps the best "
+              help="With --data: range calibrator [default: auto: quantizes with every registered method and keeps the best "
                    "on held-out data].")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
               help="SmoothQuant on MatMul/Gemm inputs: migrate activation outliers into the weights with ALPHA in (0, 1]; "
