@@ -420,6 +420,7 @@ def run_route(route: str, trt_proxy: Any, work: Path, models: Path) -> dict[str,
     from _fake_tensorrt import FakeCudart
 
     from trtrepo.build import BuildOptions, CudaRuntime, TensorRTEngineBuilder, build_engine
+    from trtrepo.contracts.profile import BatchProfile
     from trtrepo.data import DataOptions
 
     fp32, qdq = models / "demo.onnx", models / "demo.qdq.onnx"
@@ -443,11 +444,11 @@ def run_route(route: str, trt_proxy: Any, work: Path, models: Path) -> dict[str,
                               BuildOptions(legacy_calibrator="entropy", fp16=True, data=DataOptions("demo:calib", limit=32),
                                            **common), builder=builder)
     elif route == "qdq-text-fp16":  # two inputs, dynamic batch and sequence (demo-text), mixed INT8+FP16
-        from trtrepo.build import parse_shape_option
+        from trtrepo.contracts.profile import parse_shape_option
 
         shapes = tuple(parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
         result = build_engine(models / "text.qdq.onnx", work / "repo/t/1/model.plan",
-                              BuildOptions(fp16=True, shapes=shapes, **common), builder=builder)
+                              BuildOptions(fp16=True, profile=BatchProfile.for_build(shapes=shapes), **common), builder=builder)
     else:
         raise SystemExit(f"unknown route {route}")
     meta = result.metadata

@@ -26,10 +26,17 @@ from _fake_tensorrt import FakeCudart, make_fake_tensorrt  # noqa: E402
 
 from trtrepo import build as B  # noqa: E402
 from trtrepo.cli import cli  # noqa: E402
+from trtrepo.contracts import profile as P  # noqa: E402
 from trtrepo.data import DataOptions  # noqa: E402
 from trtrepo.errors import MissingDependencyError, TrtrepoError, UsageError  # noqa: E402
 from trtrepo.evaluate import make_session  # noqa: E402
 from trtrepo.modelio import ModelIO, TensorSpec  # noqa: E402
+
+
+def build_opts(min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32, shapes: Any = (), **kw: Any) -> B.BuildOptions:
+    """BuildOptions with trtrepo build's batch flags (the profile is a BatchProfile)."""
+    return B.BuildOptions(profile=P.BatchProfile.for_build(min_batch, opt_batch, max_batch, shapes), **kw)
+
 
 V10, V11 = "10.13.3.9", "11.4.0.106"
 
@@ -68,10 +75,10 @@ def test_parse_size_rejects(text: str) -> None:
 
 
 def test_parse_shape_option_trtexec_dims() -> None:
-    name, r = B.parse_shape_option("input_ids:1x8,8x64,32x128")
+    name, r = P.parse_shape_option("input_ids:1x8,8x64,32x128")
     assert name == "input_ids" and r == B.ShapeRange((1, 8), (8, 64), (32, 128))
     assert r.describe() == "1x8,8x64,32x128"
-    name, r = B.parse_shape_option("ns:x:4x16")  # names may contain ':'; one shape fixes min=opt=max
+    name, r = P.parse_shape_option("ns:x:4x16")  # names may contain ':'; one shape fixes min=opt=max
     assert name == "ns:x" and r.min == r.opt == r.max == (4, 16)
 
 
@@ -85,7 +92,7 @@ def test_parse_shape_option_trtexec_dims() -> None:
 ])
 def test_parse_shape_option_errors(text: str, message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        B.parse_shape_option(text)
+        P.parse_shape_option(text)
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -98,7 +105,7 @@ def test_parse_shape_option_errors(text: str, message: str) -> None:
 ])
 def test_build_options_validation(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        B.BuildOptions(**kwargs)
+        build_opts(**kwargs)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -107,18 +114,18 @@ def test_build_options_validation(kwargs: dict[str, Any], message: str) -> None:
 
 def test_profile_from_batch_range_on_demo(models: tuple[Path, Path]) -> None:
     io = ModelIO.from_onnx(models[1])
-    profile = B.profile_shapes(io, B.BuildOptions(min_batch=2, opt_batch=4, max_batch=16))
+    profile = B.profile_shapes(io, build_opts(min_batch=2, opt_batch=4, max_batch=16))
     assert profile == {"input": B.ShapeRange((2, 1, 32, 32), (4, 1, 32, 32), (16, 1, 32, 32))}
 
 
 def test_profile_needs_shape_for_other_dynamic_axes() -> None:
     with pytest.raises(UsageError, match=r"input 'input_ids' has dynamic axis 1 \('sequence'\).*--shape input_ids:"):
-        B.profile_shapes(bert_io(), B.BuildOptions())
+        B.profile_shapes(bert_io(), build_opts())
 
 
 def test_profile_with_shape_overrides() -> None:
-    shapes = tuple(B.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
-    profile = B.profile_shapes(bert_io(), B.BuildOptions(shapes=shapes))
+    shapes = tuple(P.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
+    profile = B.profile_shapes(bert_io(), build_opts(shapes=shapes))
     assert profile["input_ids"] == profile["attention_mask"] == B.ShapeRange((1, 8), (8, 64), (32, 128))
 
 
@@ -128,7 +135,7 @@ def test_profile_with_shape_overrides() -> None:
     ("nope:1x8,8x64,32x128", "unknown input"),
 ])
 def test_profile_override_errors(shape: str, message: str) -> None:
-    opts = B.BuildOptions(shapes=(B.parse_shape_option(shape), B.parse_shape_option("attention_mask:1x8,8x64,32x128")))
+    opts = build_opts(shapes=(P.parse_shape_option(shape), P.parse_shape_option("attention_mask:1x8,8x64,32x128")))
     with pytest.raises(UsageError, match=message):
         B.profile_shapes(bert_io(), opts)
 
@@ -136,12 +143,12 @@ def test_profile_override_errors(shape: str, message: str) -> None:
 def test_profile_override_must_keep_fixed_dims(models: tuple[Path, Path]) -> None:
     io = ModelIO.from_onnx(models[1])
     with pytest.raises(UsageError, match="axis 2 is fixed at 32"):
-        B.profile_shapes(io, B.BuildOptions(shapes=(B.parse_shape_option("input:1x1x16x32,8x1x16x32,32x1x16x32"),)))
+        B.profile_shapes(io, build_opts(shapes=(P.parse_shape_option("input:1x1x16x32,8x1x16x32,32x1x16x32"),)))
 
 
 def test_static_inputs_get_no_profile() -> None:
     io = ModelIO((TensorSpec("x", "float32", (1, 3), None),), (TensorSpec("y", "float32", (1, 3), None),))
-    assert B.profile_shapes(io, B.BuildOptions()) == {}
+    assert B.profile_shapes(io, build_opts()) == {}
 
 
 # ------------------------------------------------------------------------------------------------
@@ -150,7 +157,7 @@ def test_static_inputs_get_no_profile() -> None:
 
 def test_trtexec_command_per_version() -> None:
     profile = {"input_ids": B.ShapeRange((1, 8), (8, 64), (32, 128)), "attention_mask": B.ShapeRange((1, 8), (8, 64), (32, 128))}
-    opts = B.BuildOptions(workspace=4 << 30, opt_level=4, timing_cache="tc.bin")
+    opts = build_opts(workspace=4 << 30, opt_level=4, timing_cache="tc.bin")
     ten = B.trtexec_command("m.qdq.onnx", "repo/m/1/model.plan", profile, opts, 10)
     assert ten == ["trtexec", "--onnx=m.qdq.onnx", "--saveEngine=repo/m/1/model.plan",
                    "--minShapes=input_ids:1x8,attention_mask:1x8", "--optShapes=input_ids:8x64,attention_mask:8x64",
@@ -163,7 +170,7 @@ def test_trtexec_command_per_version() -> None:
 
 def test_trtexec_command_legacy() -> None:
     profile = {"input": B.ShapeRange((1, 3), (8, 3), (32, 3))}
-    opts = B.BuildOptions(legacy_calibrator="entropy", calib_cache="c.cache")
+    opts = build_opts(legacy_calibrator="entropy", calib_cache="c.cache")
     cmd = B.trtexec_command("m.onnx", "model.plan", profile, opts, 10)
     assert "--int8" in cmd and "--calib=c.cache" in cmd and "--stronglyTyped" not in cmd
     with pytest.raises(UsageError, match="TensorRT 11.x removed implicit INT8"):
@@ -179,7 +186,7 @@ def test_build_writes_plan_and_metadata(models: tuple[Path, Path], tmp_path: Pat
     qdq = models[1]
     out = tmp_path / "repo" / "demo" / "1" / "model.plan"
     builder = fake_builder(version)
-    result = B.build_engine(qdq, out, B.BuildOptions(workspace=1 << 30), builder=builder)
+    result = B.build_engine(qdq, out, build_opts(workspace=1 << 30), builder=builder)
     assert result.plan == out and out.is_file()
     assert result.metadata_path == tmp_path / "repo" / "demo" / "1" / "model.plan.json"
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.json"]  # no temp files left
@@ -220,7 +227,7 @@ def test_calibration_method_from_onnx_metadata(models: tuple[Path, Path], tmp_pa
     model.metadata_props.add(key="trtrepo.calibration_method", value="entropy")
     src = tmp_path / "m.qdq.onnx"
     onnx.save(model, str(src))
-    result = B.build_engine(src, tmp_path / "model.plan", B.BuildOptions(), builder=fake_builder())
+    result = B.build_engine(src, tmp_path / "model.plan", build_opts(), builder=fake_builder())
     assert result.metadata.calibration_method == "entropy"
 
 
@@ -230,7 +237,7 @@ def test_failed_build_writes_nothing_and_keeps_old_plan(models: tuple[Path, Path
     builder = fake_builder()
     builder.trt._state["fail_build"] = "Could not find any implementation for node /conv1/Conv"
     with pytest.raises(TrtrepoError, match="TensorRT failed to build the engine: Could not find any implementation"):
-        B.build_engine(models[1], out, B.BuildOptions(), builder=builder)
+        B.build_engine(models[1], out, build_opts(), builder=builder)
     assert out.read_bytes() == b"old plan"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["model.plan"]
 
@@ -239,7 +246,7 @@ def test_no_force_refuses_existing_plan(models: tuple[Path, Path], tmp_path: Pat
     out = tmp_path / "model.plan"
     out.write_bytes(b"old")
     with pytest.raises(UsageError, match="already exists"):
-        B.build_engine(models[1], out, B.BuildOptions(), builder=fake_builder(), force=False)
+        B.build_engine(models[1], out, build_opts(), builder=fake_builder(), force=False)
 
 
 def test_parser_errors_are_all_reported(models: tuple[Path, Path], tmp_path: Path) -> None:
@@ -253,7 +260,7 @@ def test_parser_errors_are_all_reported(models: tuple[Path, Path], tmp_path: Pat
     src = tmp_path / "bad.qdq.onnx"
     onnx.save(model, str(src))
     with pytest.raises(TrtrepoError) as info:
-        B.build_engine(src, tmp_path / "out" / "model.plan", B.BuildOptions(), builder=fake_builder())
+        B.build_engine(src, tmp_path / "out" / "model.plan", build_opts(), builder=fake_builder())
     msg = info.value.message
     assert "2 error(s)" in msg and "custom_a: MyOp" in msg and "custom_b: OtherOp" in msg and "\n" not in msg
     assert not (tmp_path / "out").exists() or not any((tmp_path / "out").iterdir())
@@ -262,14 +269,14 @@ def test_parser_errors_are_all_reported(models: tuple[Path, Path], tmp_path: Pat
 def test_qdq_route_refuses_fp32_model_unless_allowed(models: tuple[Path, Path], tmp_path: Path) -> None:
     fp32 = models[0]
     with pytest.raises(UsageError, match="no QuantizeLinear/DequantizeLinear nodes"):
-        B.build_engine(fp32, tmp_path / "model.plan", B.BuildOptions(), builder=fake_builder())
-    result = B.build_engine(fp32, tmp_path / "model.plan", B.BuildOptions(allow_fp32=True), builder=fake_builder())
+        B.build_engine(fp32, tmp_path / "model.plan", build_opts(), builder=fake_builder())
+    result = B.build_engine(fp32, tmp_path / "model.plan", build_opts(allow_fp32=True), builder=fake_builder())
     assert result.plan.is_file()
 
 
 def test_timing_cache_is_loaded_and_saved(models: tuple[Path, Path], tmp_path: Path) -> None:
     tc = tmp_path / "timing.cache"
-    opts = B.BuildOptions(timing_cache=str(tc))
+    opts = build_opts(timing_cache=str(tc))
     B.build_engine(models[1], tmp_path / "a.plan", opts, builder=fake_builder())
     first = tc.read_bytes()
     B.build_engine(models[1], tmp_path / "b.plan", opts, builder=fake_builder())
@@ -284,7 +291,7 @@ def test_legacy_calibrator_feeds_device_buffers_and_writes_cache(models: tuple[P
     cudart = FakeCudart()
     builder = fake_builder(V10, cudart)
     cache = tmp_path / "calib.cache"
-    opts = B.BuildOptions(legacy_calibrator="entropy", data=DataOptions("demo:calib", limit=100), calib_cache=str(cache))
+    opts = build_opts(legacy_calibrator="entropy", data=DataOptions("demo:calib", limit=100), calib_cache=str(cache))
     result = B.build_engine(models[0], tmp_path / "model.plan", opts, builder=builder)
     plan = builder.trt._state["builds"][-1]
     assert plan["builder_flags"] == ["INT8"] and plan["network_flags"] == 0
@@ -300,7 +307,7 @@ def test_legacy_calibrator_reuses_trtrepo_cache_without_data(models: tuple[Path,
     content = "TRT-100300-MinMaxCalibration\ninput: 3c010204\n"  # another TensorRT version's header
     cache.write_text(content)
     builder = fake_builder(V10)
-    opts = B.BuildOptions(legacy_calibrator="minmax", calib_cache=str(cache))
+    opts = build_opts(legacy_calibrator="minmax", calib_cache=str(cache))
     B.build_engine(models[0], tmp_path / "model.plan", opts, builder=builder)
     # handed to TensorRT with the running version, so TensorRT does not discard it; the file stays as it was
     assert builder.trt._state["builds"][-1]["calibration"] == {"batches": 0, "cache_header": "TRT-101303-MinMaxCalibration"}
@@ -319,19 +326,19 @@ def test_legacy_calibrator_input_errors(models: tuple[Path, Path], tmp_path: Pat
         (tmp_path / "c.cache").write_text(cache_text)
         kwargs["calib_cache"] = str(tmp_path / "c.cache")
     with pytest.raises(UsageError, match=message):
-        B.build_engine(models[0], tmp_path / "out" / "model.plan", B.BuildOptions(**kwargs), builder=fake_builder())
+        B.build_engine(models[0], tmp_path / "out" / "model.plan", build_opts(**kwargs), builder=fake_builder())
     assert not (tmp_path / "out").exists()
 
 
 def test_legacy_calibrator_on_tensorrt_11_points_to_qdq(models: tuple[Path, Path], tmp_path: Path) -> None:
-    opts = B.BuildOptions(legacy_calibrator="entropy", data=DataOptions("demo:calib", limit=16))
+    opts = build_opts(legacy_calibrator="entropy", data=DataOptions("demo:calib", limit=16))
     with pytest.raises(UsageError, match="TensorRT 11.4.0.106 removed implicit INT8.*'trtrepo quantize'"):
         B.build_engine(models[0], tmp_path / "model.plan", opts, builder=fake_builder(V11))
 
 
 def test_legacy_calibrator_refuses_qdq_model(models: tuple[Path, Path], tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="already has 2 Q/DQ nodes"):
-        B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(legacy_calibrator="entropy", calib_cache="x"),
+        B.build_engine(models[1], tmp_path / "model.plan", build_opts(legacy_calibrator="entropy", calib_cache="x"),
                        builder=fake_builder())
 
 
@@ -386,7 +393,7 @@ def test_nv_tensorrt_version_int() -> None:
 
 
 def _meta(tmp_path: Path, models: tuple[Path, Path]) -> Path:
-    return B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(), builder=fake_builder()).plan
+    return B.build_engine(models[1], tmp_path / "model.plan", build_opts(), builder=fake_builder()).plan
 
 
 def test_compatibility_warnings(models: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
@@ -507,7 +514,7 @@ def test_plan_metadata_feeds_the_repository_writer(models: tuple[Path, Path], tm
     """The Triton config of a plan comes from the IO and profile read back from the engine (model.plan.json)."""
     from trtrepo.repository import add_plan_model
 
-    plan = B.build_engine(models[1], tmp_path / "build" / "model.plan", B.BuildOptions(max_batch=16),
+    plan = B.build_engine(models[1], tmp_path / "build" / "model.plan", build_opts(max_batch=16),
                           builder=fake_builder()).plan
     result, _ = add_plan_model(tmp_path / "repo", "demo", plan, target_tensorrt=V11, target_compute_capability="8.0")
     text = result.config_text
@@ -528,7 +535,7 @@ def text_models(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     return demo_text_models(tmp_path_factory.mktemp("text_models"))
 
 
-TEXT_SHAPES = tuple(B.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
+TEXT_SHAPES = tuple(P.parse_shape_option(f"{n}:1x8,8x64,32x128") for n in ("input_ids", "attention_mask"))
 
 
 @pytest.mark.parametrize("version", [V10, V11])
@@ -538,7 +545,7 @@ def test_fp16_qdq_builds_the_converted_graph_strongly_typed(text_models: tuple[P
     qdq = text_models[1]
     builder = fake_builder(version)
     keep = tmp_path / "text.fp16.onnx"
-    opts = B.BuildOptions(fp16=True, shapes=TEXT_SHAPES, fp16_onnx=str(keep))
+    opts = build_opts(fp16=True, shapes=TEXT_SHAPES, fp16_onnx=str(keep))
     result = B.build_engine(qdq, tmp_path / "model.plan", opts, builder=builder)
     plan = builder.trt._state["builds"][-1]
     assert plan["builder_flags"] == [] and plan["float16_weights"] > 0  # FP16 from the graph's types, no flag
@@ -564,7 +571,7 @@ def test_fp16_qdq_builds_the_converted_graph_strongly_typed(text_models: tuple[P
 
 def test_fp16_without_fp16_onnx_writes_only_the_plan(text_models: tuple[Path, Path], tmp_path: Path) -> None:
     out = tmp_path / "out" / "model.plan"
-    result = B.build_engine(text_models[1], out, B.BuildOptions(fp16=True, shapes=TEXT_SHAPES), builder=fake_builder(V11))
+    result = B.build_engine(text_models[1], out, build_opts(fp16=True, shapes=TEXT_SHAPES), builder=fake_builder(V11))
     assert sorted(p.name for p in out.parent.iterdir()) == ["model.plan", "model.plan.json"]
     assert result.metadata.precision["fp16"]["saved_to"] is None
     assert f"--onnx={text_models[1].with_name('text.qdq.fp16.onnx')}" in result.metadata.trtexec
@@ -575,7 +582,7 @@ def test_fp16_failed_build_keeps_no_converted_model(models: tuple[Path, Path], t
     builder.trt._state["fail_build"] = "no implementation"
     keep = tmp_path / "m.fp16.onnx"
     with pytest.raises(TrtrepoError, match="no implementation"):
-        B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(fp16=True, fp16_onnx=str(keep)), builder=builder)
+        B.build_engine(models[1], tmp_path / "model.plan", build_opts(fp16=True, fp16_onnx=str(keep)), builder=builder)
     assert not keep.exists() and not (tmp_path / "model.plan").exists()
 
 
@@ -583,7 +590,7 @@ def test_fp16_keep_fp32_ops_reach_the_conversion(text_models: tuple[Path, Path],
     import onnx
 
     keep = tmp_path / "k.onnx"
-    opts = B.BuildOptions(fp16=True, shapes=TEXT_SHAPES, keep_fp32_ops=("LayerNormalization",), fp16_onnx=str(keep))
+    opts = build_opts(fp16=True, shapes=TEXT_SHAPES, keep_fp32_ops=("LayerNormalization",), fp16_onnx=str(keep))
     result = B.build_engine(text_models[1], tmp_path / "model.plan", opts, builder=fake_builder(V10))
     assert result.metadata.precision["fp16"]["keep_fp32_ops"] == ["LayerNormalization"]
     model = onnx.load(str(keep))
@@ -594,7 +601,7 @@ def test_fp16_keep_fp32_ops_reach_the_conversion(text_models: tuple[Path, Path],
 
 def test_fp16_on_the_legacy_route_sets_the_builder_flag(models: tuple[Path, Path], tmp_path: Path) -> None:
     builder = fake_builder(V10)
-    opts = B.BuildOptions(legacy_calibrator="entropy", fp16=True, data=DataOptions("demo:calib", limit=16))
+    opts = build_opts(legacy_calibrator="entropy", fp16=True, data=DataOptions("demo:calib", limit=16))
     result = B.build_engine(models[0], tmp_path / "model.plan", opts, builder=builder)
     plan = builder.trt._state["builds"][-1]
     assert plan["builder_flags"] == ["FP16", "INT8"] and plan["network_flags"] == 0 and plan["float16_weights"] == 0
@@ -615,7 +622,7 @@ def test_fake_refuses_precision_flags_on_strongly_typed_networks(models: tuple[P
 
     monkeypatch.setattr(B, "configure", with_flag)
     with pytest.raises(TrtrepoError, match="precision flags .*FP16.* strongly typed"):
-        B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(fp16=True), builder=fake_builder(V10))
+        B.build_engine(models[1], tmp_path / "model.plan", build_opts(fp16=True), builder=fake_builder(V10))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
@@ -625,15 +632,15 @@ def test_fake_refuses_precision_flags_on_strongly_typed_networks(models: tuple[P
 ])
 def test_fp16_option_errors(kwargs: dict[str, Any], message: str) -> None:
     with pytest.raises(UsageError, match=message):
-        B.BuildOptions(**kwargs)
+        build_opts(**kwargs)
 
 
 def test_trtexec_fp16_per_route_and_version() -> None:
     profile = {"input": B.ShapeRange((1, 3), (8, 3), (32, 3))}
-    qdq = B.BuildOptions(fp16=True)
+    qdq = build_opts(fp16=True)
     assert "--stronglyTyped" in B.trtexec_command("m.fp16.onnx", "p", profile, qdq, 10)
     assert not any(a in ("--fp16", "--int8") for m in (10, 11) for a in B.trtexec_command("m.fp16.onnx", "p", profile, qdq, m))
-    legacy = B.BuildOptions(fp16=True, legacy_calibrator="minmax", calib_cache="c.cache")
+    legacy = build_opts(fp16=True, legacy_calibrator="minmax", calib_cache="c.cache")
     cmd = B.trtexec_command("m.onnx", "p", profile, legacy, 10)
     assert cmd[cmd.index("--int8"):cmd.index("--int8") + 3] == ["--int8", "--fp16", "--calib=c.cache"]
 
@@ -660,15 +667,15 @@ def test_cli_fp16_print_trtexec_and_build(text_models: tuple[Path, Path], tmp_pa
 
 
 def test_shared_symbolic_axis_takes_the_range_of_the_other_input() -> None:
-    profile = B.profile_shapes(bert_io(), B.BuildOptions(shapes=(B.parse_shape_option("input_ids:1x8,8x64,32x128"),)))
+    profile = B.profile_shapes(bert_io(), build_opts(shapes=(P.parse_shape_option("input_ids:1x8,8x64,32x128"),)))
     assert profile["attention_mask"] == profile["input_ids"] == B.ShapeRange((1, 8), (8, 64), (32, 128))
 
 
 def test_shared_symbolic_axis_with_different_ranges_is_an_error() -> None:
-    shapes = (B.parse_shape_option("input_ids:1x8,8x64,32x128"), B.parse_shape_option("attention_mask:1x8,8x32,32x128"))
+    shapes = (P.parse_shape_option("input_ids:1x8,8x64,32x128"), P.parse_shape_option("attention_mask:1x8,8x32,32x128"))
     with pytest.raises(UsageError, match=r"inputs 'input_ids' and 'attention_mask' share the dynamic axis 'sequence' but give "
                                          r"it different ranges \(8,64,128 and 8,32,128\)"):
-        B.profile_shapes(bert_io(), B.BuildOptions(shapes=shapes))
+        B.profile_shapes(bert_io(), build_opts(shapes=shapes))
 
 
 def test_unnamed_dynamic_axes_are_not_shared() -> None:
@@ -676,9 +683,9 @@ def test_unnamed_dynamic_axes_are_not_shared() -> None:
     b = TensorSpec("b", "int64", (-1, -1), 0, ("batch", None))
     io = ModelIO((a, b), (TensorSpec("y", "float32", (-1, 2), 0),))
     with pytest.raises(UsageError, match=r"input 'b' has dynamic axis 1 \(shape NxN\) with no range"):
-        B.profile_shapes(io, B.BuildOptions(shapes=(B.parse_shape_option("a:1x8,8x64,32x128"),)))
-    b_shape = B.parse_shape_option("b:1x4,8x4,32x4")  # unnamed axes may differ
-    profile = B.profile_shapes(io, B.BuildOptions(shapes=(B.parse_shape_option("a:1x8,8x64,32x128"), b_shape)))
+        B.profile_shapes(io, build_opts(shapes=(P.parse_shape_option("a:1x8,8x64,32x128"),)))
+    b_shape = P.parse_shape_option("b:1x4,8x4,32x4")  # unnamed axes may differ
+    profile = B.profile_shapes(io, build_opts(shapes=(P.parse_shape_option("a:1x8,8x64,32x128"), b_shape)))
     assert profile["b"].max == (32, 4)
 
 
@@ -704,7 +711,7 @@ def test_demo_text_end_to_end_profile_metadata_and_triton_dims(text_models: tupl
     from trtrepo.repository import add_plan_model
 
     qdq = text_models[1]
-    plan = B.build_engine(qdq, tmp_path / "build" / "model.plan", B.BuildOptions(max_batch=32, shapes=TEXT_SHAPES),
+    plan = B.build_engine(qdq, tmp_path / "build" / "model.plan", build_opts(max_batch=32, shapes=TEXT_SHAPES),
                           builder=fake_builder(V11)).plan
     data = json.loads(B.plan_metadata_path(plan).read_text())
     rng = {"min": [1, 8], "opt": [8, 64], "max": [32, 128]}
@@ -730,7 +737,7 @@ def test_repository_reads_plan_metadata_through_the_build_reader(models: tuple[P
     from trtrepo import repository
 
     assert repository.read_plan_metadata(tmp_path / "none.plan") is None
-    plan = B.build_engine(models[1], tmp_path / "model.plan", B.BuildOptions(), builder=fake_builder()).plan
+    plan = B.build_engine(models[1], tmp_path / "model.plan", build_opts(), builder=fake_builder()).plan
     assert repository.read_plan_metadata(plan) == B.read_plan_metadata_dict(plan) == json.loads(B.plan_metadata_path(plan).read_text())
     (tmp_path / "bad.plan.json").write_text("[1, 2]")
     with pytest.raises(UsageError, match="must be a JSON object"):

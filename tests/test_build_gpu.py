@@ -17,6 +17,7 @@ import pytest
 from click.testing import CliRunner
 
 from trtrepo import build as B
+from trtrepo.contracts.profile import BatchProfile
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -112,7 +113,7 @@ def _report(name: str, y: np.ndarray, w: dict[str, Any]) -> dict[str, float]:
 
 def test_qdq_engine_matches_onnxruntime(work: dict[str, Any]) -> None:
     plan = work["folder"] / "repo" / "demo" / "1" / "model.plan"
-    result = B.build_engine(work["qdq"], plan, B.BuildOptions(min_batch=1, opt_batch=32, max_batch=64))
+    result = B.build_engine(work["qdq"], plan, B.BuildOptions(profile=BatchProfile.for_build(1, 32, 64)))
     meta = B.read_plan_metadata(plan)
     assert meta.precision_route == B.ROUTE_QDQ and meta.gpu is not None
     assert [t.name for t in result.metadata.io_tensors] == ["input", "logits"]
@@ -130,13 +131,13 @@ def test_legacy_calibrator_engine(work: dict[str, Any]) -> None:
 
     plan = work["folder"] / "legacy" / "model.plan"
     cache = work["folder"] / "legacy.cache"
-    B.build_engine(work["fp32"], plan, B.BuildOptions(opt_batch=32, max_batch=64, legacy_calibrator="entropy",
+    B.build_engine(work["fp32"], plan, B.BuildOptions(profile=BatchProfile.for_build(1, 32, 64), legacy_calibrator="entropy",
                                                       data=DataOptions("demo:calib", limit=512), calib_cache=str(cache)))
     assert cache.read_bytes().startswith(b"TRT-")
     stats = _report("tensorrt legacy entropy", run_plan(plan, work["x"]), work)
     assert stats["top1"] >= stats["top1_ort_fp32"] - 0.02
     # the cache alone (no data) builds again
     plan2 = work["folder"] / "legacy2" / "model.plan"
-    B.build_engine(work["fp32"], plan2, B.BuildOptions(opt_batch=32, max_batch=64, legacy_calibrator="entropy",
+    B.build_engine(work["fp32"], plan2, B.BuildOptions(profile=BatchProfile.for_build(1, 32, 64), legacy_calibrator="entropy",
                                                        calib_cache=str(cache)))
     assert plan2.is_file()

@@ -10,7 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtrepo.deploy import DeployOptions, build_options, profile_from_data
+from trtrepo.contracts.profile import BatchProfile
+from trtrepo.deploy import DeployOptions, build_options
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import make_session
 from trtrepo.modelio import ModelIO, TensorSpec
@@ -28,7 +29,7 @@ def test_profile_from_data_uses_min_median_max_of_the_sequence_axis():
     from trtrepo.data import open_data
 
     io = text_io()
-    shapes = dict(profile_from_data(io, open_data("demo-text:calib", io=io), max_batch=32, opt_batch=8))
+    shapes = dict(BatchProfile.for_deploy(None).with_data_shapes(io, open_data("demo-text:calib", io=io)).shapes)
     assert set(shapes) == {"input_ids", "attention_mask"}
     r = shapes["input_ids"]
     assert (r.min, r.opt, r.max) == ((1, 8), (8, 24), (32, 32))  # lengths 8..32 padded to multiples of 8

@@ -35,6 +35,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .contracts.profile import BatchProfile, ShapeRange, dims_str
 from .errors import MissingDependencyError, TrtrepoError, UsageError
 from .fsutil import atomic_path, atomic_write_bytes
 from .modelio import ModelIO, TensorSpec
@@ -252,72 +253,11 @@ def parse_size(text: str | int, what: str = "--workspace") -> int:
     return value
 
 
-def parse_dims(text: str, what: str) -> tuple[int, ...]:
-    parts = text.strip().lower().split("x")
-    if not text.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"{what}: '{text}' is not a shape like 8x64 (positive dims separated by 'x')")
-    return tuple(int(p) for p in parts)
-
-
-def _dims_str(dims: Sequence[int]) -> str:
-    return "x".join(str(int(d)) for d in dims)
-
-
-@dataclass(frozen=True)
-class ShapeRange:
-    """min/opt/max shapes of one input in an optimization profile."""
-
-    min: tuple[int, ...]
-    opt: tuple[int, ...]
-    max: tuple[int, ...]
-
-    def __post_init__(self) -> None:
-        for k in ("min", "opt", "max"):
-            object.__setattr__(self, k, tuple(int(d) for d in getattr(self, k)))
-        if not (len(self.min) == len(self.opt) == len(self.max)):
-            raise UsageError(f"shape range {self.describe()}: min, opt and max must have the same rank")
-        for axis, (a, b, c) in enumerate(zip(self.min, self.opt, self.max, strict=True)):
-            if a <= 0:
-                raise UsageError(f"shape range {self.describe()}: dimensions must be positive")
-            if not a <= b <= c:
-                raise UsageError(f"shape range {self.describe()}: axis {axis} needs min <= opt <= max ({a}, {b}, {c})")
-
-    def describe(self) -> str:
-        return f"{_dims_str(self.min)},{_dims_str(self.opt)},{_dims_str(self.max)}"
-
-    def to_dict(self) -> dict[str, list[int]]:
-        return {"min": list(self.min), "opt": list(self.opt), "max": list(self.max)}
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Sequence[int]]) -> ShapeRange:
-        return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
-
-
-def parse_shape_option(text: str) -> tuple[str, ShapeRange]:
-    """``NAME:MIN,OPT,MAX`` with trtexec-like dims (``input_ids:1x8,8x64,32x128``); ``NAME:DIMS`` fixes one shape."""
-    name, sep, dims = text.rpartition(":")
-    if not sep or not name:
-        raise UsageError(f"--shape '{text}': expected NAME:MIN,OPT,MAX, e.g. input_ids:1x8,8x64,32x128")
-    parts = dims.split(",")
-    if len(parts) not in (1, 3):
-        raise UsageError(f"--shape '{text}': expected three shapes MIN,OPT,MAX (or one fixed shape)")
-    shapes = [parse_dims(p, f"--shape '{text}'") for p in parts]
-    if len(shapes) == 1:
-        shapes = shapes * 3
-    try:
-        return name, ShapeRange(*shapes)
-    except UsageError as exc:
-        raise UsageError(f"--shape '{text}': {exc.message}") from exc
-
-
 @dataclass(frozen=True)
 class BuildOptions:
     """What ``trtrepo build`` takes besides the model and the output path."""
 
-    min_batch: int = 1
-    opt_batch: int = 8
-    max_batch: int = 32
-    shapes: tuple[tuple[str, ShapeRange], ...] = ()
+    profile: BatchProfile = field(default_factory=BatchProfile)  # batch range and --shape ranges
     workspace: int | None = None
     opt_level: int = 3
     timing_cache: str | None = None
@@ -330,9 +270,6 @@ class BuildOptions:
     fp16_onnx: str | None = None  # --fp16 on the Q/DQ route: keep the converted ONNX model here
 
     def __post_init__(self) -> None:
-        if not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
-            raise UsageError(f"batch range must satisfy 1 <= --min-batch <= --opt-batch <= --max-batch, "
-                             f"got {self.min_batch}, {self.opt_batch}, {self.max_batch}")
         if not 0 <= self.opt_level <= 5:
             raise UsageError(f"--opt-level must be 0..5, got {self.opt_level}")
         if self.workspace is not None and self.workspace <= 0:
@@ -341,10 +278,6 @@ class BuildOptions:
             raise UsageError(f"--legacy-calibrator must be one of {', '.join(CALIBRATORS)}, got '{self.legacy_calibrator}'")
         if self.legacy_calibrator is None and (self.data is not None or self.calib_cache is not None):
             raise UsageError("--data and --cache are only used with --legacy-calibrator (the Q/DQ route needs no data)")
-        names = [n for n, _ in self.shapes]
-        dup = sorted({n for n in names if names.count(n) > 1})
-        if dup:
-            raise UsageError(f"--shape given more than once for {', '.join(dup)}")
         if not self.fp16 and (self.keep_fp32_ops or self.fp16_onnx):
             raise UsageError("--keep-fp32 and --fp16-onnx only apply with --fp16")
         if self.legacy_calibrator is not None and (self.keep_fp32_ops or self.fp16_onnx):
@@ -366,93 +299,32 @@ class BuildOptions:
     def precision(self) -> str:
         return "int8+fp16" if self.fp16 else "int8"
 
+    # the profile's facts, read-only (BatchProfile owns them)
     @property
-    def shape_overrides(self) -> dict[str, ShapeRange]:
-        return dict(self.shapes)
+    def shapes(self) -> tuple[tuple[str, ShapeRange], ...]:
+        return self.profile.shapes
 
     @property
     def batch_range(self) -> tuple[int, int, int]:
-        return self.min_batch, self.opt_batch, self.max_batch
+        return self.profile.batch_range
+
+    @property
+    def min_batch(self) -> int:
+        return self.profile.min_batch
+
+    @property
+    def opt_batch(self) -> int:
+        return self.profile.opt_batch
+
+    @property
+    def max_batch(self) -> int:
+        return self.profile.max_batch
 
 
 def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
-    """The optimization profile: a shape range for every input with a dynamic axis.
-
-    A dynamic axis 0 takes the batch range; every other dynamic axis needs ``--shape``. A ``--shape``
-    must fit the input's rank and fixed dims, and on a batched model its axis 0 must equal the batch
-    range (one batch range for the whole model, which Triton's ``max_batch_size`` follows).
-
-    Inputs that share a symbolic axis (``input_ids`` and ``attention_mask`` both ``[batch, sequence]``)
-    must get the same range on it: at run time the axis has one size, so different ranges are an error.
-    An input without ``--shape`` whose other dynamic axes are all named after axes that another input's
-    ``--shape`` ranges takes those ranges (``--shape input_ids:...`` alone covers ``attention_mask``).
-    """
-    overrides = options.shape_overrides
-    unknown = [n for n in overrides if n not in io.input_names]
-    if unknown:
-        raise UsageError(f"--shape names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})")
-    lo, mid, hi = options.batch_range
-    given: dict[str, ShapeRange] = {}
-    for spec in io.inputs:
-        if spec.name not in overrides:
-            continue
-        r = overrides[spec.name]
-        if len(r.min) != spec.rank:
-            raise UsageError(f"--shape {spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}")
-        for axis, d in enumerate(spec.shape):
-            if d != -1 and not (r.min[axis] == r.opt[axis] == r.max[axis] == d):
-                raise UsageError(f"--shape {spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model")
-        if spec.shape and spec.shape[0] == -1 and (r.min[0], r.opt[0], r.max[0]) != (lo, mid, hi):
-            raise UsageError(
-                f"--shape {spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
-                f"--min/--opt/--max-batch {lo},{mid},{hi}")
-        if spec.dynamic_axes:
-            given[spec.name] = r
-
-    # Symbolic axes ranged by --shape: name -> ((min, opt, max), input that gave it)
-    symbols: dict[str, tuple[tuple[int, int, int], str]] = {}
-    for spec in io.inputs:
-        ranged = given.get(spec.name)
-        if ranged is None:
-            continue
-        for axis in spec.dynamic_axes:
-            label = spec.dim_names[axis] if spec.dim_names else None
-            if axis == 0 or not label:
-                continue
-            rng = (ranged.min[axis], ranged.opt[axis], ranged.max[axis])
-            prev = symbols.setdefault(label, (rng, spec.name))
-            if prev[0] != rng:
-                raise UsageError(
-                    f"--shape: inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it different "
-                    f"ranges ({','.join(map(str, prev[0]))} and {','.join(map(str, rng))}); the axis has one size at run "
-                    f"time, so give both the same MIN,OPT,MAX")
-
-    result: dict[str, ShapeRange] = {}
-    for spec in io.inputs:
-        if spec.name in given:
-            result[spec.name] = given[spec.name]
-            continue
-        if spec.name in overrides or not spec.dynamic_axes:
-            continue
-        other = [a for a in spec.dynamic_axes if a != 0]
-        labels = {a: spec.dim_names[a] if spec.dim_names else None for a in other}
-        missing = [a for a in other if labels[a] not in symbols]
-        if missing:
-            label = labels[missing[0]]
-            axis_desc = f"axis {missing[0]}" + (f" ('{label}')" if label else "")
-            example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
-            raise UsageError(f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range; give it with "
-                             f"--shape {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)")
-        shapes = [list(spec.with_batch(b)) for b in (lo, mid, hi)]
-        for a in other:
-            rng, source = symbols[labels[a]]  # type: ignore[index]
-            for k in range(3):
-                shapes[k][a] = rng[k]
-        if other:
-            log.info("input '%s': range of axes %s taken from --shape %s (shared symbolic axes)", spec.name,
-                     ", ".join(f"'{labels[a]}'" for a in other), ", ".join(sorted({symbols[labels[a]][1] for a in other})))  # type: ignore[index]
-        result[spec.name] = ShapeRange(*(tuple(s) for s in shapes))
-    return result
+    """The optimization profile of ``options``' :class:`~trtrepo.contracts.profile.BatchProfile`
+    (see :meth:`~trtrepo.contracts.profile.BatchProfile.resolve`)."""
+    return options.profile.resolve(io)
 
 
 def profile_axes(io: ModelIO, profile: Mapping[str, ShapeRange]) -> dict[str, list[dict[str, Any]]]:
@@ -490,7 +362,7 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}"]
     if profile:
         for flag, attr in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
-            cmd.append(flag + "=" + ",".join(f"{name}:{_dims_str(getattr(r, attr))}" for name, r in profile.items()))
+            cmd.append(flag + "=" + ",".join(f"{name}:{dims_str(getattr(r, attr))}" for name, r in profile.items()))
     if options.route == ROUTE_QDQ:
         if major < 11:
             cmd.append("--stronglyTyped")

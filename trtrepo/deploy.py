@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts import builtin
+from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
 from .modelio import ModelIO
@@ -232,69 +233,25 @@ def _default_data(opts: DeployOptions) -> str | None:
     return opts.data or (plugin.calib_spec if plugin is not None else None)
 
 
-def profile_from_data(io: ModelIO, source: Any, max_batch: int, opt_batch: int) -> tuple[tuple[str, Any], ...]:
-    """TensorRT profile ranges for the inputs with dynamic axes besides the batch: per axis the
-    smallest, median and largest size seen in ``source`` (a :class:`~trtrepo.data.DataSource`;
-    samples carry no batch axis) as MIN/OPT/MAX, the batch axis ``1, opt_batch, max_batch``.
-    Inputs whose only dynamic axis is the batch need no entry. Returns ``--shape``-style pairs
-    for :class:`trtrepo.build.BuildOptions`."""
-    import numpy as np
-
-    from .build import ShapeRange
-
-    dynamic = [s for s in io.inputs if any(d == -1 for a, d in enumerate(s.shape) if a != s.batch_axis)]
-    if not dynamic:
-        return ()
-    sizes: dict[str, list[tuple[int, ...]]] = {s.name: [] for s in dynamic}
-    for sample in source:
-        for spec in dynamic:
-            value = sample.inputs.get(spec.name)
-            if value is not None:
-                sizes[spec.name].append(tuple(np.shape(value)))
-    out = []
-    for spec in dynamic:
-        seen = np.asarray(sizes[spec.name])
-        if seen.size == 0:
-            raise UsageError(f"input '{spec.name}': the data has no values to size its dynamic axes (give --shape)")
-        lo, mid, hi = [], [], []
-        k = 0
-        for axis, d in enumerate(spec.shape):
-            if axis == spec.batch_axis:
-                lo.append(1)
-                mid.append(opt_batch)
-                hi.append(max_batch)
-                continue
-            col = seen[:, k] if seen.ndim == 2 and k < seen.shape[1] else None
-            k += 1
-            if d != -1:
-                lo.append(d)
-                mid.append(d)
-                hi.append(d)
-            elif col is None:
-                raise UsageError(f"input '{spec.name}': the data's samples do not match its rank {spec.rank}")
-            else:
-                lo.append(int(col.min()))
-                mid.append(int(np.median(col)))
-                hi.append(int(col.max()))
-        out.append((spec.name, ShapeRange(tuple(lo), tuple(mid), tuple(hi))))
-    return tuple(out)
+def batch_profile(opts: DeployOptions, io: ModelIO | None = None, source: Any = None) -> BatchProfile:
+    """The deploy's :class:`~trtrepo.contracts.profile.BatchProfile`: ``--max-batch-size`` and
+    ``--shape`` (:meth:`~trtrepo.contracts.profile.BatchProfile.for_deploy`), completed from the
+    data's sizes for inputs with dynamic non-batch axes that ``--shape`` leaves out. With ``io``,
+    ``--max-batch-size`` N >= 1 is refused on a model without a batch axis."""
+    profile = BatchProfile.for_deploy(opts.model.max_batch_size, opts.shapes)
+    if io is not None and profile.batched and opts.model.max_batch_size and not io.has_batch_axis:
+        raise UsageError(f"--max-batch-size {opts.model.max_batch_size}: the model has no dynamic batch axis 0 on every "
+                         f"input and output; give --max-batch-size 0")
+    if io is not None and source is not None:
+        profile = profile.with_data_shapes(io, source)
+    return profile
 
 
 def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
-    """The :class:`trtrepo.build.BuildOptions` of the deploy build step: batch range from
-    ``max_batch_size``; shape profiles from ``--shape`` when given, else from the data's sizes
-    (:func:`profile_from_data`) for the inputs with dynamic non-batch axes."""
-    from .build import BuildOptions, parse_shape_option
+    """The :class:`trtrepo.build.BuildOptions` of the deploy build step (:func:`batch_profile`)."""
+    from .build import BuildOptions
 
-    mbs = opts.model.max_batch_size or 32
-    opt_batch = min(8, mbs)
-    if opts.shapes:
-        shapes = tuple(parse_shape_option(t) for t in opts.shapes)
-    elif source is not None:
-        shapes = profile_from_data(io, source, mbs, opt_batch)
-    else:
-        shapes = ()
-    return BuildOptions(max_batch=mbs, opt_batch=opt_batch, shapes=shapes)
+    return BuildOptions(profile=batch_profile(opts, io, source))
 
 
 def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport,
@@ -355,6 +312,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
     report = DeployReport(repo=Path(opts.repo))
     name = opts.name or default_name(opts.source)
     backend = _resolve_backend(opts, report)
+    batch_profile(opts)  # --max-batch-size and --shape agree: fail before any work
     if opts.ensemble:
         preprocess = _preprocess_spec(opts)  # fail early, before any work
     with contextlib.ExitStack() as stack:

@@ -329,7 +329,9 @@ def config_from_io(
 
     label_output = options.label_output
     if options.has_labels and label_output is None:
-        cands = [t for t in io.outputs if len(t.sample_shape if batching else t.shape) == 1]
+        # one value per class: judged per sample when axis 0 is a batch axis, even one that
+        # --max-batch-size 0 leaves to the model (dims [-1, classes])
+        cands = [t for t in io.outputs if len(t.sample_shape if io.has_batch_axis else t.shape) == 1]
         if len(cands) != 1:
             raise UsageError(f"model '{name}': cannot tell which output the labels belong to; give --label-output")
         label_output = cands[0].name

@@ -6,6 +6,7 @@ import shlex
 
 import click
 
+from ..contracts import profile as P
 from ..errors import UsageError
 from ._options import data_options
 
@@ -14,9 +15,9 @@ from ._options import data_options
 @click.argument("model", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", type=click.Path(dir_okay=False), default=None,
               help="The plan to write, e.g. model_repository/NAME/1/model.plan (metadata goes to model.plan.json).")
-@click.option("--min-batch", type=click.IntRange(min=1), default=1, show_default=True)
-@click.option("--opt-batch", type=click.IntRange(min=1), default=8, show_default=True)
-@click.option("--max-batch", type=click.IntRange(min=1), default=32, show_default=True)
+@click.option("--min-batch", type=click.IntRange(min=1), default=P.DEFAULT_MIN_BATCH, show_default=True)
+@click.option("--opt-batch", type=click.IntRange(min=1), default=P.DEFAULT_OPT_BATCH, show_default=True)
+@click.option("--max-batch", type=click.IntRange(min=1), default=P.DEFAULT_MAX_BATCH, show_default=True)
 @click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
               help="Range of an input with other dynamic axes, trtexec-style dims: input_ids:1x8,8x64,32x128 (repeatable).")
 @click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory pool limit, e.g. 4GiB (default: TensorRT's).")
@@ -58,13 +59,13 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
         BuildOptions,
         build_engine,
         fp16_onnx_default,
-        parse_shape_option,
         parse_size,
         prepare_build,
         tensorrt_major,
         tensorrt_status,
         trtexec_command,
     )
+    from ..contracts.profile import BatchProfile
     from ..data import DataOptions
 
     if output is None and not print_trtexec:
@@ -77,8 +78,7 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
     if data_spec is not None:
         data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size)
     options = BuildOptions(
-        min_batch=min_batch, opt_batch=opt_batch, max_batch=max_batch,
-        shapes=tuple(parse_shape_option(s) for s in shapes),
+        profile=BatchProfile.for_build(min_batch, opt_batch, max_batch, shapes),
         workspace=parse_size(workspace) if workspace else None,
         opt_level=opt_level, timing_cache=timing_cache, legacy_calibrator=legacy_calibrator,
         calib_cache=calib_cache, data=data, allow_fp32=allow_fp32,
