@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from .contracts import builtin
+from .contracts import backends, builtin
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
@@ -30,7 +30,6 @@ from .tritonconfig import ModelConfig, ModelOptions, check_model_name
 
 log = logging.getLogger(__name__)
 
-BACKENDS = ("auto", "tensorrt", "onnxruntime", "python")
 PRECISIONS = ("auto", "int8", "fp32")
 
 
@@ -64,8 +63,8 @@ class DeployOptions:
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
 
     def __post_init__(self) -> None:
-        if self.backend not in BACKENDS:
-            raise UsageError(f"--backend {self.backend!r}: one of {', '.join(BACKENDS)}")
+        if self.backend != "auto" and backends.for_option(self.backend) is None:
+            raise UsageError(f"--backend {self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
@@ -258,7 +257,8 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
                 io: ModelIO | None = None) -> Path | None:
     """The single call point of the TensorRT build. Returns the plan, or None when not built."""
     with _timed(report, "build") as step:
-        if backend != "tensorrt":
+        spec = backends.for_option(backend)
+        if spec is None or not spec.engine:
             step.status, step.detail = "skipped", f"backend {backend}: no TensorRT engine needed"
             return None
         from .build import build_engine, gpu_status, tensorrt_status
@@ -322,7 +322,9 @@ def deploy(opts: DeployOptions) -> DeployReport:
         else:
             work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-deploy-")))
         onnx_path, io = _export_step(opts, work, report)
-        target = "tensorrt" if backend == "tensorrt" else "onnxruntime"
+        spec = backends.for_option(backend)
+        assert spec is not None  # _resolve_backend returns registered names
+        target = spec.quantize_target
         model_path, precision = _int8_step(opts, onnx_path, io, target, work, report)
         plan = _build_step(opts, model_path, backend, work, report, io)
 
@@ -330,7 +332,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
             labels = _labels(opts)
             common: dict[str, Any] = {"version": opts.version, "force": opts.force, "template_dir": opts.template_dir}
             mopts = opts.model
-            if backend == "python" or opts.python_variant:
+            if spec.runs_python or opts.python_variant:
                 from .server import find_python_env
 
                 env = mopts.execution_env or find_python_env()
@@ -341,16 +343,16 @@ def deploy(opts: DeployOptions) -> DeployReport:
             written: list[tuple[WriteResult, ModelConfig, str]] = []
             if plan is not None:
                 res, cfg = add_plan_model(opts.repo, name, plan, io=io, options=mopts, labels=labels, **common)
-                written.append((res, cfg, "tensorrt_plan"))
+                written.append((res, cfg, cfg.spec.display))
                 report.notes.extend(res.warnings)
             else:
                 res, cfg = add_onnx_model(opts.repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
-                written.append((res, cfg, "onnxruntime_onnx" if backend == "onnxruntime" else "python (onnxruntime)"))
+                written.append((res, cfg, cfg.spec.display))
             primary = cfg
             if opts.python_variant and backend != "python":
                 res, cfg = add_onnx_model(opts.repo, f"{name}_python", model_path, backend="python", options=mopts,
                                           labels=labels, **common)
-                written.append((res, cfg, "python (onnxruntime)"))
+                written.append((res, cfg, cfg.spec.display))
             for res, _cfg, kind in written:
                 report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir))
             if opts.ensemble:

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contracts import backends
 from .errors import UsageError
 from .modelio import ModelIO
 from .tritonconfig import (
@@ -330,9 +331,11 @@ def add_onnx_model(
     force: bool = False,
     template_dir: str | Path | None = None,
 ) -> tuple[WriteResult, ModelConfig]:
-    """An ONNX model for the ONNX Runtime backend, or for the Python backend running ONNX Runtime."""
-    if backend not in ("onnxruntime", "python"):
-        raise UsageError(f"--backend {backend!r}: an ONNX model deploys to 'onnxruntime' or 'python'")
+    """An ONNX model for a backend that runs ONNX files (:func:`trtrepo.contracts.backends.options`
+    ``("onnx")``: the ONNX Runtime backend, the Python backend running ONNX Runtime, ...)."""
+    spec = backends.for_option(backend)
+    if spec is None or spec.source != "onnx":
+        raise UsageError(f"--backend {backend!r}: an ONNX model deploys to {' or '.join(map(repr, backends.options('onnx')))}")
     onnx_path = Path(onnx_path)
     io = ModelIO.from_onnx(onnx_path)
     options = options or ModelOptions()
@@ -340,11 +343,10 @@ def add_onnx_model(
         from dataclasses import replace
 
         options = replace(options, has_labels=True)
-    kind = "onnxruntime_onnx" if backend == "onnxruntime" else "python_onnx"
-    config = config_from_io(name, io, kind, options)
+    config = config_from_io(name, io, spec.kind, options)
     files: dict[str, FileSource] = {"model.onnx": onnx_path}
-    if kind == "python_onnx":
-        files["model.py"] = template_file("python_onnx_model.py", template_dir)
+    for dst, src in spec.extra_files:
+        files[dst] = template_file(src, template_dir)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
                        template_dir=template_dir)

@@ -18,25 +18,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .contracts.backends import BACKENDS, BackendSpec
 from .errors import UsageError
 from .modelio import ModelIO, TensorSpec
 
-# Template file per kind of model.
-TEMPLATES = {
-    "tensorrt_plan": "tensorrt_plan.pbtxt.j2",
-    "onnxruntime_onnx": "onnxruntime.pbtxt.j2",
-    "python_onnx": "python_onnx.pbtxt.j2",
-    "python_preprocess": "python_preprocess.pbtxt.j2",
-    "ensemble": "ensemble.pbtxt.j2",
-}
-# kind -> (platform, backend, default model file in the version folder)
-KINDS: dict[str, tuple[str | None, str | None, str | None]] = {
-    "tensorrt_plan": ("tensorrt_plan", None, "model.plan"),
-    "onnxruntime_onnx": ("onnxruntime_onnx", None, "model.onnx"),
-    "python_onnx": (None, "python", "model.py"),
-    "python_preprocess": (None, "python", "model.py"),
-    "ensemble": ("ensemble", None, None),
-}
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
 # Triton model names: a folder name; kept to a portable, URL-safe set.
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
@@ -162,25 +147,29 @@ class ModelConfig:
     ensemble_steps: tuple[EnsembleStep, ...] = ()
 
     def __post_init__(self) -> None:
-        if self.kind not in KINDS:
-            raise UsageError(f"model '{self.name}': unknown model kind '{self.kind}' (one of {', '.join(KINDS)})")
+        if self.kind not in BACKENDS:
+            raise UsageError(f"model '{self.name}': unknown model kind '{self.kind}' (one of {', '.join(BACKENDS)})")
         check_model_name(self.name)
 
     @property
+    def spec(self) -> BackendSpec:
+        return BACKENDS[self.kind]
+
+    @property
     def platform(self) -> str | None:
-        return KINDS[self.kind][0]
+        return self.spec.platform
 
     @property
     def backend(self) -> str | None:
-        return KINDS[self.kind][1]
+        return self.spec.backend
 
     @property
     def model_filename(self) -> str | None:
-        return self.default_model_filename or KINDS[self.kind][2]
+        return self.default_model_filename or self.spec.model_file
 
     @property
     def template(self) -> str:
-        return TEMPLATES[self.kind]
+        return self.spec.template
 
 
 # --------------------------------------------------------------------------------------------
@@ -296,7 +285,7 @@ def _instance_kind(options: ModelOptions, kind: str) -> str:
     k = options.instance_kind.upper().removeprefix("KIND_")
     if k != "AUTO":
         return f"KIND_{k}"
-    return {"tensorrt_plan": "KIND_GPU", "python_onnx": "KIND_CPU", "python_preprocess": "KIND_CPU"}.get(kind, "KIND_AUTO")
+    return BACKENDS[kind].instance_kind
 
 
 def config_from_io(
@@ -310,10 +299,10 @@ def config_from_io(
     """Decide every config value for model ``name`` of ``kind`` from its IO description."""
     options = options or ModelOptions()
     check_model_name(name)
-    if kind not in KINDS or kind == "ensemble":
+    if kind not in BACKENDS or kind == "ensemble":
         raise UsageError(f"model '{name}': config_from_io does not build '{kind}' configs")
     batching = io.has_batch_axis
-    engine_max = engine_max_batch(normalize_profiles(profiles), options.profiles) if kind == "tensorrt_plan" else None
+    engine_max = engine_max_batch(normalize_profiles(profiles), options.profiles) if BACKENDS[kind].engine else None
     if not batching:
         if options.max_batch_size:
             raise UsageError(
@@ -360,17 +349,16 @@ def config_from_io(
         )
         warmup = (Warmup("warmup", max(1, mbs), 1, winputs),)
 
+    spec = BACKENDS[kind]
     params = dict(options.parameters)
-    if kind == "python_onnx":
-        params.setdefault("onnx_filename", "model.onnx")
-        params.setdefault("intra_op_threads", str(options.intra_op_threads))
-        params.setdefault("inter_op_threads", str(options.inter_op_threads))
-    if kind.startswith("python") and options.execution_env:
+    for key, value in spec.parameters(options).items():
+        params.setdefault(key, value)
+    if spec.runs_python and options.execution_env:
         params.setdefault("EXECUTION_ENV_PATH", str(options.execution_env))
     cuda = CudaOptimization(graphs=True) if options.cuda_graphs else None
-    if options.cuda_graphs and kind != "tensorrt_plan":
+    if options.cuda_graphs and not spec.engine:
         raise UsageError(f"model '{name}': --cuda-graphs applies to the tensorrt backend only (backend is {kind})")
-    if options.cc_model_filenames and kind != "tensorrt_plan":
+    if options.cc_model_filenames and not spec.engine:
         raise UsageError(f"model '{name}': cc_model_filenames applies to TensorRT plans only")
     return ModelConfig(
         name=name,
@@ -561,7 +549,8 @@ def check_config(
     if model_dir_name is not None and msg.name != model_dir_name:
         fail("name", f"'{msg.name}' differs from the model folder name '{model_dir_name}'")
     platform, backend = msg.platform, msg.backend
-    known_platforms = {"tensorrt_plan", "onnxruntime_onnx", "ensemble", "pytorch_libtorch", "tensorflow_savedmodel", "tensorflow_graphdef"}
+    known_platforms = {s.platform for s in BACKENDS.values() if s.platform} | {
+        "pytorch_libtorch", "tensorflow_savedmodel", "tensorflow_graphdef"}
     if not platform and not backend:
         fail("platform", "one of platform or backend must be set")
     if platform and platform not in known_platforms:

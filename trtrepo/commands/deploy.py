@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from .. import histogram as H
+from ..contracts import backends
 from ._model_options import build_model_options, model_config_options
 from ._options import data_options
 
@@ -15,7 +16,7 @@ from ._options import data_options
 @click.argument("source", default="demo")
 @click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False))
 @click.option("--name", default=None, help="Model name (default: from SOURCE; 'demo' for the demo).")
-@click.option("--backend", type=click.Choice(["auto", "tensorrt", "onnxruntime", "python"]), default="auto", show_default=True,
+@click.option("--backend", type=click.Choice(("auto", *backends.options())), default="auto", show_default=True,
               help="auto: tensorrt with TensorRT and a GPU; else onnxruntime (python when the local tritonserver has no onnxruntime backend).")
 @click.option("--python-backend", "python_variant", is_flag=True,
               help="Also write NAME_python: the Python-backend model running the same ONNX with ONNX Runtime.")

@@ -6,6 +6,7 @@ from typing import Any
 
 import click
 
+from ..contracts import backends
 from ._model_options import build_model_options, model_config_options
 
 
@@ -38,7 +39,7 @@ def list_cmd(repo: str) -> None:
 @click.argument("model_file", type=click.Path(dir_okay=False))
 @click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False))
 @click.option("--name", required=True, help="Model name (the folder name in the repository).")
-@click.option("--backend", type=click.Choice(["onnxruntime", "python", "tensorrt"]), default=None,
+@click.option("--backend", type=click.Choice(backends.options()), default=None,
               help="Default: tensorrt for .plan/.engine files, onnxruntime for .onnx.")
 @click.option("--onnx", "onnx_for_io", type=click.Path(dir_okay=False, exists=True), default=None,
               help="For a plan without model.plan.json: the ONNX model it was built from (its IO).")
@@ -66,16 +67,17 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
     if not path.is_file():
         raise UsageError(f"{path}: model file not found")
     if backend is None:
-        backend = "tensorrt" if path.suffix in (".plan", ".engine") else "onnxruntime"
+        backend = backends.options("plan" if path.suffix in (".plan", ".engine") else "onnx")[0]
     common = {"version": kw.pop("version"), "force": kw.pop("force"), "template_dir": kw.pop("template_dir")}
-    if backend == "tensorrt":
+    spec = backends.for_option(backend)
+    if spec is not None and spec.source == "plan":
         io = ModelIO.from_onnx(onnx_for_io) if onnx_for_io else None
         result, _ = add_plan_model(repo, name, path, io=io, options=options, labels=labels_file,
                                    target_tensorrt=target_tensorrt, target_compute_capability=target_cc, **common)
     else:
         if path.suffix != ".onnx":
             raise UsageError(f"{path}: --backend {backend} takes an .onnx model")
-        if backend == "python" and options.execution_env is None:
+        if spec is not None and spec.runs_python and options.execution_env is None:
             env = find_python_env()
             options = replace(options, execution_env=str(env) if env else None)
         result, _ = add_onnx_model(repo, name, path, backend=backend, options=options, labels=labels_file, **common)

@@ -1,0 +1,103 @@
+"""One :class:`BackendSpec` per kind of Triton model trtrepo writes: the registry that
+``tritonconfig`` (templates, platform/backend, defaults), ``repository`` (which files go into the
+version folder), ``deploy`` (which Q/DQ placement, whether to build a plan) and the CLI's
+``--backend`` choices all read.
+
+A new backend is one :func:`register` call (or one entry below) plus its jinja2 template in
+``templates/`` (or a ``--template-dir``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A kind of model in a Triton repository.
+
+    * ``kind``: the config kind (``ModelConfig.kind``); ``template``: its jinja2 template;
+    * ``platform`` / ``backend``: what ``config.pbtxt`` names (one of them);
+    * ``model_file``: the file Triton loads from the version folder;
+    * ``option``: the name users give to ``--backend`` (None: written only by trtrepo itself);
+    * ``source``: the model file it is made from (``onnx`` or ``plan``; None for composed kinds);
+    * ``extra_files``: ``(file in the version folder, shipped template file)`` copied beside it;
+    * ``instance_kind``: the instance group's kind under ``--instance-kind auto``;
+    * ``quantize_target``: the Q/DQ placement its INT8 model needs (``tensorrt`` / ``onnxruntime``);
+    * ``engine``: a TensorRT plan (profiles, CUDA graphs, per-GPU plan files apply);
+    * ``runs_python``: Python backend (``EXECUTION_ENV_PATH`` applies);
+    * ``parameters``: default config parameters from the model options (``ModelOptions``);
+    * ``server_backend``: the backend library the server needs (``server --help`` lists them);
+    * ``label``: how summaries name it (default: the kind).
+    """
+
+    kind: str
+    template: str
+    platform: str | None = None
+    backend: str | None = None
+    model_file: str | None = None
+    option: str | None = None
+    source: str | None = None
+    extra_files: tuple[tuple[str, str], ...] = ()
+    instance_kind: str = "KIND_AUTO"
+    quantize_target: str = "onnxruntime"
+    engine: bool = False
+    runs_python: bool = False
+    parameters: Callable[[Any], Mapping[str, str]] = field(default=lambda options: {}, compare=False)
+    server_backend: str | None = None
+    label: str | None = None  # how summaries name it (default: the kind)
+
+    @property
+    def display(self) -> str:
+        return self.label or self.kind
+
+    def __post_init__(self) -> None:
+        if (self.platform is None) == (self.backend is None):
+            raise ValueError(f"backend spec '{self.kind}': give exactly one of platform and backend")
+
+
+BACKENDS: dict[str, BackendSpec] = {}
+
+
+def register(spec: BackendSpec) -> BackendSpec:
+    if spec.kind in BACKENDS:
+        raise ValueError(f"backend kind '{spec.kind}' is already registered")
+    if spec.option is not None and any(s.option == spec.option for s in BACKENDS.values()):
+        raise ValueError(f"--backend '{spec.option}' is already registered")
+    BACKENDS[spec.kind] = spec
+    return spec
+
+
+def spec(kind: str) -> BackendSpec | None:
+    return BACKENDS.get(kind)
+
+
+def for_option(option: str) -> BackendSpec | None:
+    """The spec users pick with ``--backend OPTION``."""
+    return next((s for s in BACKENDS.values() if s.option == option), None)
+
+
+def options(source: str | None = None) -> tuple[str, ...]:
+    """``--backend`` names, of the backends made from ``source`` (``onnx``/``plan``) when given."""
+    return tuple(s.option for s in BACKENDS.values() if s.option is not None and (source is None or s.source == source))
+
+
+def _python_onnx_parameters(options: Any) -> dict[str, str]:
+    return {"onnx_filename": "model.onnx", "intra_op_threads": str(options.intra_op_threads),
+            "inter_op_threads": str(options.inter_op_threads)}
+
+
+register(BackendSpec("tensorrt_plan", "tensorrt_plan.pbtxt.j2", platform="tensorrt_plan", model_file="model.plan",
+                     option="tensorrt", source="plan", instance_kind="KIND_GPU", quantize_target="tensorrt",
+                     engine=True, server_backend="tensorrt"))
+register(BackendSpec("onnxruntime_onnx", "onnxruntime.pbtxt.j2", platform="onnxruntime_onnx", model_file="model.onnx",
+                     option="onnxruntime", source="onnx", server_backend="onnxruntime"))
+register(BackendSpec("python_onnx", "python_onnx.pbtxt.j2", backend="python", model_file="model.py", option="python",
+                     source="onnx", extra_files=(("model.py", "python_onnx_model.py"),), instance_kind="KIND_CPU",
+                     runs_python=True, parameters=_python_onnx_parameters, server_backend="python",
+                     label="python (onnxruntime)"))
+register(BackendSpec("python_preprocess", "python_preprocess.pbtxt.j2", backend="python", model_file="model.py",
+                     instance_kind="KIND_CPU", runs_python=True, server_backend="python"))
+register(BackendSpec("ensemble", "ensemble.pbtxt.j2", platform="ensemble"))
