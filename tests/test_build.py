@@ -26,6 +26,7 @@ from _fake_tensorrt import FakeCudart, make_fake_tensorrt  # noqa: E402
 
 from trtrepo import build as B  # noqa: E402
 from trtrepo.cli import cli  # noqa: E402
+from trtrepo.contracts import plan as PM  # noqa: E402
 from trtrepo.contracts import profile as P  # noqa: E402
 from trtrepo.data import DataOptions  # noqa: E402
 from trtrepo.errors import MissingDependencyError, TrtrepoError, UsageError  # noqa: E402
@@ -195,7 +196,7 @@ def test_build_writes_plan_and_metadata(models: tuple[Path, Path], tmp_path: Pat
     assert plan["builder_flags"] == [] and plan["pools"] == {"WORKSPACE": 1 << 30} and plan["optimization_level"] == 3
 
     data = json.loads(result.metadata_path.read_text())
-    assert data["format"] == B.PLAN_METADATA_FORMAT
+    assert data["format"] == PM.PLAN_METADATA_FORMAT
     assert data["tensorrt_version"] == version
     assert data["gpu"]["name"] == "NVIDIA H100 80GB HBM3" and data["gpu"]["compute_capability"] == "9.0"
     assert data["gpu"]["driver_version"] == "12.8"
@@ -212,12 +213,12 @@ def test_build_writes_plan_and_metadata(models: tuple[Path, Path], tmp_path: Pat
     assert data["trtexec"].startswith(f"trtexec --onnx={qdq} --saveEngine={out} --minShapes=input:1x1x32x32")
     assert ("--stronglyTyped" in data["trtexec"]) == (version == V10)
 
-    meta = B.read_plan_metadata(out)
+    meta = PM.read_plan_metadata(out)
     assert meta.io == ModelIO.from_onnx(qdq)  # the config renderer gets the ONNX IO, read back from the engine
     assert meta.io.inputs[0].dim_names == ModelIO.from_onnx(qdq).inputs[0].dim_names
     assert meta.profile == {"input": B.ShapeRange((1, 1, 32, 32), (8, 1, 32, 32), (32, 1, 32, 32))}
     assert meta.max_batch_size == 32
-    assert B.read_plan_metadata(result.metadata_path) == meta
+    assert PM.read_plan_metadata(result.metadata_path) == meta
 
 
 def test_calibration_method_from_onnx_metadata(models: tuple[Path, Path], tmp_path: Path) -> None:
@@ -360,7 +361,7 @@ def test_calibration_feed_keeps_errors_and_frees_buffers() -> None:
 
 def test_gpu_status_and_cuda_errors() -> None:
     status = B.gpu_status(B.CudaRuntime(FakeCudart()))
-    assert status.available and status.gpu == B.GPUInfo("NVIDIA H100 80GB HBM3", "9.0", "12.8", "12.6", 0)
+    assert status.available and status.gpu == PM.GPUInfo("NVIDIA H100 80GB HBM3", "9.0", "12.8", "12.6", 0)
     none = B.gpu_status(B.CudaRuntime(FakeCudart(devices=0)))
     assert not none.available and "cudaErrorNoDevice" in none.detail
 
@@ -398,14 +399,14 @@ def _meta(tmp_path: Path, models: tuple[Path, Path]) -> Path:
 
 def test_compatibility_warnings(models: tuple[Path, Path], tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     plan = _meta(tmp_path, models)
-    meta = B.read_plan_metadata(plan)
-    h100 = B.GPUInfo("NVIDIA H100 80GB HBM3", "9.0")
-    assert B.check_plan_compatibility(meta, V10, h100) == []
-    assert "built with TensorRT 10.13.3.9 but TensorRT 11.4.0.106" in B.check_plan_compatibility(meta, V11, h100)[0]
-    assert "compute capability 8.0; it will not load" in B.check_plan_compatibility(meta, V10, B.GPUInfo("NVIDIA A100", "8.0"))[0]
-    assert "same compute capability" in B.check_plan_compatibility(meta, V10, B.GPUInfo("NVIDIA H200", "9.0"))[0]
+    meta = PM.read_plan_metadata(plan)
+    h100 = PM.GPUInfo("NVIDIA H100 80GB HBM3", "9.0")
+    assert PM.check_plan_compatibility(meta, V10, h100) == []
+    assert "built with TensorRT 10.13.3.9 but TensorRT 11.4.0.106" in PM.check_plan_compatibility(meta, V11, h100)[0]
+    assert "compute capability 8.0; it will not load" in PM.check_plan_compatibility(meta, V10, PM.GPUInfo("NVIDIA A100", "8.0"))[0]
+    assert "same compute capability" in PM.check_plan_compatibility(meta, V10, PM.GPUInfo("NVIDIA H200", "9.0"))[0]
     with caplog.at_level(logging.WARNING, logger="trtrepo.build"):
-        problems = B.warn_if_incompatible(plan, tensorrt_version=V11, gpu=B.GPUInfo("NVIDIA A100", "8.0"))
+        problems = B.warn_if_incompatible(plan, tensorrt_version=V11, gpu=PM.GPUInfo("NVIDIA A100", "8.0"))
     assert len(problems) == 2 and len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 
 
@@ -417,10 +418,10 @@ def test_compatibility_without_tensorrt_here(models: tuple[Path, Path], tmp_path
 
 def test_read_plan_metadata_errors(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="plan metadata not found"):
-        B.read_plan_metadata(tmp_path / "model.plan")
+        PM.read_plan_metadata(tmp_path / "model.plan")
     (tmp_path / "model.plan.json").write_text('{"format": "other"}')
     with pytest.raises(UsageError, match="unknown format"):
-        B.read_plan_metadata(tmp_path / "model.plan")
+        PM.read_plan_metadata(tmp_path / "model.plan")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -474,7 +475,7 @@ def test_cli_build_with_fake_tensorrt(models: tuple[Path, Path], tmp_path: Path,
     assert result.exit_code == 0, result.output
     assert f"built {out} with TensorRT {V11} on NVIDIA H100 80GB HBM3 (compute capability 9.0)" in result.output
     assert "input  input: float32 [-1, 1, 32, 32]  profile 1x1x32x32,8x1x32x32,64x1x32x32" in result.output
-    assert B.read_plan_metadata(out).max_batch_size == 64
+    assert PM.read_plan_metadata(out).max_batch_size == 64
 
 
 def test_cli_print_trtexec_without_tensorrt(models: tuple[Path, Path]) -> None:
@@ -660,7 +661,7 @@ def test_cli_fp16_print_trtexec_and_build(text_models: tuple[Path, Path], tmp_pa
     assert r.exit_code == 0, r.output
     assert "route: strongly-typed-qdq+fp16-onnx (int8+fp16)" in r.output and f"FP16-converted ONNX: {keep}" in r.output
     assert "input  attention_mask: int64 [-1, -1]  profile 1x8,8x64,32x128" in r.output  # range shared through 'sequence'
-    assert B.read_plan_metadata(out).precision["fp16"]["keep_fp32_ops"] == ["LayerNormalization", "Softmax"]
+    assert PM.read_plan_metadata(out).precision["fp16"]["keep_fp32_ops"] == ["LayerNormalization", "Softmax"]
 
 
 # -- several dynamic axes
@@ -713,14 +714,14 @@ def test_demo_text_end_to_end_profile_metadata_and_triton_dims(text_models: tupl
     qdq = text_models[1]
     plan = B.build_engine(qdq, tmp_path / "build" / "model.plan", build_opts(max_batch=32, shapes=TEXT_SHAPES),
                           builder=fake_builder(V11)).plan
-    data = json.loads(B.plan_metadata_path(plan).read_text())
+    data = json.loads(PM.plan_metadata_path(plan).read_text())
     rng = {"min": [1, 8], "opt": [8, 64], "max": [32, 128]}
     assert data["profiles"] == [{"input_ids": rng, "attention_mask": rng}]
     axes = [{"axis": 0, "name": "batch", "min": 1, "opt": 8, "max": 32}, {"axis": 1, "name": "sequence", "min": 8, "opt": 64, "max": 128}]
     assert data["profile_axes"] == [{"input_ids": axes, "attention_mask": axes}]
     assert data["max_batch_size"] == 32
     assert [t["shape"] for t in data["io_tensors"]] == [[-1, -1], [-1, -1], [-1, 4], [-1, 64]]
-    meta = B.read_plan_metadata(plan)
+    meta = PM.read_plan_metadata(plan)
     assert meta.io == ModelIO.from_onnx(qdq)
     result, cfg = add_plan_model(tmp_path / "repo", "text", plan)
     assert cfg.max_batch_size == 32
@@ -733,16 +734,38 @@ def test_demo_text_end_to_end_profile_metadata_and_triton_dims(text_models: tupl
         add_plan_model(tmp_path / "repo", "text", plan, options=ModelOptions(max_batch_size=64))
 
 
-def test_repository_reads_plan_metadata_through_the_build_reader(models: tuple[Path, Path], tmp_path: Path) -> None:
-    from trtrepo import repository
+def test_plan_metadata_has_one_reader_and_writer(models: tuple[Path, Path], tmp_path: Path) -> None:
+    """model.plan.json is read and written only through trtrepo.contracts.plan: what the build
+    writes reads back equal, and the repository writer, the server command and the compatibility
+    check all take the same PlanMetadata."""
+    from trtrepo import repository, server
+    from trtrepo.contracts.plan import PlanMetadata, read_plan_metadata
 
-    assert repository.read_plan_metadata(tmp_path / "none.plan") is None
+    assert read_plan_metadata(tmp_path / "none.plan", missing_ok=True) is None
     plan = B.build_engine(models[1], tmp_path / "model.plan", build_opts(), builder=fake_builder()).plan
-    assert repository.read_plan_metadata(plan) == B.read_plan_metadata_dict(plan) == json.loads(B.plan_metadata_path(plan).read_text())
+    meta = read_plan_metadata(plan)
+    assert meta is not None and meta.to_dict() == json.loads(PM.plan_metadata_path(plan).read_text())
+    assert PlanMetadata.from_dict(meta.to_dict()) == meta
+    assert meta.profiles_by_name() == {"0": {"input": {"min": [1, 1, 32, 32], "opt": [8, 1, 32, 32], "max": [32, 1, 32, 32]}}}
+    result, cfg = repository.add_plan_model(tmp_path / "repo", "demo", plan)
+    assert cfg.max_batch_size == meta.max_batch_size == 32
+    assert server.plan_tensorrt_versions(tmp_path / "repo") == {meta.tensorrt_version}
+    # the hardware-compatibility flag lifts the compute capability check, and nothing else
+    lifted = PlanMetadata.from_dict({**meta.to_dict(), "hardware_compatibility": True})
+    a100 = PM.GPUInfo("NVIDIA A100", "8.0")
+    assert PM.check_plan_compatibility(meta, None, a100) and not PM.check_plan_compatibility(lifted, None, a100)
+    assert PM.check_plan_compatibility(lifted, V11, a100)[0].startswith("plan was built with TensorRT")
+
     (tmp_path / "bad.plan.json").write_text("[1, 2]")
     with pytest.raises(UsageError, match="must be a JSON object"):
-        repository.read_plan_metadata(tmp_path / "bad.plan")
+        read_plan_metadata(tmp_path / "bad.plan")
     (tmp_path / "bad.plan.json").write_text("{")
-    for read in (repository.read_plan_metadata, B.read_plan_metadata):
-        with pytest.raises(UsageError, match="bad.plan.json: plan metadata is not valid JSON"):
-            read(tmp_path / "bad.plan")
+    with pytest.raises(UsageError, match="bad.plan.json: plan metadata is not valid JSON"):
+        read_plan_metadata(tmp_path / "bad.plan")
+    incomplete = {k: v for k, v in meta.to_dict().items() if k != "io"}
+    (tmp_path / "bad.plan.json").write_text(json.dumps(incomplete))
+    with pytest.raises(UsageError, match=r"bad.plan.json: incomplete plan metadata \(missing 'io'\)"):
+        read_plan_metadata(tmp_path / "bad.plan")
+    (tmp_path / "bad.plan").write_bytes(b"engine")
+    with pytest.raises(UsageError, match="bad.plan.json: incomplete"):
+        repository.add_plan_model(tmp_path / "repo", "bad", tmp_path / "bad.plan", io=meta.io)

@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtrepo import repository
+from trtrepo.contracts.plan import PLAN_METADATA_FORMAT
 from trtrepo.errors import UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.repository import add_model, add_onnx_model, add_plan_model, list_repository, versions_of
@@ -153,7 +154,7 @@ def write_plan(tmp_path: Path, tensorrt_version: str = "10.3.0.26", max_batch: i
     plan = tmp_path / "model.plan"
     plan.write_bytes(b"not-a-real-engine")
     io = ModelIO(inputs=(TensorSpec("input", "float32", (-1, 1, 32, 32)),), outputs=(TensorSpec("logits", "float32", (-1, 10)),))
-    meta = {"format": 1, "tensorrt_version": tensorrt_version, "gpu": {"name": "NVIDIA H100", "compute_capability": cc},
+    meta = {"format": PLAN_METADATA_FORMAT, "tensorrt_version": tensorrt_version, "gpu": {"name": "NVIDIA H100", "compute_capability": cc},
             "profiles": [{"input": {"min": [1, 1, 32, 32], "opt": [8, 1, 32, 32], "max": [max_batch, 1, 32, 32]}}],
             "io": io.to_dict()}
     (tmp_path / "model.plan.json").write_text(json.dumps(meta))

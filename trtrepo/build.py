@@ -22,7 +22,6 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import importlib.util
-import json
 import logging
 import re
 import shlex
@@ -35,6 +34,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from .contracts.plan import (
+    GPUInfo,
+    IOTensor,
+    PlanMetadata,
+    check_plan_compatibility,
+    plan_metadata_path,
+    read_plan_metadata,
+)
 from .contracts.profile import BatchProfile, ShapeRange, dims_str
 from .errors import MissingDependencyError, TrtrepoError, UsageError
 from .fsutil import atomic_path, atomic_write_bytes
@@ -56,7 +63,6 @@ ROUTE_QDQ_FP16 = ROUTE_QDQ + "+fp16-onnx"
 ROUTE_IMPLICIT_FP16 = ROUTE_IMPLICIT + "+fp16-flag"
 CALIBRATORS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}
 
-PLAN_METADATA_FORMAT = "trtrepo.plan-metadata/1"
 
 
 # --------------------------------------------------------------------------------------------
@@ -80,36 +86,6 @@ def tensorrt_status() -> TensorRTStatus:
         return TensorRTStatus(False, None, f"installed but fails to import: {type(exc).__name__}: {exc}")
     version = getattr(trt, "__version__", "unknown")
     return TensorRTStatus(True, version, f"{version}")
-
-
-@dataclass(frozen=True)
-class GPUInfo:
-    """The GPU a plan was built on (or the one present now)."""
-
-    name: str
-    compute_capability: str
-    driver_version: str | None = None
-    cuda_runtime_version: str | None = None
-    index: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "compute_capability": self.compute_capability,
-            "driver_version": self.driver_version,
-            "cuda_runtime_version": self.cuda_runtime_version,
-            "index": self.index,
-        }
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> GPUInfo:
-        return cls(
-            name=str(data["name"]),
-            compute_capability=str(data["compute_capability"]),
-            driver_version=data.get("driver_version"),
-            cuda_runtime_version=data.get("cuda_runtime_version"),
-            index=int(data.get("index", 0)),
-        )
 
 
 @dataclass(frozen=True)
@@ -327,24 +303,6 @@ def profile_shapes(io: ModelIO, options: BuildOptions) -> dict[str, ShapeRange]:
     return options.profile.resolve(io)
 
 
-def profile_axes(io: ModelIO, profile: Mapping[str, ShapeRange]) -> dict[str, list[dict[str, Any]]]:
-    """The profile per dynamic axis: ``{input: [{axis, name, min, opt, max}, ...]}`` (for model.plan.json)."""
-    out: dict[str, list[dict[str, Any]]] = {}
-    specs = {s.name: s for s in io.inputs}
-    for name, r in profile.items():
-        spec = specs.get(name)
-        axes = spec.dynamic_axes if spec is not None else tuple(
-            a for a in range(len(r.min)) if not r.min[a] == r.opt[a] == r.max[a])
-        out[name] = [{"axis": a,
-                      "name": (spec.dim_names[a] if spec is not None and spec.dim_names else None),
-                      "min": r.min[a], "opt": r.opt[a], "max": r.max[a]} for a in axes]
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# The trtexec equivalent
-
-
 def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, ShapeRange], options: BuildOptions,
                     major: int) -> list[str]:
     """The ``trtexec`` command that builds the same engine (as an argument list; ``shlex.join`` it).
@@ -401,24 +359,6 @@ _TRT_TO_NUMPY = {
     "BOOL": "bool",
     "UINT8": "uint8",
 }
-
-
-@dataclass(frozen=True)
-class IOTensor:
-    """One IO tensor as the engine reports it."""
-
-    name: str
-    dtype: str  # numpy name
-    shape: tuple[int, ...]  # -1 for dynamic
-    mode: str  # "INPUT" | "OUTPUT"
-    trt_dtype: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "trt_dtype": self.trt_dtype, "shape": list(self.shape), "mode": self.mode}
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> IOTensor:
-        return cls(d["name"], d["dtype"], tuple(d["shape"]), d["mode"], d.get("trt_dtype", ""))
 
 
 @dataclass(frozen=True)
@@ -846,11 +786,6 @@ class TensorRTEngineBuilder:
 # Metadata beside the plan
 
 
-def plan_metadata_path(plan: str | Path) -> Path:
-    plan = Path(plan)
-    return plan.with_name(plan.name + ".json")
-
-
 def sha256_file(path: str | Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
@@ -859,154 +794,13 @@ def sha256_file(path: str | Path) -> str:
     return h.hexdigest()
 
 
-@dataclass(frozen=True)
-class PlanMetadata:
-    """What ``model.plan.json`` holds: where and how the plan was built, and its IO."""
-
-    tensorrt_version: str
-    gpu: GPUInfo | None
-    precision_route: str
-    calibration_method: str | None
-    source_onnx: str
-    source_sha256: str
-    profile: Mapping[str, ShapeRange]
-    io_tensors: tuple[IOTensor, ...]
-    io: ModelIO
-    trtexec: str
-    build: Mapping[str, Any] = field(default_factory=dict)
-    plan_sha256: str = ""
-    created: str = ""
-    trtrepo_version: str = ""
-    precision: Mapping[str, Any] = field(default_factory=dict)  # {"mode": "int8"|"int8+fp16", "fp16": {...}|None}
-
-    @property
-    def max_batch_size(self) -> int:
-        """Largest batch every profile allows (0 when the model has no batch axis): Triton's max_batch_size."""
-        if not self.io.has_batch_axis:
-            return 0
-        return min((r.max[0] for r in self.profile.values()), default=0)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": PLAN_METADATA_FORMAT,
-            "tensorrt_version": self.tensorrt_version,
-            "gpu": self.gpu.to_dict() if self.gpu else None,
-            "precision_route": self.precision_route,
-            "calibration_method": self.calibration_method,
-            "source_onnx": {"path": self.source_onnx, "sha256": self.source_sha256},
-            "plan_sha256": self.plan_sha256,
-            "precision": dict(self.precision),
-            "profiles": [{name: r.to_dict() for name, r in self.profile.items()}],
-            "profile_axes": [profile_axes(self.io, self.profile)],
-            "max_batch_size": self.max_batch_size,
-            "io_tensors": [t.to_dict() for t in self.io_tensors],
-            "io": self.io.to_dict(),
-            "trtexec": self.trtexec,
-            "build": dict(self.build),
-            "created": self.created,
-            "trtrepo_version": self.trtrepo_version,
-        }
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any], source: str = "") -> PlanMetadata:
-        if d.get("format") != PLAN_METADATA_FORMAT:
-            raise UsageError(f"{source or 'plan metadata'}: unknown format {d.get('format')!r} (expected {PLAN_METADATA_FORMAT})")
-        profiles = d.get("profiles") or [{}]
-        return cls(
-            tensorrt_version=d["tensorrt_version"],
-            gpu=GPUInfo.from_dict(d["gpu"]) if d.get("gpu") else None,
-            precision_route=d["precision_route"],
-            calibration_method=d.get("calibration_method"),
-            source_onnx=d["source_onnx"]["path"],
-            source_sha256=d["source_onnx"]["sha256"],
-            profile={name: ShapeRange.from_dict(r) for name, r in profiles[0].items()},
-            io_tensors=tuple(IOTensor.from_dict(t) for t in d["io_tensors"]),
-            io=ModelIO.from_dict(d["io"], source=source),
-            trtexec=d.get("trtexec", ""),
-            build=d.get("build", {}),
-            plan_sha256=d.get("plan_sha256", ""),
-            created=d.get("created", ""),
-            trtrepo_version=d.get("trtrepo_version", ""),
-            precision=d.get("precision") or {},
-        )
-
-
-def read_plan_metadata_dict(path: str | Path, *, missing_ok: bool = False) -> dict[str, Any] | None:
-    """``model.plan.json`` as a plain dict (give the plan or the JSON path); None when it is missing and
-    ``missing_ok``. The one reader of the file: :func:`read_plan_metadata` and the repository writer use it."""
-    path = Path(path)
-    meta = path if path.suffix == ".json" else plan_metadata_path(path)
-    if not meta.is_file():
-        if missing_ok:
-            return None
-        raise UsageError(f"{meta}: plan metadata not found (written by 'trtrepo build' beside the plan)")
-    try:
-        text = meta.read_text()
-    except OSError as exc:
-        raise UsageError(f"{meta}: unreadable plan metadata ({exc})") from exc
-    try:
-        data = json.loads(text)
-    except ValueError as exc:
-        raise UsageError(f"{meta}: plan metadata is not valid JSON ({exc})") from exc
-    if not isinstance(data, dict):
-        raise UsageError(f"{meta}: plan metadata must be a JSON object")
-    return data
-
-
-def read_plan_metadata(path: str | Path) -> PlanMetadata:
-    """Read ``model.plan.json`` (give the plan or the JSON path)."""
-    path = Path(path)
-    meta = path if path.suffix == ".json" else plan_metadata_path(path)
-    data = read_plan_metadata_dict(meta) or {}
-    try:
-        return PlanMetadata.from_dict(data, source=str(meta))
-    except (KeyError, TypeError) as exc:
-        raise UsageError(f"{meta}: incomplete plan metadata (missing {exc})") from exc
-
-
-def check_plan_compatibility(meta: PlanMetadata | Mapping[str, Any] | None, tensorrt_version: str | None,
-                             gpu: GPUInfo | None, *, target: bool = False) -> list[str]:
-    """Reasons the plan may not load or run well with this TensorRT/GPU (empty: matches). A plan is tied to
-    the exact TensorRT version and to the GPU's compute capability it was built for. ``meta`` is the parsed
-    metadata or the raw ``model.plan.json`` dict (the repository writer's; a ``hardware_compatibility`` flag
-    there lifts the compute capability check). ``target``: the TensorRT/GPU are those of a target server
-    rather than this machine (wording only); a GPU given without a name is compared by compute capability only."""
-    if not meta:
-        return []
-    hardware_compatible = False
-    if isinstance(meta, PlanMetadata):
-        built_trt: str | None = meta.tensorrt_version
-        built_gpu = meta.gpu
-    else:
-        built_trt = meta.get("tensorrt_version")
-        gpu_dict = meta.get("gpu") or {}
-        built_cc = meta.get("compute_capability") or gpu_dict.get("compute_capability")
-        built_gpu = GPUInfo(name=str(gpu_dict.get("name") or ""), compute_capability=str(built_cc)) if built_cc else None
-        hardware_compatible = bool(meta.get("hardware_compatibility"))
-    problems = []
-    if tensorrt_version and built_trt and str(tensorrt_version) != str(built_trt):
-        have = f"the target server has TensorRT {tensorrt_version}" if target else f"TensorRT {tensorrt_version} is installed"
-        problems.append(f"plan was built with TensorRT {built_trt} but {have} "
-                        "(plans only load in the TensorRT version that built them; rebuild it)")
-    if gpu is not None and built_gpu is not None and not hardware_compatible:
-        this_gpu = "the target GPU" if target else "this GPU"
-        if gpu.compute_capability != built_gpu.compute_capability:
-            built_on = f"{built_gpu.compute_capability} ({built_gpu.name})" if built_gpu.name else built_gpu.compute_capability
-            now = f"is {gpu.name} with compute capability" if gpu.name else "has compute capability"
-            problems.append(f"plan was built for compute capability {built_on} but {this_gpu} {now} "
-                            f"{gpu.compute_capability}; it will not load, rebuild it")
-        elif gpu.name and built_gpu.name and gpu.name != built_gpu.name:
-            problems.append(f"plan was built on {built_gpu.name}, {this_gpu} is {gpu.name} (same compute capability "
-                            f"{gpu.compute_capability}: it loads, but tactics were timed on the other GPU)")
-    return problems
-
-
 def warn_if_incompatible(plan: str | Path, *, tensorrt_version: str | None = None, gpu: GPUInfo | None = None,
                          probe: bool = True) -> list[str]:
     """Log a warning for each way the running TensorRT/GPU differ from the plan's (the repository writer calls
     this before deploying a plan). With ``probe`` the running versions are detected; what is not installed
     here is not compared. Returns the warnings."""
     meta = read_plan_metadata(plan)
+    assert meta is not None  # missing_ok is False: a missing file raises
     if probe and tensorrt_version is None:
         status = tensorrt_status()
         tensorrt_version = status.version if status.available else None
@@ -1196,7 +990,7 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
                             else _onnx_calibration_method(onnx_path) or "from Q/DQ scales in the model"),
         source_onnx=str(onnx_path),
         source_sha256=sha256_file(onnx_path),
-        profile=dict(engine_io.profile or profile),
+        profiles=(dict(engine_io.profile or profile),),
         io_tensors=engine_io.tensors,
         io=model_io,
         trtexec=trtexec,
@@ -1216,7 +1010,7 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     meta_path = plan_metadata_path(output)
     with atomic_path(output, force=force) as tmp_plan, atomic_path(meta_path) as tmp_meta:
         tmp_plan.write_bytes(plan)
-        tmp_meta.write_text(json.dumps(meta.to_dict(), indent=2) + "\n")
+        tmp_meta.write_text(meta.to_json())
     if fp16_bytes is not None and options.fp16_onnx:
         atomic_write_bytes(options.fp16_onnx, fp16_bytes)
     tc_path = None

@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts import backends
+from .contracts.plan import GPUInfo, PlanMetadata, check_plan_compatibility, plan_metadata_path, read_plan_metadata
 from .errors import UsageError
 from .modelio import ModelIO
 from .tritonconfig import (
@@ -35,7 +36,6 @@ from .tritonconfig import (
     check_model_name,
     config_from_io,
     ensemble_config,
-    normalize_profiles,
     parse_config_text,
     preprocess_config,
     render_config,
@@ -47,7 +47,6 @@ log = logging.getLogger(__name__)
 
 LOCK_NAME = ".trtrepo.lock"
 STAGING_NAME = ".trtrepo-staging"
-PLAN_METADATA_SUFFIX = ".json"  # model.plan -> model.plan.json (written by the build stage)
 LOCK_TIMEOUT_S = 120.0
 
 # Source of a file to write: a path (file or folder, copied) or the bytes themselves.
@@ -123,24 +122,14 @@ def list_repository(repo: str | Path) -> list[ModelEntry]:
 # Plan metadata (written by the build stage beside the plan)
 
 
-def read_plan_metadata(plan: str | Path) -> dict[str, Any] | None:
-    """The build stage's ``model.plan.json`` beside ``plan`` as a dict, None when there is none (read by
-    :func:`trtrepo.build.read_plan_metadata_dict`, the one reader of that file)."""
-    from .build import read_plan_metadata_dict
-
-    return read_plan_metadata_dict(Path(str(plan) + PLAN_METADATA_SUFFIX), missing_ok=True)
-
-
-def check_plan_target(meta: Mapping[str, Any] | None, *, tensorrt_version: str | None = None,
+def check_plan_target(meta: PlanMetadata | None, *, tensorrt_version: str | None = None,
                       compute_capability: str | None = None) -> list[str]:
     """Warnings when a plan was built for another TensorRT version or GPU than the target.
 
     A plan only loads under the exact TensorRT version that built it and (without hardware
     compatibility) on the GPU architecture it was built on (spec section 6, pain points 1-2).
-    The check is :func:`trtrepo.build.check_plan_compatibility`'s.
+    The check is :func:`trtrepo.contracts.plan.check_plan_compatibility`'s.
     """
-    from .build import GPUInfo, check_plan_compatibility
-
     gpu = GPUInfo(name="", compute_capability=str(compute_capability)) if compute_capability else None
     return check_plan_compatibility(meta, tensorrt_version, gpu, target=True)
 
@@ -372,13 +361,14 @@ def add_plan_model(
     plan = Path(plan)
     if not plan.is_file():
         raise UsageError(f"{plan}: plan file not found")
-    meta = read_plan_metadata(plan)
+    meta = read_plan_metadata(plan, missing_ok=True)
     if io is None:
-        if not meta or "io" not in meta:
-            raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep {plan.name}{PLAN_METADATA_SUFFIX} beside it")
-        io = ModelIO.from_dict(meta["io"], source=str(plan))
-    if profiles is None and meta:
-        profiles = normalize_profiles(meta.get("profiles"))
+        if meta is None:
+            raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep "
+                             f"{plan_metadata_path(plan).name} beside it")
+        io = meta.io
+    if profiles is None and meta is not None:
+        profiles = meta.profiles_by_name()
     options = options or ModelOptions()
     if labels is not None:
         from dataclasses import replace
@@ -388,9 +378,9 @@ def add_plan_model(
     files: dict[str, FileSource] = {"model.plan": plan}
     for _, fname in config.cc_model_filenames:
         files.setdefault(fname, plan.parent / fname)
-    meta_path = Path(str(plan) + PLAN_METADATA_SUFFIX)
+    meta_path = plan_metadata_path(plan)
     if meta_path.is_file():
-        files["model.plan" + PLAN_METADATA_SUFFIX] = meta_path
+        files[plan_metadata_path("model.plan").name] = meta_path
     warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contracts.plan import read_plan_metadata
 from .errors import TrtrepoError, UsageError
 
 log = logging.getLogger(__name__)
@@ -99,11 +100,11 @@ def release_for_tensorrt(version: str | None) -> Release:
 def plan_tensorrt_versions(repo: str | Path) -> set[str]:
     """TensorRT versions recorded in ``model.plan.json`` files of a repository."""
     versions = set()
-    for meta in Path(repo).glob("*/*/*.plan.json"):
-        with contextlib.suppress(ValueError, OSError):
-            v = json.loads(meta.read_text()).get("tensorrt_version")
-            if v:
-                versions.add(str(v))
+    for path in Path(repo).glob("*/*/*.plan.json"):
+        with contextlib.suppress(TrtrepoError):
+            meta = read_plan_metadata(path)
+            if meta is not None and meta.tensorrt_version:
+                versions.add(meta.tensorrt_version)
     return versions
 
 
