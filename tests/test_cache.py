@@ -127,3 +127,15 @@ def test_format_refuses_invalid_algorithm_and_scale() -> None:
         C.format_cache({"a": 1.0}, "10.0.0", "Entropy3")
     with pytest.raises(UsageError, match="tensor 'a'"):
         C.format_cache({"a": float("nan")})
+
+
+def test_header_of_bytes_and_with_header() -> None:
+    """The one cache codec also serves the TensorRT adapter, which handles caches as bytes."""
+    from trtrepo.cache import CacheHeader, header_of, with_header
+
+    data = C.format_cache({"x": 0.5}, "10.13.0").encode()
+    header = header_of(data)
+    assert header == CacheHeader(101300, "EntropyCalibration2")
+    moved = with_header(data, CacheHeader(110400, header.algorithm))
+    assert moved.split(b"\n", 1)[1] == data.split(b"\n", 1)[1] and header_of(moved) == CacheHeader(110400, header.algorithm)
+    assert header_of(b"not a cache\nx: 3c000000") is None and header_of(b"") is None

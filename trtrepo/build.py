@@ -34,6 +34,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from . import cache as cache_codec
 from .contracts.plan import (
     GPUInfo,
     IOTensor,
@@ -197,10 +198,9 @@ def tensorrt_major(version: str) -> int:
 
 
 def nv_tensorrt_version_int(version: str) -> int:
-    """``NV_TENSORRT_VERSION`` as in a calibration cache header: 10.3.0 -> 100300, 8.6.1 -> 8601."""
-    parts = [int(p) for p in re.findall(r"\d+", version)[:3]] + [0, 0, 0]
-    major, minor, patch = parts[:3]
-    return major * 10000 + minor * 100 + patch if major >= 10 else major * 1000 + minor * 100 + patch
+    """``NV_TENSORRT_VERSION`` as in a calibration cache header: 10.3.0 -> 100300, 8.6.1 -> 8601
+    (:func:`trtrepo.cache.trt_version_int` on the first three numbers of ``version``)."""
+    return cache_codec.trt_version_int(".".join((re.findall(r"\d+", version) + ["0", "0", "0"])[:3]))
 
 
 # --------------------------------------------------------------------------------------------
@@ -562,13 +562,6 @@ def inspect_engine(trt: Any, logger: Any, plan: bytes) -> EngineIO:
 # Calibration feed (legacy route): host batches -> device buffers; the calibration cache
 
 
-def calibration_cache_header(data: bytes) -> tuple[int, str] | None:
-    """``TRT-<version>-<Algorithm>`` from a cache's first line, or None."""
-    first = data.split(b"\n", 1)[0].decode(errors="replace").strip()
-    m = re.fullmatch(r"TRT-(\d+)-(\w+)", first)
-    return (int(m.group(1)), m.group(2)) if m else None
-
-
 class CalibrationFeed:
     """What the calibrator hands TensorRT: batches of exactly the calibration shape copied into device
     buffers (one per input, reused, freed by :meth:`close`), and the cache as bytes.
@@ -629,19 +622,20 @@ class CalibrationFeed:
         if self.cache_path is None or not self.cache_path.is_file() or self.cache_path.stat().st_size == 0:
             return None
         data = self.cache_path.read_bytes()
-        header = calibration_cache_header(data)
+        header = cache_codec.header_of(data)
         want_algo = CALIBRATORS[self.method]
         if header is None:
             log.warning("%s: not a TensorRT calibration cache (no TRT-<version>-<algorithm> header); ignored", self.cache_path)
             return None
-        version, algo = header
-        if algo != want_algo:
-            log.warning("%s: cache was made for %s, not %s; TensorRT will calibrate from data", self.cache_path, algo, want_algo)
+        if header.algorithm != want_algo:
+            log.warning("%s: cache was made for %s, not %s; TensorRT will calibrate from data", self.cache_path,
+                        header.algorithm, want_algo)
             return None
         running = nv_tensorrt_version_int(self.tensorrt_version)
-        if version != running:
-            log.info("%s: cache header version %d rewritten to the running TensorRT's %d", self.cache_path, version, running)
-            data = f"TRT-{running}-{algo}".encode() + data[data.index(b"\n"):] if b"\n" in data else data
+        if header.version != running:
+            log.info("%s: cache header version %d rewritten to the running TensorRT's %d", self.cache_path, header.version,
+                     running)
+            data = cache_codec.with_header(data, cache_codec.CacheHeader(running, header.algorithm))
         self.cache_used = True
         return data
 
@@ -679,12 +673,12 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
     path = Path(options.calib_cache)
     if not path.is_file():
         raise UsageError(f"{path}: calibration cache not found, and no --data to calibrate from")
-    header = calibration_cache_header(path.read_bytes())
+    header = cache_codec.header_of(path.read_bytes())
     if header is None:
         raise UsageError(f"{path}: not a TensorRT calibration cache (first line must be TRT-<version>-<algorithm>)")
     want = CALIBRATORS[options.legacy_calibrator]
-    if header[1] != want:
-        raise UsageError(f"{path}: cache holds {header[1]} ranges but --legacy-calibrator {options.legacy_calibrator} "
+    if header.algorithm != want:
+        raise UsageError(f"{path}: cache holds {header.algorithm} ranges but --legacy-calibrator {options.legacy_calibrator} "
                          f"needs {want}; TensorRT would ignore it and there is no --data to calibrate from")
 
 

@@ -3,6 +3,7 @@
 Stable API::
 
     CacheHeader(version: int, algorithm: str)            # .text == "TRT-100300-EntropyCalibration2"
+    header_of(data: bytes) -> CacheHeader | None;  with_header(data, header) -> bytes
     trt_version_int("10.13.0") -> 101300                  # NV_TENSORRT_VERSION encoding
     encode_scale(0.5 / 127) -> "3b810204"; decode_scale("3c010204") -> 1/127 (float32)
     format_cache(scales, trt_version, algorithm) -> str;  parse_cache(text) -> (CacheHeader, {name: scale})
@@ -64,6 +65,19 @@ class CacheHeader:
         if v >= 100000:
             return f"{v // 10000}.{v // 100 % 100}.{v % 100}"
         return f"{v // 1000}.{v // 100 % 10}.{v % 100}"
+
+
+def header_of(data: bytes) -> CacheHeader | None:
+    """The header of a cache given as bytes (its first line), or None when it has none."""
+    first = data.split(b"\n", 1)[0].decode(errors="replace").strip()
+    m = _HEADER.match(first)
+    return CacheHeader(int(m.group(1)), m.group(2)) if m else None
+
+
+def with_header(data: bytes, header: CacheHeader) -> bytes:
+    """The cache ``data`` with its first line replaced by ``header`` (the ranges untouched)."""
+    rest = data[data.index(b"\n"):] if b"\n" in data else b""
+    return header.text.encode() + rest
 
 
 def trt_version_int(version: str | int) -> int:
