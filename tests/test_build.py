@@ -17,21 +17,18 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _build_models import demo_models
+from _fake_tensorrt import FakeCudart, make_fake_tensorrt
 from click.testing import CliRunner
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from _build_models import demo_models  # noqa: E402
-from _fake_tensorrt import FakeCudart, make_fake_tensorrt  # noqa: E402
-
-from trtrepo import build as B  # noqa: E402
-from trtrepo.cli import cli  # noqa: E402
-from trtrepo.contracts import plan as PM  # noqa: E402
-from trtrepo.contracts import profile as P  # noqa: E402
-from trtrepo.data import DataOptions  # noqa: E402
-from trtrepo.errors import MissingDependencyError, TrtrepoError, UsageError  # noqa: E402
-from trtrepo.evaluate import make_session  # noqa: E402
-from trtrepo.modelio import ModelIO, TensorSpec  # noqa: E402
+from trtrepo import build as B
+from trtrepo.cli import cli
+from trtrepo.contracts import plan as PM
+from trtrepo.contracts import profile as P
+from trtrepo.data import DataOptions
+from trtrepo.errors import MissingDependencyError, TrtrepoError, UsageError
+from trtrepo.evaluate import make_session
+from trtrepo.modelio import ModelIO, TensorSpec
 
 
 def build_opts(min_batch: int = 1, opt_batch: int = 8, max_batch: int = 32, shapes: Any = (), **kw: Any) -> B.BuildOptions:
@@ -609,21 +606,6 @@ def test_fp16_on_the_legacy_route_sets_the_builder_flag(models: tuple[Path, Path
     assert result.metadata.precision_route == "implicit-int8-calibrator+fp16-flag"
     assert result.metadata.precision == {"mode": "int8+fp16", "fp16": {"method": "builder-flag", "flag": "BuilderFlag.FP16"}}
     assert "--int8 --fp16" in result.metadata.trtexec
-
-
-def test_fake_refuses_precision_flags_on_strongly_typed_networks(models: tuple[Path, Path], tmp_path: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    """The fake models the documented rule (strongly typed: precision from the types), so a regression that sets
-    BuilderFlag.FP16 on the Q/DQ route fails here too, not only in the conformance test on 11."""
-    original = B.configure
-
-    def with_flag(trt: Any, builder: Any, config: Any, *args: Any) -> Any:
-        config.set_flag(trt.BuilderFlag.FP16)
-        return original(trt, builder, config, *args)
-
-    monkeypatch.setattr(B, "configure", with_flag)
-    with pytest.raises(TrtrepoError, match="precision flags .*FP16.* strongly typed"):
-        B.build_engine(models[1], tmp_path / "model.plan", build_opts(fp16=True), builder=fake_builder(V10))
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [

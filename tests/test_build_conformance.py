@@ -49,7 +49,6 @@ def _python(major: int, code: str) -> Any:
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    sys.path.insert(0, str(Path(__file__).resolve().parent))
     from _build_models import demo_models, demo_text_models
 
     folder = tmp_path_factory.mktemp("conformance_models")

@@ -8,7 +8,6 @@ calibrator route."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +17,6 @@ from click.testing import CliRunner
 
 from trtrepo import build as B
 from trtrepo.contracts.profile import BatchProfile
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def _why_not() -> str | None:

@@ -1,11 +1,11 @@
 """Templates: one golden file per template, schema round trip, overrides, strict undefined, quoting.
 
-Regenerate the golden files after an intended change with ``TRTREPO_UPDATE_GOLDEN=1 pytest tests/test_templates.py``.
+After an intended change, regenerate the golden files with ``python tests/test_templates.py --update-golden``
+and review the diff; the test itself only compares.
 """
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -58,10 +58,8 @@ def test_template_matches_golden_file(which):
     config = golden_configs()[which]
     text = render_config(config)
     path = GOLDEN / f"{which}.pbtxt"
-    if os.environ.get("TRTREPO_UPDATE_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert text == path.read_text(), f"{path} differs; regenerate with TRTREPO_UPDATE_GOLDEN=1 if intended"
+    assert path.is_file(), f"{path} is missing; write it with python tests/test_templates.py --update-golden"
+    assert text == path.read_text(), f"{path} differs; if intended: python tests/test_templates.py --update-golden"
 
 
 @pytest.mark.parametrize("which", ["tensorrt_plan", "onnxruntime", "python_onnx", "python_preprocess"])
@@ -128,3 +126,20 @@ def test_template_override_with_unknown_field_fails_schema_check(tmp_path):
 def test_pbstr_round_trips_any_string_through_text_format(value):
     msg = parse_config_text(f'name: "m"\nparameters {{ key: "k" value: {{ string_value: {pbstr(value)} }} }}\n', "pbstr")
     assert msg.parameters["k"].string_value == value
+
+
+def update_golden() -> None:
+    """Write the golden files from the current templates (then review the diff)."""
+    for which, config in golden_configs().items():
+        path = GOLDEN / f"{which}.pbtxt"
+        path.parent.mkdir(exist_ok=True)
+        path.write_text(render_config(config))
+        print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:] != ["--update-golden"]:
+        raise SystemExit("usage: python tests/test_templates.py --update-golden")
+    update_golden()
