@@ -287,3 +287,21 @@ def test_cli_missing_model_and_nan_model(run_cli, tmp_path: Path) -> None:
     assert res.exit_code == 1
     assert res.stderr.strip().count("\n") == 0 and "tensor 'l' has NaN values" in res.stderr
     assert not out.exists()
+
+
+@pytest.mark.parametrize("flag", ["--ranges", "--dynamic-range", "--cache"])
+@pytest.mark.parametrize("target", ["model", "data"])
+def test_cli_refuses_outputs_that_name_its_inputs(tmp_path, demo_onnx, run_cli, flag, target):
+    """An output pointed at the model or the data file would replace it: refused, nothing written."""
+    import shutil
+
+    model = tmp_path / "m.onnx"
+    shutil.copy(demo_onnx, model)
+    data = tmp_path / "x.npy"
+    np.save(data, np.random.default_rng(0).standard_normal((8, 1, 32, 32)).astype(np.float32))
+    victim = model if target == "model" else data
+    before = victim.read_bytes()
+    res = run_cli("calibrate", model, "--data", data, flag, victim, "--recalibrate")
+    assert res.exit_code == 2, res.output
+    assert f"is the {target} being calibrated" in res.stderr
+    assert victim.read_bytes() == before

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import time
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import click
 
 from .. import histogram as H
-from ..errors import UsageError
 from ._options import data_options
 
 if TYPE_CHECKING:
@@ -17,20 +14,6 @@ if TYPE_CHECKING:
 
 METHODS = H.method_names()
 CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
-
-
-def _check_outputs(**paths: str | None) -> None:
-    seen: dict[Path, str] = {}
-    for option, value in paths.items():
-        if value is None:
-            continue
-        p = Path(value).resolve()
-        flag = "--" + option.replace("_", "-")
-        if p.is_dir():
-            raise UsageError(f"{flag} {value}: is a directory")
-        if p in seen:
-            raise UsageError(f"{flag} and {seen[p]} name the same file {value}")
-        seen[p] = flag
 
 
 @click.command("calibrate")
@@ -67,50 +50,25 @@ def command(model: str, data_spec: str | None, preprocess: str | None, labels: s
     (--cache), a JSON ranges file (--ranges) and/or sampleINT8API dynamic ranges
     (--dynamic-range); with none of them, prints the ranges.
     """
-    from ..cache import trt_version_int
-    from ..calibrate import Calibrator
+    from ..calibrate import CalibrateOptions, run_calibrate
 
-    trt_version_int(trt_version)  # validate before any work
-    _check_outputs(cache=cache_path, ranges=ranges_path, dynamic_range=dynamic_range_path)
-    reuse = cache_path is not None and Path(cache_path).is_file() and not recalibrate
-    if not reuse and data_spec is None:
-        raise UsageError("--data is required (or --cache naming an existing calibration cache to reuse)")
-
-    started = time.perf_counter()
-    cal = Calibrator(model, data_spec, batch_size=batch_size, num_bins=num_bins, progress=progress,
-                     preprocess=preprocess, labels=labels, limit=limit, seed=seed, memory_budget_mb=memory_budget_mb)
-    stats = None
-    if reuse and cache_path is not None:
-        ranges = cal.load_cache(cache_path)
-        click.echo(f"reused calibration cache {cache_path} ({ranges.options['header']}, {len(ranges)} tensors); "
+    options = CalibrateOptions(
+        data=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size,
+        method=method, percentile=percentile, num_bins=num_bins, cache=cache_path, ranges=ranges_path,
+        dynamic_range=dynamic_range_path, recalibrate=recalibrate, trt_version=trt_version,
+        cache_algorithm=cache_algorithm, memory_budget_mb=memory_budget_mb, progress=progress)
+    result = run_calibrate(model, options)
+    ranges = result.ranges
+    if result.reused_cache is not None:
+        click.echo(f"reused calibration cache {result.reused_cache} ({ranges.options['header']}, {len(ranges)} tensors); "
                    "no data read (--recalibrate to rebuild it)")
-    else:
-        stats = cal.collect()
-        ranges = stats.compute(method, percentile=percentile)
-        took = time.perf_counter() - started
-        click.echo(f"calibrated {len(ranges)} tensors of {model} on {stats.num_samples} samples with {method}"
-                   f"{f' {percentile:g}' if 'percentile' in H.METHODS[method].options else ''} ({num_bins} bins) in {took:.1f}s")
-
-    # Render everything first so that a failure writes nothing.
-    from ..cache import format_cache, format_dynamic_range
-
-    algorithm = cache_algorithm or H.METHODS[method].cache_algorithm
-    outputs: list[tuple[str, str]] = []
-    if cache_path is not None and not reuse:
-        outputs.append((cache_path, format_cache(ranges.scales(), trt_version, algorithm)))
-    if ranges_path is not None:
-        import json
-
-        outputs.append((ranges_path, json.dumps(ranges.to_dict(stats), indent=2) + "\n"))
-    if dynamic_range_path is not None:
-        outputs.append((dynamic_range_path, format_dynamic_range(ranges)))
-
-    from ..fsutil import atomic_write_text
-
-    for path, text in outputs:
-        atomic_write_text(path, text)
+    elif result.statistics is not None:
+        extra = f" {percentile:g}" if "percentile" in H.METHODS[method].options else ""
+        click.echo(f"calibrated {len(ranges)} tensors of {model} on {result.statistics.num_samples} samples with "
+                   f"{method}{extra} ({num_bins} bins) in {result.seconds:.1f}s")
+    for path in result.written:
         click.echo(f"wrote {path}")
-    if not outputs:
+    if not options.outputs():
         _print_ranges(ranges)
 
 
