@@ -43,15 +43,15 @@ def build_repository(root: Path) -> Path:
     return repo
 
 
-def measure(url: str, model: str, payloads: list, concurrency: int, requests: int, warmup: int) -> dict:
+def measure(url: str, model: str, io, payloads: list, concurrency: int, requests: int, warmup: int) -> dict:
     from trtrepo.validate import TritonTarget, ValidateOptions, run_latency
 
     opts = ValidateOptions(model=model, url=url, protocol="grpc", concurrency=(concurrency,), requests=requests,
                            warmup=warmup, batch_size=1, progress=False)
     with TritonTarget(opts) as target:
         target.wait_ready()
-        meta, cfg = target.metadata(), target.config()
-        target.prepare(target.served_io(meta, cfg))
+        meta = target.metadata()
+        target.prepare(io)  # the served models run the exported ONNX: its IO
         return run_latency(target, payloads, opts, target.resolve_version(meta))["levels"][0]
 
 
@@ -81,7 +81,7 @@ def main() -> None:
             for r in range(args.rounds):
                 for c in args.concurrency:
                     for model in (models if r % 2 == 0 else models[::-1]):
-                        lv = measure(server.grpc_url, model, payloads, c, args.requests, args.warmup)
+                        lv = measure(server.grpc_url, model, io, payloads, c, args.requests, args.warmup)
                         runs.setdefault((model, c), []).append(lv)
                         print(f"round {r + 1} c={c} {model}: {lv['throughput']:.0f} infer/s, p99 {lv['client_ms']['p99']:.2f} ms, "
                               f"overhead {lv['overhead_ms']:.2f} ms", file=sys.stderr)

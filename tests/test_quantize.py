@@ -466,6 +466,15 @@ def test_cli_bad_options(demo_onnx, tmp_path, run_cli):
     assert res.exit_code == 2 and "--accuracy-target" in res.stderr
     res = run_cli("quantize", demo_onnx, "-o", out, "--cache", tmp_path / "c", "--method", "auto")
     assert res.exit_code == 2 and "--method auto" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--method", "minmax")
+    assert res.exit_code == 2 and "--method minmax calibrates on --data; it cannot be combined with --ranges" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--cache", tmp_path / "c")
+    assert res.exit_code == 2 and "only one of --ranges, --cache" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--smooth-quant", "0.8")
+    assert res.exit_code == 2 and "SmoothQuant needs calibration on --data, not --ranges" in res.stderr
+    before = demo_onnx.read_bytes()
+    res = run_cli("quantize", demo_onnx, "-o", demo_onnx, "--data", "demo:calib")
+    assert res.exit_code == 2 and "would overwrite the input model" in res.stderr and demo_onnx.read_bytes() == before
     assert not out.exists()
 
 

@@ -623,7 +623,7 @@ def run_quantize(
     ranges: str | Path | None = None,
     cache: str | Path | None = None,
     data: Any = None,
-    method: str = "entropy",
+    method: str | None = None,
     options: QuantizeOptions | None = None,
     accuracy_target: AccuracyTarget | str | None = None,
     eval_data: Any = None,
@@ -645,7 +645,9 @@ def run_quantize(
     ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
     anything fails. ``metric_output`` names the output that ``auto`` and ``accuracy_target``
     are measured on (default: the first output; an embedding output wants ``cosine=``).
-    ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data) or None.
+    ``method``: a registered method or "auto"; None: auto when calibrating here.
+    ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data; nothing with ranges
+    or a cache, which were computed without it) or None.
     ``check``: the held-out accuracy check against FP32 the run ends with (result in
     ``report["accuracy_check"]``, a warning when it fails; None skips it)."""
     from .data import open_data
@@ -658,12 +660,21 @@ def run_quantize(
     given = [n for n, v in (("--ranges", ranges), ("--cache", cache)) if v is not None]
     if len(given) > 1:
         raise UsageError("give only one of --ranges, --cache")
-    if method != "auto" and method not in H.METHODS:
-        raise UsageError(f"--method '{method}': expected one of {', '.join(H.method_names(auto=True))}")
-    if given and method == "auto":
-        raise UsageError("--method auto calibrates: it needs --data, not --ranges/--cache")
+    if given and method is not None:
+        raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {given[0]} "
+                         "(ranges are used as given)")
     if not given and data is None:
         raise UsageError("no ranges: give --ranges R.json, --cache C.cache or --data SPEC")
+    # the method: as given, else auto when calibrating here; with ranges/a cache it names their source
+    method = method or ("auto" if not given else "entropy")
+    if method != "auto" and method not in H.METHODS:
+        raise UsageError(f"--method '{method}': expected one of {', '.join(H.method_names(auto=True))}")
+    if Path(onnx_path).resolve() == Path(out_path).resolve():
+        raise UsageError(f"-o {out_path}: would overwrite the input model")
+    if given and parse_alpha(smooth_quant) == "auto":
+        smooth_quant = None
+    elif given and parse_alpha(smooth_quant) is not None:
+        raise UsageError(f"--smooth-quant {smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
     onnx_path = Path(onnx_path)
     model = load_model(onnx_path)
     io = ModelIO.from_onnx(model)

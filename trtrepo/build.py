@@ -810,6 +810,29 @@ def warn_if_incompatible(plan: str | Path, *, tensorrt_version: str | None = Non
     return problems
 
 
+def trtexec_equivalents(model: str | Path, options: BuildOptions, output: str | Path | None = None,
+                        for_major: int | None = None) -> tuple[list[tuple[int, list[str]]], list[str]]:
+    """``trtrepo build --print-trtexec``: the trtexec command line(s) that build the same plan, per
+    TensorRT major (the given one, the installed one, else 10 and 11; the legacy calibrator route
+    only before 11), and notes. No TensorRT needed."""
+    _, profile = prepare_build(model, options)
+    plan = str(output or "model.plan")
+    if for_major is not None:
+        majors = [for_major]
+    else:
+        status = tensorrt_status()
+        majors = [tensorrt_major(status.version)] if status.available and status.version else [10, 11]
+    if options.legacy_calibrator:
+        majors = [m for m in majors if m < 11] or majors  # trtexec_command explains 11
+    notes = []
+    trtexec_model = str(model)
+    if options.fp16 and not options.legacy_calibrator:
+        trtexec_model = options.fp16_onnx or str(fp16_onnx_default(model))
+        notes.append(f"--fp16: trtexec builds the Q/DQ model with its unquantized part in FP16 ({trtexec_model}); "
+                     "'trtrepo build --fp16 --fp16-onnx PATH' writes it")
+    return [(m, trtexec_command(trtexec_model, plan, profile, options, m)) for m in majors], notes
+
+
 # --------------------------------------------------------------------------------------------
 # The stage
 

@@ -85,6 +85,7 @@ from typing import Any
 import numpy as np
 
 from . import histogram as H
+from .data import DataOptions
 from .errors import TrtrepoError, UsageError
 from .modelio import ModelIO, load_onnx, without_weights
 
@@ -653,6 +654,9 @@ class Calibrator:
         unknown = [t for t in self.tensors if t not in known]
         if unknown:
             raise UsageError(f"{self.model_path}: no tensor named {', '.join(unknown[:5])}")
+        if isinstance(data, DataOptions):  # the shared data options: spec and how to open it
+            preprocess, labels, limit, seed = data.preprocess, data.labels, data.limit, data.seed
+            data = data.spec
         self._data_args = dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed)
         self._data_spec = data
         self._source: Any = None
@@ -1030,16 +1034,12 @@ class Calibrator:
 
 @dataclass(frozen=True)
 class CalibrateOptions:
-    """What ``trtrepo calibrate`` takes besides the model. Outputs (None: not written): ``cache``
+    """What ``trtrepo calibrate`` takes besides the model: the data (:class:`~trtrepo.data.DataOptions`,
+    whose ``batch_size`` is the ONNX Runtime batch), the method, and the outputs (None: not written): ``cache``
     (a TensorRT calibration cache; an existing one is reused, no data read, unless
     ``recalibrate``), ``ranges`` (JSON), ``dynamic_range`` (sampleINT8API text)."""
 
-    data: Any = None
-    preprocess: Any = None
-    labels: Any = None
-    limit: int | None = None
-    seed: int = 0
-    batch_size: int = 32
+    data: DataOptions | None = None
     method: str = "entropy"
     percentile: float = H.DEFAULT_PERCENTILE
     num_bins: int = H.DEFAULT_NUM_BINS
@@ -1077,14 +1077,13 @@ def run_calibrate(model: str | Path, options: CalibrateOptions) -> CalibrateResu
     trt_version_int(options.trt_version)  # validate before any work
     if options.method not in H.METHODS:
         raise UsageError(f"--method '{options.method}': expected one of {', '.join(H.METHODS)}")
-    _check_outputs(options.outputs(), inputs={"model": model, "data": options.data})
+    _check_outputs(options.outputs(), inputs={"model": model, "data": options.data.spec if options.data else None})
     reuse = options.cache is not None and Path(options.cache).is_file() and not options.recalibrate
     if not reuse and options.data is None:
         raise UsageError("--data is required (or --cache naming an existing calibration cache to reuse)")
     started = time.perf_counter()
-    cal = Calibrator(model, options.data, batch_size=options.batch_size, num_bins=options.num_bins,
-                     progress=options.progress, preprocess=options.preprocess, labels=options.labels,
-                     limit=options.limit, seed=options.seed, memory_budget_mb=options.memory_budget_mb)
+    cal = Calibrator(model, options.data, batch_size=options.data.batch_size if options.data else 32,
+                     num_bins=options.num_bins, progress=options.progress, memory_budget_mb=options.memory_budget_mb)
     stats = None
     if reuse and options.cache is not None:
         ranges = cal.load_cache(options.cache)

@@ -176,8 +176,29 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
     return result.path, result.io
 
 
+class CalibrationData:
+    """The deploy's calibration data (``--data``, else a built-in model's own split), opened once
+    on first use and shared by the INT8 step and the build step's shape ranges."""
+
+    def __init__(self, opts: DeployOptions, io: ModelIO) -> None:
+        self.spec = _default_data(opts)
+        self._opts, self._io = opts, io
+        self._source: Any = None
+
+    def source(self) -> Any:
+        if self.spec is None:
+            return None
+        if self._source is None:
+            from .data import open_data
+
+            o = self._opts
+            self._source = open_data(self.spec, io=self._io, preprocess=o.preprocess, labels=o.data_labels,
+                                     limit=o.limit, seed=o.seed)
+        return self._source
+
+
 def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
-               report: DeployReport) -> tuple[Path, str]:
+               report: DeployReport, calibration: CalibrationData | None = None) -> tuple[Path, str]:
     """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
     from . import autoquant
 
@@ -185,16 +206,15 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         if opts.precision == "fp32":
             step.status, step.detail = "skipped", "--precision fp32"
             return onnx_path, "fp32"
-        data = _default_data(opts)
+        calibration = calibration or CalibrationData(opts, io)
+        data = calibration.spec
         if data is None:
             reason = "no calibration data (give --data)"
             if opts.precision == "int8":
                 raise UsageError(f"--precision int8: {reason}")
             step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
             return onnx_path, "fp32"
-        from .data import open_data
-
-        source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit, seed=opts.seed)
+        source = calibration.source()
         out = work / "model.int8.onnx"
         extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
         if opts.reduce_range:
@@ -254,7 +274,7 @@ def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
 
 
 def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport,
-                io: ModelIO | None = None) -> Path | None:
+                io: ModelIO | None = None, calibration: CalibrationData | None = None) -> Path | None:
     """The single call point of the TensorRT build. Returns the plan, or None when not built."""
     with _timed(report, "build") as step:
         spec = backends.for_option(backend)
@@ -270,12 +290,8 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
         if not gpu.available:
             raise UsageError(f"--backend tensorrt: no GPU ({gpu.detail}); use --backend onnxruntime or python")
         source = None
-        data = _default_data(opts)
-        if io is not None and not opts.shapes and data is not None:
-            from .data import open_data
-
-            source = open_data(data, io=io, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
-                               seed=opts.seed)
+        if io is not None and not opts.shapes:
+            source = (calibration or CalibrationData(opts, io)).source()
         bopts = build_options(opts, io or ModelIO.from_onnx(_load(onnx_path)), source)
         result = build_engine(onnx_path, work / "model.plan", bopts)
         profile = "; ".join(f"{n} {r.describe()}" for n, r in bopts.shapes)
@@ -325,8 +341,9 @@ def deploy(opts: DeployOptions) -> DeployReport:
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
         target = spec.quantize_target
-        model_path, precision = _int8_step(opts, onnx_path, io, target, work, report)
-        plan = _build_step(opts, model_path, backend, work, report, io)
+        calibration = CalibrationData(opts, io)  # opened once, when a step first needs it
+        model_path, precision = _int8_step(opts, onnx_path, io, target, work, report, calibration)
+        plan = _build_step(opts, model_path, backend, work, report, io, calibration)
 
         with _timed(report, "repository") as step:
             labels = _labels(opts)

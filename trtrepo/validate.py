@@ -45,7 +45,7 @@ import numpy as np
 
 from .contracts.payload import Payload, check_shape, expected_shapes
 from .errors import TrtrepoError, UsageError
-from .modelio import ModelIO, TensorSpec
+from .modelio import ModelIO
 from .speed import SpeedOptions
 
 log = logging.getLogger(__name__)
@@ -419,7 +419,7 @@ class TritonTarget:
         if self._loop.is_closed():
             return
         with contextlib.suppress(Exception):
-            self._release_shared_memory()
+            self.release_shared_memory()
         if self._client is not None:
             with contextlib.suppress(Exception):
                 self._run(self._client.close(), 5.0)
@@ -527,22 +527,6 @@ class TritonTarget:
         versions = [str(v) for v in metadata.get("versions", [])]
         return max(versions, key=int) if versions else ""
 
-    def served_io(self, metadata: Mapping[str, Any], config: Mapping[str, Any]) -> ModelIO:
-        """The served model's IO as a :class:`ModelIO` (dtypes mapped back to numpy)."""
-        from .modelio import _NUMPY_TO_TRITON
-
-        back = {v.removeprefix("TYPE_"): k for k, v in _NUMPY_TO_TRITON.items()}
-        batched = int(config.get("max_batch_size", 0) or 0) > 0
-
-        def spec(t: Mapping[str, Any]) -> TensorSpec:
-            dt = back.get(str(t["datatype"]))
-            if dt is None:
-                raise UsageError(f"tensor '{t['name']}': data type {t['datatype']} is not supported by the harness")
-            return TensorSpec(t["name"], dt, tuple(_as_int_list(t["shape"])), 0 if batched else None)
-
-        return ModelIO(tuple(spec(t) for t in metadata["inputs"]), tuple(spec(t) for t in metadata["outputs"]),
-                       source=f"{self.model} on {self.url}")
-
     def statistics(self, version: str) -> dict[str, Any]:
         return dict(self.call("get_inference_statistics", self.model, version))
 
@@ -565,7 +549,7 @@ class TritonTarget:
     def setup_shared_memory(self, kind: str, slots: int, payloads: Sequence[Payload]) -> None:
         """Create and register regions for ``slots`` concurrent requests, sized for the largest
         input and output of ``payloads``."""
-        self._release_shared_memory()
+        self.release_shared_memory()
         if kind == "none":
             return
         if any(-1 in shape for p in payloads for shape in p.expected.values()):
@@ -601,7 +585,7 @@ class TritonTarget:
                             self._run(self._call("register_cuda_shared_memory", region,
                                                  cudashm.get_raw_handle(handle), 0, size), None)
         except Exception as exc:
-            self._release_shared_memory()
+            self.release_shared_memory()
             if isinstance(exc, TrtrepoError):
                 raise
             raise TrtrepoError(f"{self._where()}: cannot set up {kind} shared memory: {_one_line(exc)}") from exc
@@ -610,7 +594,7 @@ class TritonTarget:
         assert self._io is not None  # set by prepare() before shared memory is set up
         return int(np.dtype(self._io.output(name).dtype).itemsize)
 
-    def _release_shared_memory(self) -> None:
+    def release_shared_memory(self) -> None:
         if not self._slots:
             return
         mod = _shm_module(self._shm_kind)
@@ -1273,7 +1257,7 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
             log.info("concurrency %d: %.1f infer/s, p99 %.2f ms", c, res.throughput, client["p99"])
     finally:
         if use_shm:
-            target._release_shared_memory()
+            target.release_shared_memory()
     return {"requests_per_level": options.requests, "duration_s": options.duration, "warmup": options.warmup,
             "batch_size": options.batch_size, "shared_memory": options.shared_memory, "levels": levels}
 

@@ -55,16 +55,7 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
     profile spans --min/--opt/--max-batch (other dynamic axes: --shape). --fp16 builds mixed INT8+FP16.
     Needs TensorRT, cuda-python and an NVIDIA GPU, except with --print-trtexec.
     """
-    from ..build import (
-        BuildOptions,
-        build_engine,
-        fp16_onnx_default,
-        parse_size,
-        prepare_build,
-        tensorrt_major,
-        tensorrt_status,
-        trtexec_command,
-    )
+    from ..build import BuildOptions, build_engine, parse_size, trtexec_equivalents
     from ..contracts.profile import BatchProfile
     from ..data import DataOptions
 
@@ -85,24 +76,13 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
         fp16=fp16, keep_fp32_ops=tuple(op for item in keep_fp32 for op in item.split(",") if op), fp16_onnx=fp16_onnx,
     )
     if print_trtexec:
-        _, profile = prepare_build(model, options)
-        plan = output or "model.plan"
-        if for_major is not None:
-            majors = [for_major]
-        else:
-            status = tensorrt_status()
-            majors = [tensorrt_major(status.version)] if status.available and status.version else [10, 11]
-        if legacy_calibrator:
-            majors = [m for m in majors if m < 11] or majors  # trtexec_command explains 11
-        trtexec_model = model
-        if fp16 and not legacy_calibrator:
-            trtexec_model = fp16_onnx or str(fp16_onnx_default(model))
-            click.echo(f"# --fp16: trtexec builds the Q/DQ model with its unquantized part in FP16 ({trtexec_model}); "
-                       "'trtrepo build --fp16 --fp16-onnx PATH' writes it")
-        for m in majors:
-            if len(majors) > 1:
-                click.echo(f"# TensorRT {m}.x")
-            click.echo(shlex.join(trtexec_command(trtexec_model, plan, profile, options, m)))
+        commands, notes = trtexec_equivalents(model, options, output, for_major)
+        for note in notes:
+            click.echo(f"# {note}")
+        for major, argv in commands:
+            if len(commands) > 1:
+                click.echo(f"# TensorRT {major}.x")
+            click.echo(shlex.join(argv))
         return
     result = build_engine(model, str(output), options, force=force)
     meta = result.metadata

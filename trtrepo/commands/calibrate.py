@@ -51,10 +51,11 @@ def command(model: str, data_spec: str | None, preprocess: str | None, labels: s
     (--dynamic-range); with none of them, prints the ranges.
     """
     from ..calibrate import CalibrateOptions, run_calibrate
+    from ..data import DataOptions
 
+    data = DataOptions(data_spec, preprocess, labels, limit, seed, batch_size) if data_spec is not None else None
     options = CalibrateOptions(
-        data=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size,
-        method=method, percentile=percentile, num_bins=num_bins, cache=cache_path, ranges=ranges_path,
+        data=data, method=method, percentile=percentile, num_bins=num_bins, cache=cache_path, ranges=ranges_path,
         dynamic_range=dynamic_range_path, recalibrate=recalibrate, trt_version=trt_version,
         cache_algorithm=cache_algorithm, memory_budget_mb=memory_budget_mb, progress=progress)
     result = run_calibrate(model, options)

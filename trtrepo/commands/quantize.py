@@ -8,7 +8,6 @@ from pathlib import Path
 import click
 
 from .. import histogram as H
-from ..errors import UsageError
 from ._options import data_options
 
 METHODS = H.method_names(auto=True)
@@ -71,14 +70,6 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
     from ..evaluate import AccuracyTarget
     from ..quantize import QuantizeOptions
 
-    if Path(model).resolve() == Path(output).resolve():
-        raise UsageError(f"-o {output}: would overwrite the input model")
-    if ranges_path is not None and cache_path is not None:
-        raise UsageError("give only one of --ranges, --cache")
-    if (ranges_path or cache_path) and method is not None:
-        flag = "--ranges" if ranges_path else "--cache"
-        raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {flag} (ranges are used as given)")
-    method = method or ("auto" if data_spec else "entropy")
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
@@ -90,7 +81,7 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
         batch_size=batch_size,
         threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
         report_dir=report_dir, force=force, progress=progress,
-        smooth_quant=smooth_quant if data_spec else None,
+        smooth_quant=smooth_quant,
     )
     report = result.report or {}
     took = time.perf_counter() - started
