@@ -15,7 +15,7 @@ base has, with the same number of parameters. The *values* come from the fake Te
 tests/_fake_tensorrt.py (nothing can be built without the libraries), so the list of checked accesses is
 whatever the code does, not a hand-written list.
 
-``--mutate OLD NEW`` replaces a string in trtrepo/build.py's source before running it (the tests use it to
+``--mutate OLD NEW`` replaces a string in the source of the trtrepo/build/ module that holds it before running it (the tests use it to
 show that a misspelled attribute is caught).
 """
 
@@ -461,7 +461,7 @@ def main() -> None:
     ap.add_argument("route")
     ap.add_argument("--models", required=True, help="folder with demo.onnx and demo.qdq.onnx (tests/_build_models.py)")
     ap.add_argument("--mutate", nargs=2, metavar=("OLD", "NEW"), default=None,
-                    help="replace OLD by NEW in trtrepo/build.py's source before running")
+                    help="replace OLD by NEW in the source of the trtrepo/build/ module holding it before running")
     args = ap.parse_args()
 
     import tensorrt_bindings as real
@@ -471,14 +471,24 @@ def main() -> None:
     checker = Checker(real, fake)
     proxy = ModuleProxy(checker)
     if args.mutate:
-        import trtrepo.build as build_mod
+        import pkgutil
+
+        import trtrepo.build as build_pkg
 
         old, new = args.mutate
-        src = Path(build_mod.__file__).read_text()
-        if old not in src:
-            raise SystemExit(f"--mutate: '{old}' not in trtrepo/build.py")
-        code = compile(src.replace(old, new), build_mod.__file__, "exec")
-        exec(code, build_mod.__dict__)  # noqa: S102 - the test's deliberate misspelling
+        modules = [importlib.import_module(f"trtrepo.build.{m.name}") for m in pkgutil.iter_modules(build_pkg.__path__)]
+        hits = [m for m in modules if old in Path(m.__file__).read_text()]
+        if len(hits) != 1:
+            raise SystemExit(f"--mutate: '{old}' found in {len(hits)} modules of trtrepo/build/ (expected 1)")
+        mod = hits[0]
+        before = dict(mod.__dict__)
+        code = compile(Path(mod.__file__).read_text().replace(old, new), mod.__file__, "exec")
+        exec(code, mod.__dict__)  # noqa: S102 - the test's deliberate misspelling
+        # rebind what the package and the sibling modules imported from the mutated module
+        for other in [build_pkg, *modules]:
+            for name, value in list(vars(other).items()):
+                if other is not mod and name in before and value is before[name]:
+                    setattr(other, name, mod.__dict__[name])
     out: dict[str, Any] = {"tensorrt": real.__version__, "route": args.route}
     with tempfile.TemporaryDirectory() as tmp:
         try:

@@ -1,4 +1,4 @@
-"""Unit tests of everything around TensorRT in trtrepo/build.py: options, profile shapes, the trtexec command
+"""Unit tests of everything around TensorRT in trtrepo/build/: options, profile shapes, the trtexec command
 line, metadata, atomic writes, the calibrator plumbing, plan compatibility and the missing-TensorRT path.
 
 TensorRT itself is replaced by tests/_fake_tensorrt.py (it only exercises trtrepo's own code; what the real
@@ -460,7 +460,7 @@ def test_cli_without_cuda_python_exits_2(models: tuple[Path, Path], tmp_path: Pa
     def missing() -> Any:
         raise MissingDependencyError("cuda-python", "to use the GPU (device buffers, GPU properties)", B.CUDA_INSTALL)
 
-    monkeypatch.setattr(B, "_import_cudart", missing)
+    monkeypatch.setattr(B.env, "_import_cudart", missing)  # where CudaRuntime.load looks it up
     result = CliRunner().invoke(cli, ["build", str(models[1]), "-o", str(tmp_path / "model.plan")])
     assert result.exit_code == 2 and "cuda-python is required" in result.output and "pip install cuda-python" in result.output
 

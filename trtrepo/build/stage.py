@@ -1,0 +1,277 @@
+"""The build stage: prepare the profile, build through an :class:`~trtrepo.build.routes.EngineBuilder`,
+write ``model.plan`` and ``model.plan.json`` together; plan compatibility warnings; the trtexec
+equivalent of a build."""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import shlex
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..contracts.plan import (
+    GPUInfo,
+    PlanMetadata,
+    check_plan_compatibility,
+    plan_metadata_path,
+    read_plan_metadata,
+)
+from ..contracts.profile import ShapeRange
+from ..errors import TrtrepoError, UsageError
+from ..fsutil import atomic_path, atomic_write_bytes
+from ..modelio import ModelIO
+from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
+from .env import gpu_status, tensorrt_major, tensorrt_status
+from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions, profile_shapes
+from .routes import EngineBuilder, EngineIO, TensorRTEngineBuilder
+from .trtexec import trtexec_command
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Metadata beside the plan
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def warn_if_incompatible(plan: str | Path, *, tensorrt_version: str | None = None, gpu: GPUInfo | None = None,
+                         probe: bool = True) -> list[str]:
+    """Log a warning for each way the running TensorRT/GPU differ from the plan's (the repository writer calls
+    this before deploying a plan). With ``probe`` the running versions are detected; what is not installed
+    here is not compared. Returns the warnings."""
+    meta = read_plan_metadata(plan)
+    assert meta is not None  # missing_ok is False: a missing file raises
+    if probe and tensorrt_version is None:
+        status = tensorrt_status()
+        tensorrt_version = status.version if status.available else None
+    if probe and gpu is None:
+        gstat = gpu_status()
+        gpu = gstat.gpu
+    problems = check_plan_compatibility(meta, tensorrt_version, gpu)
+    for p in problems:
+        log.warning("%s: %s", plan, p)
+    if tensorrt_version is None and gpu is None:
+        log.info("%s: neither TensorRT nor a GPU here, so the plan (TensorRT %s, %s) was not checked against this machine",
+                 plan, meta.tensorrt_version, meta.gpu.name if meta.gpu else "unknown GPU")
+    return problems
+
+
+def trtexec_equivalents(model: str | Path, options: BuildOptions, output: str | Path | None = None,
+                        for_major: int | None = None) -> tuple[list[tuple[int, list[str]]], list[str]]:
+    """``trtrepo build --print-trtexec``: the trtexec command line(s) that build the same plan, per
+    TensorRT major (the given one, the installed one, else 10 and 11; the legacy calibrator route
+    only before 11), and notes. No TensorRT needed."""
+    _, profile = prepare_build(model, options)
+    plan = str(output or "model.plan")
+    if for_major is not None:
+        majors = [for_major]
+    else:
+        status = tensorrt_status()
+        majors = [tensorrt_major(status.version)] if status.available and status.version else [10, 11]
+    if options.legacy_calibrator:
+        majors = [m for m in majors if m < 11] or majors  # trtexec_command explains 11
+    notes = []
+    trtexec_model = str(model)
+    if options.fp16 and not options.legacy_calibrator:
+        trtexec_model = options.fp16_onnx or str(fp16_onnx_default(model))
+        notes.append(f"--fp16: trtexec builds the Q/DQ model with its unquantized part in FP16 ({trtexec_model}); "
+                     "'trtrepo build --fp16 --fp16-onnx PATH' writes it")
+    return [(m, trtexec_command(trtexec_model, plan, profile, options, m)) for m in majors], notes
+
+
+# --------------------------------------------------------------------------------------------
+# The stage
+
+
+@dataclass(frozen=True)
+class BuildResult:
+    plan: Path
+    metadata_path: Path
+    metadata: PlanMetadata
+    timing_cache: Path | None = None
+    calibration_cache: Path | None = None
+
+
+def count_qdq_nodes(onnx_path: str | Path) -> int:
+    from ..modelio import load_onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    return sum(1 for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear"))
+
+
+def _onnx_calibration_method(onnx_path: Path) -> str | None:
+    from ..modelio import load_onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    props = {p.key: p.value for p in model.metadata_props}
+    for key in ("trtrepo.calibration_method", "trtrepo.calibration.method", "calibration_method"):
+        if key in props:
+            return props[key]
+    return None
+
+
+def prepare_build(onnx_path: str | Path, options: BuildOptions) -> tuple[ModelIO, dict[str, ShapeRange]]:
+    """Everything that can be checked without TensorRT: the model, the route fits it, the profile."""
+    onnx_path = Path(onnx_path)
+    io = ModelIO.from_onnx(onnx_path)
+    qdq = count_qdq_nodes(onnx_path)
+    if options.route == ROUTE_QDQ and qdq == 0 and not options.allow_fp32:
+        raise UsageError(f"{onnx_path}: the model has no QuantizeLinear/DequantizeLinear nodes, so the strongly typed build "
+                         "would give an FP32 engine; run 'trtrepo quantize' first, use --legacy-calibrator (TensorRT <= 10), "
+                         "or pass --allow-fp32")
+    if options.route == ROUTE_IMPLICIT and qdq > 0:
+        raise UsageError(f"{onnx_path}: the model already has {qdq} Q/DQ nodes; --legacy-calibrator needs the FP32 model "
+                         "(build the Q/DQ model without --legacy-calibrator)")
+    return io, profile_shapes(io, options)
+
+
+def fp16_onnx_default(onnx_path: str | Path) -> Path:
+    """Where the trtexec line says the FP16-converted model is when --fp16-onnx was not given."""
+    onnx_path = Path(onnx_path)
+    stem = onnx_path.name[: -len(".onnx")] if onnx_path.name.endswith(".onnx") else onnx_path.name
+    return onnx_path.with_name(stem + ".fp16.onnx")
+
+
+def convert_for_fp16(onnx_path: Path, dst: Path, io: ModelIO, options: BuildOptions) -> dict[str, Any]:
+    """--fp16 on the Q/DQ route: write ``dst``, the Q/DQ model with its unquantized part in float16 (Q/DQ scales
+    float16, opset >= 19, float32 network IO kept), for the strongly typed build. Returns what model.plan.json
+    records about it. A model that already has float16 weights and no float32 ones is used as it is."""
+    import onnx
+
+    from ..fp16 import convert_file
+    from ..modelio import load_onnx
+
+    model = load_onnx(onnx_path)
+    kinds = {i.data_type for i in model.graph.initializer}
+    info: dict[str, Any] = {"method": "onnx-conversion", "keep_fp32_ops": list(options.keep_fp32_ops)}
+    if onnx.TensorProto.FLOAT16 in kinds and onnx.TensorProto.FLOAT not in kinds:
+        log.info("%s: already float16 (no float32 weights); building it as it is", onnx_path)
+        dst.write_bytes(onnx_path.read_bytes())
+        info["already_fp16"] = True
+    else:
+        t0 = time.perf_counter()
+        convert_file(str(onnx_path), str(dst), keep_fp32_ops=options.keep_fp32_ops)
+        log.info("converted the unquantized part of %s to float16 in %.1f s", onnx_path, time.perf_counter() - t0)
+    converted = ModelIO.from_onnx(dst)
+    changed = [f"{a.name} {a.dtype}->{b.dtype}" for a, b in zip((*io.inputs, *io.outputs), (*converted.inputs, *converted.outputs),
+                                                                 strict=False) if a.dtype != b.dtype]
+    if changed or len(converted.inputs) != len(io.inputs) or len(converted.outputs) != len(io.outputs):
+        raise TrtrepoError(f"{onnx_path}: the FP16 conversion changed the network IO ({', '.join(changed) or 'tensor count'}); "
+                           "inputs and outputs must stay as they are")
+    m16 = load_onnx(dst, load_weights=False)
+    info["opset"] = next((o.version for o in m16.opset_import if o.domain in ("", "ai.onnx")), None)
+    info["sha256"] = sha256_file(dst)
+    return info
+
+
+def check_engine_io_types(engine_io: EngineIO, io: ModelIO, where: str) -> None:
+    """The engine's IO tensors have the ONNX model's types (--fp16 keeps FP32 network inputs and outputs)."""
+    specs = {s.name: s for s in (*io.inputs, *io.outputs)}
+    wrong = [f"{t.name} is {t.dtype}, the model's is {specs[t.name].dtype}" for t in engine_io.tensors
+             if t.name in specs and t.dtype != specs[t.name].dtype]
+    if wrong:
+        raise TrtrepoError(f"{where}: the engine's IO types differ from the ONNX model's ({'; '.join(wrong)})")
+
+
+def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOptions, *,
+                 builder: EngineBuilder | None = None, force: bool = True) -> BuildResult:
+    """Build ``output`` (model.plan) and ``output.json`` from ``onnx_path``. Nothing is written unless the
+    build succeeds; without TensorRT, cuda-python or a GPU a :class:`UsageError` says what is missing."""
+    from .. import __version__
+
+    onnx_path = Path(onnx_path)
+    output = Path(output)
+    if not force and output.exists():
+        raise UsageError(f"{output}: already exists (use --force to overwrite)")
+    io, profile = prepare_build(onnx_path, options)
+    if builder is None:
+        builder = TensorRTEngineBuilder.load()
+    version = builder.tensorrt_version
+    major = tensorrt_major(version)
+    check_calibration_inputs(options, version)
+    gpu = builder.gpu()
+    timing_cache = None
+    if options.timing_cache and Path(options.timing_cache).is_file():
+        timing_cache = Path(options.timing_cache).read_bytes()
+
+    build_onnx = onnx_path
+    fp16_bytes: bytes | None = None
+    fp16_info: dict[str, Any] | None = None
+    if options.fp16 and options.legacy_calibrator:
+        fp16_info = {"method": "builder-flag", "flag": "BuilderFlag.FP16"}
+
+    with contextlib.ExitStack() as stack:
+        if options.fp16 and options.route == ROUTE_QDQ:
+            # converted into a temporary folder; kept (--fp16-onnx) only once the engine is built
+            tmpdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-fp16-")))
+            build_onnx = tmpdir / fp16_onnx_default(onnx_path).name
+            fp16_info = convert_for_fp16(onnx_path, build_onnx, io, options)
+            fp16_info["saved_to"] = options.fp16_onnx
+        feed = None
+        if options.route == ROUTE_IMPLICIT:
+            batches = _calibration_batches(options, io, profile) if options.data is not None else None
+            shapes = {name: r.opt for name, r in profile.items()}
+            for spec in io.inputs:
+                shapes.setdefault(spec.name, spec.shape)
+            feed = stack.enter_context(CalibrationFeed(batches, options.opt_batch, builder.cuda(), shapes,
+                                                       options.legacy_calibrator or "entropy", version, options.calib_cache))
+        plan, new_timing_cache = builder.build(build_onnx, profile, options, feed, timing_cache)
+        if feed is not None and not feed.cache_used and feed.batches_served == 0:
+            raise TrtrepoError("TensorRT got no calibration batches and no usable cache; the INT8 ranges would be missing")
+        fp16_bytes = build_onnx.read_bytes() if options.fp16_onnx and build_onnx != onnx_path else None
+    engine_io = builder.inspect(plan)
+    if options.fp16:
+        check_engine_io_types(engine_io, io, str(onnx_path))
+    model_io = engine_io.to_model_io(io, source=str(output))
+    trtexec_onnx = onnx_path
+    if options.fp16 and options.route == ROUTE_QDQ:
+        trtexec_onnx = Path(options.fp16_onnx) if options.fp16_onnx else fp16_onnx_default(onnx_path)
+    trtexec = shlex.join(trtexec_command(trtexec_onnx, output, engine_io.profile or profile, options, major))
+    meta = PlanMetadata(
+        tensorrt_version=version,
+        gpu=gpu,
+        precision_route=options.precision_route,
+        calibration_method=(options.legacy_calibrator if options.route == ROUTE_IMPLICIT
+                            else _onnx_calibration_method(onnx_path) or "from Q/DQ scales in the model"),
+        source_onnx=str(onnx_path),
+        source_sha256=sha256_file(onnx_path),
+        profiles=(dict(engine_io.profile or profile),),
+        io_tensors=engine_io.tensors,
+        io=model_io,
+        trtexec=trtexec,
+        build={
+            "batch_range": list(options.batch_range),
+            "workspace_bytes": options.workspace,
+            "builder_optimization_level": options.opt_level,
+            "timing_cache": options.timing_cache,
+            "calibration_cache": options.calib_cache,
+            "num_optimization_profiles": engine_io.num_profiles,
+        },
+        plan_sha256=hashlib.sha256(plan).hexdigest(),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        trtrepo_version=__version__,
+        precision={"mode": options.precision, "fp16": fp16_info},
+    )
+    meta_path = plan_metadata_path(output)
+    with atomic_path(output, force=force) as tmp_plan, atomic_path(meta_path) as tmp_meta:
+        tmp_plan.write_bytes(plan)
+        tmp_meta.write_text(meta.to_json())
+    if fp16_bytes is not None and options.fp16_onnx:
+        atomic_write_bytes(options.fp16_onnx, fp16_bytes)
+    tc_path = None
+    if options.timing_cache and new_timing_cache:
+        tc_path = atomic_write_bytes(options.timing_cache, new_timing_cache)
+    calib_path = Path(options.calib_cache) if options.calib_cache and Path(options.calib_cache).is_file() else None
+    return BuildResult(output, meta_path, meta, tc_path, calib_path)
