@@ -15,6 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trtrepo.contracts.payload import check_shape
 from trtrepo.errors import TrtrepoError, UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.validate import (
@@ -23,7 +24,6 @@ from trtrepo.validate import (
     Thresholds,
     ValidateOptions,
     ValidationReport,
-    check_shape,
     check_thresholds,
     compare_contract,
     latency_summary,

@@ -1,0 +1,135 @@
+"""Deployment check against a running Triton server (``trtrepo validate``), a package split by concern:
+``options``, ``contract`` (pure comparisons and statistics), ``client`` (:class:`TritonTarget`),
+``accuracy``, ``report``, ``stage`` (:func:`validate`).
+
+Four phases, each usable on its own through :class:`TritonTarget`:
+
+1. **Readiness and contract** -- :meth:`TritonTarget.wait_ready` polls server liveness and
+   model readiness with exponential backoff under one deadline (a model that is not in the
+   repository index or failed to load is reported at once, with the server's reason);
+   :func:`compare_contract` checks the served model's metadata and config against the
+   reference's :class:`~trtrepo.modelio.ModelIO` field by field (names, data types, shapes,
+   max batch size) before any inference request is sent.
+2. **Accuracy** -- :func:`run_accuracy` sends the data set through Triton and through the
+   reference (PyTorch, or ONNX Runtime for an ``.onnx`` reference) batch by batch, checks every
+   response's shape and compares the outputs with the metric functions of
+   :mod:`trtrepo.evaluate`; the worst samples (lowest cosine similarity) are listed.
+3. **Latency and throughput** -- :meth:`TritonTarget.load` keeps ``concurrency`` requests in
+   flight with tritonclient's asyncio clients (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``)
+   for a number of requests or a duration, after a warm-up; client percentiles come next to the
+   server's own statistics for the same window (:func:`stats_diff` of
+   ``get_inference_statistics`` before and after), so the client's overhead is visible.
+   Tensors can travel through system shared memory (or CUDA shared memory on a GPU machine).
+4. **Speed against the reference** (issue 8) -- :func:`trtrepo.speed.compare_speed` times the
+   PyTorch reference (CUDA when available, else CPU) and the served model at concurrency 1 on
+   the same batches of one input shape, per batch size; ``speed_vs_reference`` in the report.
+5. **Report** -- :class:`ValidationReport` writes ``validate.json`` (stable keys),
+   ``validate.md`` and ``latency.png`` atomically; :func:`check_thresholds` decides the exit code.
+
+Every wait is bounded: readiness by ``ready_timeout``, each request by ``timeout`` (the gRPC
+deadline and an asyncio timeout around every call). :func:`validate` runs the whole check.
+"""
+
+from __future__ import annotations
+
+from .accuracy import (
+    _merge_metrics,
+    _worst,
+    make_reference,
+    reference_io,
+    reference_rows,
+    run_accuracy,
+)
+from .client import (
+    LoadResult,
+    TritonTarget,
+    _cuda_shm,
+    _shm_module,
+    _Slot,
+)
+from .contract import (
+    _STAT_KEYS,
+    ContractError,
+    Mismatch,
+    ThresholdResult,
+    _as_int_list,
+    _booked,
+    _count_ns,
+    _model_stats,
+    _shape_matches,
+    check_thresholds,
+    compare_contract,
+    latency_summary,
+    stats_diff,
+)
+from .options import (
+    DEFAULT_PORTS,
+    PERCENTILES,
+    PROTOCOLS,
+    REPORT_SCHEMA,
+    SHARED_MEMORY,
+    Thresholds,
+    ValidateOptions,
+    _one_line,
+    parse_concurrency,
+    parse_url,
+)
+from .report import (
+    ValidationReport,
+    _ms,
+    _pct,
+    write_plot,
+)
+from .stage import (
+    _progress,
+    make_payloads,
+    run_latency,
+    run_speed,
+    validate,
+)
+
+__all__ = [
+    "ContractError",
+    "DEFAULT_PORTS",
+    "LoadResult",
+    "Mismatch",
+    "PERCENTILES",
+    "PROTOCOLS",
+    "REPORT_SCHEMA",
+    "SHARED_MEMORY",
+    "ThresholdResult",
+    "Thresholds",
+    "TritonTarget",
+    "ValidateOptions",
+    "ValidationReport",
+    "_STAT_KEYS",
+    "_Slot",
+    "_as_int_list",
+    "_booked",
+    "_count_ns",
+    "_cuda_shm",
+    "_merge_metrics",
+    "_model_stats",
+    "_ms",
+    "_one_line",
+    "_pct",
+    "_progress",
+    "_shape_matches",
+    "_shm_module",
+    "_worst",
+    "check_thresholds",
+    "compare_contract",
+    "latency_summary",
+    "make_payloads",
+    "make_reference",
+    "parse_concurrency",
+    "parse_url",
+    "reference_io",
+    "reference_rows",
+    "run_accuracy",
+    "run_latency",
+    "run_speed",
+    "stats_diff",
+    "validate",
+    "write_plot",
+]

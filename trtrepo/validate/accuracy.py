@@ -1,0 +1,171 @@
+"""The reference side and the accuracy phase: served outputs against the reference's, batch by
+batch, with the worst samples."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..contracts.payload import Payload
+from ..errors import UsageError
+from ..modelio import ModelIO
+from .client import TritonTarget
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Reference side
+
+
+def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str | None = None,
+                 workdir: str | Path | None = None) -> ModelIO:
+    """The reference's IO: from ``onnx`` (the model that was deployed) when given, from the
+    reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX."""
+    from ..export import resolve_source
+
+    if onnx is not None:
+        return ModelIO.from_onnx(onnx)
+    src = resolve_source(reference, weights)
+    if src.kind == "onnx":
+        return ModelIO.from_onnx(src.location)
+    import tempfile
+
+    from ..export import export_onnx
+
+    with tempfile.TemporaryDirectory(prefix="trtrepo-validate-", dir=workdir) as tmp:
+        try:
+            result = export_onnx(src, Path(tmp) / "reference.onnx")
+        except UsageError as exc:
+            raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
+                             f"give the deployed ONNX model with --onnx") from exc
+        return result.io
+
+
+def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, device: str = "cpu"
+                   ) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
+    """A callable ``feed -> outputs``: the PyTorch model (:class:`~trtrepo.reference.Reference`)
+    or, for an ``.onnx`` reference, ONNX Runtime."""
+    from ..export import resolve_source
+
+    src = resolve_source(reference, weights)
+    if src.kind == "onnx":
+        from ..evaluate import make_session
+
+        sess = make_session(src.location)
+        names = io.output_names
+        in_names = {i.name for i in sess.get_inputs()}
+
+        def run(feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+            return dict(zip(names, sess.run(names, {k: v for k, v in feed.items() if k in in_names}), strict=True))
+
+        return run
+    from ..reference import Reference
+
+    return Reference.for_io(src, io, device=device)
+
+
+# --------------------------------------------------------------------------------------------
+# Accuracy
+
+
+def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], labels: np.ndarray | None,
+                   classification: bool = False) -> Any:
+    """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``);
+    batches whose trailing shapes differ (sequence outputs) are compared batch by batch and merged
+    (no top-k then)."""
+    from ..evaluate import OutputMetrics, compare_output, cosine_similarity
+
+    if len({r.shape[1:] for r in refs}) <= 1:
+        return compare_output(name, np.concatenate(refs), np.concatenate(served), labels, classification=classification), \
+            cosine_similarity(np.concatenate(refs), np.concatenate(served))
+    cos = np.concatenate([cosine_similarity(r, s) for r, s in zip(refs, served, strict=True)])
+    diffs = [np.abs(r.astype(np.float64) - s.astype(np.float64)) for r, s in zip(refs, served, strict=True)]
+    total = sum(d.size for d in diffs)
+    m = OutputMetrics(name=name, samples=len(cos), max_abs_error=float(max((d.max() for d in diffs if d.size), default=0.0)),
+                      mean_abs_error=float(sum(d.sum() for d in diffs) / total) if total else 0.0,
+                      cosine_mean=float(cos.mean()) if len(cos) else float("nan"),
+                      cosine_min=float(cos.min()) if len(cos) else float("nan"))
+    return m, cos
+
+
+def reference_rows(reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]], source: Any, io: ModelIO, *,
+                   batch_size: int = 64, progress: Callable[[int], None] | None = None) -> list[dict[str, np.ndarray]]:
+    """The reference's outputs per sample (by position in ``source``), computed in batches of
+    ``batch_size`` whatever the request batch size (the reference is much faster batched)."""
+    from ..data import iter_batches
+
+    rows: list[dict[str, np.ndarray]] = []
+    for b in iter_batches(source, batch_size, io):
+        out = reference(b.inputs)
+        rows.extend({k: np.asarray(v[j]) for k, v in out.items()} for j in range(b.size))
+        if progress is not None:
+            progress(b.size)
+    return rows
+
+
+def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
+                 reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
+                 labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
+                 label_output: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+    """Send every payload once and compare its outputs with the reference's (a callable run on
+    the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
+    shapes are set to the reference's (the latency phase checks responses against them)."""
+    ref_parts: list[dict[str, np.ndarray]] = []
+    for p in payloads:
+        if isinstance(reference, Sequence):  # per-sample rows (see reference_rows)
+            idx = p.indices if p.indices is not None else np.arange(p.batch)
+            out = {k: np.stack([reference[int(i)][k] for i in idx]) for k in reference[int(idx[0])]}
+        else:
+            out = reference(p.inputs)
+        ref_parts.append(out)
+        p.expected = {k: tuple(v.shape) for k, v in out.items()}
+    res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
+    served_parts = [res.outputs[i] for i in range(len(payloads))]
+    has_labels = all(lb is not None for lb in labels)
+    y = np.concatenate([np.asarray(lb) for lb in labels]) if has_labels and labels else None
+    index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
+    names = list(ref_parts[0])
+    if label_output is not None and label_output not in names:
+        raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(names)})")
+    classifiers = [n for n in names if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)]
+    primary = label_output or (classifiers[0] if classifiers else None)
+    metrics: dict[str, Any] = {}
+    worst_rows: dict[str, list[dict[str, Any]]] = {}
+    for name in names:
+        refs = [r[name] for r in ref_parts]
+        served = [s[name].astype(np.float32, copy=False) for s in served_parts]
+        is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
+        m, cos = _merge_metrics(name, refs, served, y if is_label else None, classification=is_label)
+        d = m.to_dict()
+        d["top1_drop_points"] = m.top1_drop_points
+        metrics[name] = d
+        worst_rows[name] = _worst(cos, refs, served, index, y, worst)
+    return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
+            "worst_samples": worst_rows}
+
+
+def _worst(cos: np.ndarray, refs: list[np.ndarray], served: list[np.ndarray], index: np.ndarray,
+           labels: np.ndarray | None, k: int) -> list[dict[str, Any]]:
+    if k <= 0 or len(cos) == 0:
+        return []
+    rows_ref = [row for r in refs for row in r]
+    rows_srv = [row for s in served for row in s]
+    err = np.asarray([float(np.max(np.abs(a.astype(np.float64) - b))) if a.size else 0.0 for a, b in zip(rows_ref, rows_srv, strict=True)])
+    order = np.lexsort((-err, cos))[:k]
+    out = []
+    for j in order:
+        row: dict[str, Any] = {"sample": int(index[j]), "cosine": float(cos[j]), "max_abs_error": float(err[j])}
+        if rows_ref[j].ndim == 1 and rows_ref[j].size >= 2:
+            row["reference_top1"] = int(np.argmax(rows_ref[j]))
+            row["served_top1"] = int(np.argmax(rows_srv[j]))
+        if labels is not None:
+            row["label"] = int(labels[j])
+        out.append(row)
+    return out
+
+

@@ -1,0 +1,464 @@
+"""The Triton client: :class:`TritonTarget` (readiness, metadata, requests, shared memory, load
+generation on tritonclient's asyncio clients, every call bounded)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..contracts.payload import Payload, check_shape
+from ..errors import TrtrepoError, UsageError
+from ..modelio import ModelIO
+from .contract import _as_int_list, _booked
+from .options import ValidateOptions, _one_line
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Requests
+
+
+class _Slot:
+    """Shared-memory regions of one in-flight request slot (inputs and outputs)."""
+
+    def __init__(self) -> None:
+        self.inputs: dict[str, tuple[str, Any, int]] = {}  # name -> (region, handle, size)
+        self.outputs: dict[str, tuple[str, Any, int]] = {}
+
+
+class TritonTarget:
+    """A model on a Triton server, reached with tritonclient's asyncio client on a private
+    event loop. Synchronous methods; every call bounded by ``timeout``. A context manager."""
+
+    def __init__(self, options: ValidateOptions) -> None:
+        self.options = options
+        self.url = options.url
+        self.protocol = options.protocol
+        self.model = options.model
+        self.version = str(options.version or "")
+        self.timeout = options.timeout
+        # Server calls other than inference (readiness, metadata, statistics) get at least 10 s,
+        # so a tight --timeout for requests does not fail the set-up.
+        self.admin_timeout = max(options.timeout, 10.0)
+        if self.protocol == "grpc":
+            import tritonclient.grpc as module
+            import tritonclient.grpc.aio as aio
+        else:
+            import tritonclient.http as module  # type: ignore[no-redef]
+            import tritonclient.http.aio as aio  # type: ignore[no-redef]
+        self._mod = module
+        self._aio = aio
+        self._loop = asyncio.new_event_loop()
+        self._client: Any = None
+        self._slots: list[_Slot] = []
+        self._shm_kind = "none"
+        self._io: ModelIO | None = None
+        self._run(self._connect(), self.admin_timeout)
+
+    # --- plumbing ---------------------------------------------------------------------------
+    async def _connect(self) -> None:
+        if self.protocol == "grpc":
+            self._client = self._aio.InferenceServerClient(self.url)
+        else:
+            self._client = self._aio.InferenceServerClient(self.url, conn_timeout=self.admin_timeout,
+                                                           conn_limit=max(100, *self.options.concurrency))
+
+    def _run(self, coro: Any, timeout: float | None) -> Any:
+        async def bounded() -> Any:
+            return await asyncio.wait_for(coro, timeout) if timeout else await coro
+
+        return self._loop.run_until_complete(bounded())
+
+    async def _call(self, name: str, *args: Any, bound: float | None = None, **kw: Any) -> Any:
+        fn = getattr(self._client, name)
+        bound = self.admin_timeout if bound is None else max(0.05, min(bound, self.admin_timeout))
+        if self.protocol == "grpc":
+            kw.setdefault("client_timeout", bound)
+            if name.startswith("get_"):
+                kw.setdefault("as_json", True)
+        return await asyncio.wait_for(fn(*args, **kw), bound)
+
+    def call(self, name: str, *args: Any, **kw: Any) -> Any:
+        """One administrative call (``get_model_metadata``...) as JSON, bounded by the timeout."""
+        try:
+            return self._run(self._call(name, *args, **kw), None)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TrtrepoError(f"{self._where()}: {name} got no answer within {self.admin_timeout:g}s") from None
+
+    def _where(self) -> str:
+        return f"Triton at {self.url} ({self.protocol})"
+
+    def close(self) -> None:
+        if self._loop.is_closed():
+            return
+        with contextlib.suppress(Exception):
+            self.release_shared_memory()
+        if self._client is not None:
+            with contextlib.suppress(Exception):
+                self._run(self._client.close(), 5.0)
+        with contextlib.suppress(Exception):
+            pending = asyncio.all_tasks(self._loop)
+            for t in pending:
+                t.cancel()
+            if pending:
+                self._loop.run_until_complete(asyncio.wait(pending, timeout=5.0))
+        self._loop.close()
+
+    def __enter__(self) -> TritonTarget:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- readiness --------------------------------------------------------------------------
+    def repository_index(self) -> list[dict[str, Any]]:
+        idx = self.call("get_model_repository_index")
+        if isinstance(idx, dict):
+            idx = idx.get("models", [])
+        return [dict(m) for m in idx]
+
+    def wait_ready(self, timeout: float | None = None) -> dict[str, Any]:
+        """Wait (backoff 50 ms doubling to 1 s, at most ``timeout``) until the server answers and
+        the model is ready. Unreachable server or unknown model: :class:`UsageError` (exit 2);
+        a model that failed to load or stays unready: :class:`TrtrepoError` (exit 1)."""
+        timeout = self.options.ready_timeout if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.05
+        last_error = ""
+        live = False
+        info: dict[str, Any] = {}
+        while True:
+            state = None
+            try:
+                left = deadline - time.monotonic()
+                live = bool(self._run(self._call("is_server_live", bound=left), None))
+                if live:
+                    info["server_ready"] = bool(self._run(self._call("is_server_ready", bound=left), None))
+                    if self._run(self._call("is_model_ready", self.model, self.version, bound=left), None):
+                        break
+                    state = self._model_state()
+            except (asyncio.TimeoutError, TimeoutError):
+                last_error = f"no answer within {self.admin_timeout:g}s"
+            except UsageError:
+                raise
+            except TrtrepoError:
+                raise
+            except Exception as exc:
+                last_error = _one_line(exc)
+            if state is not None:
+                last_error = state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                if not live:
+                    raise UsageError(f"cannot reach {self._where()} within {timeout:g}s: {last_error}")
+                raise TrtrepoError(f"model '{self.model}'{self._vtext()} on {self._where()} is not ready after "
+                                   f"{timeout:g}s: {last_error}")
+            time.sleep(min(delay, remaining))
+            delay = min(delay * 2, 1.0)
+        meta = self.call("get_server_metadata")
+        info.update(server_live=True, server_version=str(meta.get("version", "")),
+                    extensions=list(meta.get("extensions", [])))
+        return info
+
+    def _vtext(self) -> str:
+        return f" version {self.version}" if self.version else ""
+
+    def _model_state(self) -> str:
+        """Why the model is not ready; raises at once when it can never become ready."""
+        index = self.repository_index()
+        rows = [m for m in index if m.get("name") == self.model]
+        if not rows:
+            names = ", ".join(sorted({str(m.get("name")) for m in index})) or "none"
+            raise UsageError(f"model '{self.model}' is not in the repository of {self._where()} (models: {names})")
+        if self.version:
+            vrows = [m for m in rows if str(m.get("version", "")) == self.version]
+            if not vrows:
+                have = ", ".join(sorted(str(m.get("version", "?")) for m in rows))
+                raise UsageError(f"model '{self.model}' has no version {self.version} on {self._where()} (versions: {have})")
+            rows = vrows
+        # The reason can hold a Python traceback from the backend: keep its first line.
+        states = [(str(m.get("version", "")), str(m.get("state", "")), _one_line(Exception(str(m.get("reason", ""))))[:300])
+                  for m in rows]
+        states = [(v, st, "" if r == "Exception" else r) for v, st, r in states]
+        text = "; ".join(f"version {v or '?'} {s or 'UNKNOWN'}{': ' + r if r else ''}" for v, s, r in states)
+        if all(s == "UNAVAILABLE" and r and r != "unloaded" for _, s, r in states):
+            raise TrtrepoError(f"model '{self.model}' failed to load on {self._where()}: {text}")
+        return text
+
+    # --- contract ---------------------------------------------------------------------------
+    def metadata(self) -> dict[str, Any]:
+        return dict(self.call("get_model_metadata", self.model, self.version))
+
+    def config(self) -> dict[str, Any]:
+        cfg = dict(self.call("get_model_config", self.model, self.version))
+        return dict(cfg.get("config", cfg))
+
+    def resolve_version(self, metadata: Mapping[str, Any]) -> str:
+        """The version the statistics are read for: ``--version`` or the one ready version."""
+        if self.version:
+            return self.version
+        versions = [str(v) for v in metadata.get("versions", [])]
+        return max(versions, key=int) if versions else ""
+
+    def statistics(self, version: str) -> dict[str, Any]:
+        return dict(self.call("get_inference_statistics", self.model, version))
+
+    def settled_statistics(self, version: str, at_least: int | None = None, wait: float = 2.0) -> dict[str, Any]:
+        """Statistics once the server has booked every finished request: Triton updates them
+        when it releases a request, which can be just after the client got the response. Polls
+        (bounded by ``wait``) until the request count reaches ``at_least`` and stops moving."""
+        deadline = time.monotonic() + wait
+        prev = self.statistics(version)
+        while time.monotonic() < deadline:
+            time.sleep(0.02)
+            cur = self.statistics(version)
+            n_prev, n_cur = _booked(prev, self.model, version), _booked(cur, self.model, version)
+            if n_cur == n_prev and (at_least is None or n_cur >= at_least):
+                return cur
+            prev = cur
+        return prev
+
+    # --- shared memory ------------------------------------------------------------------------
+    def setup_shared_memory(self, kind: str, slots: int, payloads: Sequence[Payload]) -> None:
+        """Create and register regions for ``slots`` concurrent requests, sized for the largest
+        input and output of ``payloads``."""
+        self.release_shared_memory()
+        if kind == "none":
+            return
+        if any(-1 in shape for p in payloads for shape in p.expected.values()):
+            raise UsageError("--shared-memory needs the output shapes in advance (run the accuracy phase too)")
+        in_sizes: dict[str, int] = {}
+        out_sizes: dict[str, int] = {}
+        for p in payloads:
+            for n, a in p.inputs.items():
+                in_sizes[n] = max(in_sizes.get(n, 0), a.nbytes)
+            for n, shape in p.expected.items():
+                out_sizes[n] = max(out_sizes.get(n, 0), int(np.prod(shape)) * self._out_itemsize(n))
+        if kind == "cuda":
+            cudashm = _cuda_shm()
+        else:
+            import tritonclient.utils.shared_memory as sysshm
+        self._shm_kind = kind
+        tag = f"trtrepo_{os.getpid()}_{id(self) & 0xFFFFFF:x}"
+        try:
+            for s in range(slots):
+                slot = _Slot()
+                self._slots.append(slot)
+                for group, sizes, target in (("in", in_sizes, slot.inputs), ("out", out_sizes, slot.outputs)):
+                    for i, (name, size) in enumerate(sizes.items()):
+                        region = f"{tag}_{s}_{group}{i}"
+                        size = max(size, 1)
+                        if kind == "system":
+                            handle = sysshm.create_shared_memory_region(region, "/" + region, size)
+                            target[name] = (region, handle, size)
+                            self._run(self._call("register_system_shared_memory", region, "/" + region, size), None)
+                        else:
+                            handle = cudashm.create_shared_memory_region(region, size, 0)
+                            target[name] = (region, handle, size)
+                            self._run(self._call("register_cuda_shared_memory", region,
+                                                 cudashm.get_raw_handle(handle), 0, size), None)
+        except Exception as exc:
+            self.release_shared_memory()
+            if isinstance(exc, TrtrepoError):
+                raise
+            raise TrtrepoError(f"{self._where()}: cannot set up {kind} shared memory: {_one_line(exc)}") from exc
+
+    def _out_itemsize(self, name: str) -> int:
+        assert self._io is not None  # set by prepare() before shared memory is set up
+        return int(np.dtype(self._io.output(name).dtype).itemsize)
+
+    def release_shared_memory(self) -> None:
+        if not self._slots:
+            return
+        mod = _shm_module(self._shm_kind)
+        unregister = f"unregister_{self._shm_kind}_shared_memory"
+        for slot in self._slots:
+            for region, handle, _ in (*slot.inputs.values(), *slot.outputs.values()):
+                with contextlib.suppress(Exception):
+                    self._run(self._call(unregister, region), None)
+                with contextlib.suppress(Exception):
+                    mod.destroy_shared_memory_region(handle)
+        self._slots = []
+        self._shm_kind = "none"
+
+    # --- inference ----------------------------------------------------------------------------
+    def prepare(self, io: ModelIO) -> None:
+        """The served IO (names and Triton data types) used to build requests."""
+        self._io = io
+
+    def _request(self, payload: Payload, slot: int | None) -> tuple[list[Any], list[Any]]:
+        assert self._io is not None
+        mod = self._mod
+        inputs = []
+        shm = self._slots[slot] if slot is not None and self._slots else None
+        for spec in self._io.inputs:
+            arr = payload.inputs[spec.name]
+            t = mod.InferInput(spec.name, list(arr.shape), spec.triton_dtype_short)
+            if shm is not None:
+                region, handle, _ = shm.inputs[spec.name]
+                _shm_module(self._shm_kind).set_shared_memory_region(handle, [arr])
+                t.set_shared_memory(region, arr.nbytes)
+            elif self.protocol == "http":
+                t.set_data_from_numpy(arr, binary_data=True)
+            else:
+                t.set_data_from_numpy(arr)
+            inputs.append(t)
+        outputs = []
+        for spec in self._io.outputs:
+            o = mod.InferRequestedOutput(spec.name, binary_data=True) if self.protocol == "http" else mod.InferRequestedOutput(spec.name)
+            if shm is not None:
+                region, _, size = shm.outputs[spec.name]
+                o.set_shared_memory(region, size)
+            outputs.append(o)
+        return inputs, outputs
+
+    async def _infer(self, payload: Payload, slot: int | None, prebuilt: Any = None) -> dict[str, np.ndarray] | None:
+        inputs, outputs = prebuilt if prebuilt is not None else self._request(payload, slot)
+        kw: dict[str, Any] = {"model_version": self.version, "outputs": outputs}
+        if self.protocol == "grpc":
+            kw["client_timeout"] = self.timeout
+        try:
+            result = await asyncio.wait_for(self._client.infer(self.model, inputs, **kw), self.timeout)
+        except (asyncio.TimeoutError, TimeoutError):
+            raise TrtrepoError(f"inference request to model '{self.model}' timed out after {self.timeout:g}s (--timeout)") from None
+        except Exception as exc:
+            msg = _one_line(exc)
+            if "deadline" in msg.lower():
+                raise TrtrepoError(f"inference request to model '{self.model}' timed out after {self.timeout:g}s "
+                                   f"(--timeout): {msg}") from None
+            raise TrtrepoError(f"inference request to model '{self.model}' failed: {msg}") from exc
+        where = f"model '{self.model}' response"
+        assert self._io is not None
+        if slot is not None and self._slots:
+            out: dict[str, np.ndarray] = {}
+            shm = self._slots[slot]
+            mod = _shm_module(self._shm_kind)
+            for spec in self._io.outputs:
+                o = result.get_output(spec.name)
+                if o is None:
+                    raise TrtrepoError(f"{where}: output '{spec.name}' is missing")
+                shape = _as_int_list(o["shape"] if isinstance(o, dict) else o.shape)
+                check_shape(spec.name, shape, payload.expected[spec.name], where)
+                out[spec.name] = mod.get_contents_as_numpy(shm.outputs[spec.name][1], np.dtype(spec.dtype), shape)
+            return out
+        out = {}
+        for spec in self._io.outputs:
+            try:
+                arr = result.as_numpy(spec.name)
+            except Exception as exc:  # the client fails to reshape an empty body
+                raise TrtrepoError(f"{where}: output '{spec.name}' cannot be read ({_one_line(exc)}); "
+                                   f"check the Python backend environment (numpy<2)") from exc
+            if arr is None:
+                raise TrtrepoError(f"{where}: output '{spec.name}' is missing")
+            check_shape(spec.name, arr.shape, payload.expected[spec.name], where)
+            out[spec.name] = arr
+        return out
+
+    def infer(self, payload: Payload) -> dict[str, np.ndarray]:
+        """One request, outputs as numpy (shapes checked)."""
+        out = self._run(self._infer(payload, None), None)
+        assert out is not None
+        return out
+
+    def load(self, payloads: Sequence[Payload], concurrency: int, *, requests: int | None = None,
+             duration: float | None = None, keep: bool = False, use_shm: bool = False,
+             progress: Callable[[int], None] | None = None) -> LoadResult:
+        """Keep ``concurrency`` requests in flight, cycling through ``payloads``, until
+        ``requests`` were sent or ``duration`` seconds passed. Each response's shape is checked;
+        the first failure stops the run and raises. ``keep``: return the outputs too (in
+        payload order, for the accuracy phase)."""
+        return self._run(self._load(payloads, concurrency, requests, duration, keep, use_shm, progress), None)
+
+    async def _load(self, payloads: Sequence[Payload], concurrency: int, requests: int | None, duration: float | None,
+                    keep: bool, use_shm: bool, progress: Callable[[int], None] | None) -> LoadResult:
+        if not payloads:
+            raise UsageError("no data to send")
+        latencies: list[float] = []
+        outputs: dict[int, dict[str, np.ndarray]] = {}
+        inferences = 0
+        counter = 0
+        prebuilt = None if use_shm else [self._request(p, None) for p in payloads]
+        start = time.perf_counter()
+        end = start + duration if duration is not None else math.inf
+
+        async def worker(slot: int) -> None:
+            nonlocal counter, inferences
+            while True:
+                if requests is not None and counter >= requests:
+                    return
+                if time.perf_counter() >= end:
+                    return
+                i = counter
+                counter += 1
+                p = payloads[i % len(payloads)]
+                t0 = time.perf_counter()
+                out = await self._infer(p, slot if use_shm else None,
+                                        None if prebuilt is None else prebuilt[i % len(payloads)])
+                latencies.append(time.perf_counter() - t0)
+                inferences += p.batch
+                if keep and out is not None:
+                    outputs[i] = out
+                if progress is not None:
+                    progress(1)
+
+        tasks = [asyncio.ensure_future(worker(s)) for s in range(concurrency)]
+        try:
+            await asyncio.gather(*tasks)
+        except BaseException:
+            for t in tasks:
+                t.cancel()
+            await asyncio.wait(tasks, timeout=self.timeout + 1.0)
+            raise
+        wall = time.perf_counter() - start
+        return LoadResult(concurrency, len(latencies), inferences, wall, np.asarray(latencies), outputs)
+
+
+@dataclass
+class LoadResult:
+    concurrency: int
+    requests: int
+    inferences: int
+    wall_s: float
+    latencies_s: np.ndarray
+    outputs: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
+
+    @property
+    def throughput(self) -> float:
+        return self.inferences / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+def _shm_module(kind: str) -> Any:
+    if kind == "cuda":
+        return _cuda_shm()
+    import tritonclient.utils.shared_memory as sysshm
+
+    return sysshm
+
+
+def _cuda_shm() -> Any:
+    """``tritonclient.utils.cuda_shared_memory`` when a CUDA GPU is usable, else a UsageError."""
+    try:
+        import cuda.bindings.runtime as cudart  # type: ignore[import-not-found]
+    except ImportError:
+        raise UsageError("--shared-memory cuda needs an NVIDIA GPU and cuda-python (cuda.bindings), which this machine "
+                         "does not have; use --shared-memory system or none") from None
+    err, count = cudart.cudaGetDeviceCount()
+    if int(err) != 0 or not count:
+        why = getattr(err, "name", str(err))
+        raise UsageError(f"--shared-memory cuda: no CUDA GPU is visible on this machine ({why}); "
+                         f"use --shared-memory system or none")
+    import tritonclient.utils.cuda_shared_memory as cudashm
+
+    return cudashm
+
+

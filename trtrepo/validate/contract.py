@@ -1,0 +1,203 @@
+"""Pure parts: latency percentiles, server statistics windows, the served-vs-reference contract
+comparison, thresholds; :class:`ContractError`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import TrtrepoError, UsageError
+from ..modelio import ModelIO
+from .options import PERCENTILES, Thresholds
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parts: percentiles, statistics windows, contract comparison, thresholds
+
+
+def latency_summary(latencies_s: Sequence[float] | np.ndarray) -> dict[str, float]:
+    """Client latency percentiles in milliseconds: p50/p90/p95/p99 (linear interpolation),
+    mean, min, max."""
+    x = np.asarray(latencies_s, dtype=np.float64) * 1e3
+    if x.size == 0:
+        raise UsageError("no latencies to summarise")
+    out = {f"p{p}": float(np.percentile(x, p)) for p in PERCENTILES}
+    out.update(mean=float(x.mean()), min=float(x.min()), max=float(x.max()))
+    return out
+
+
+_STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")
+
+
+def _model_stats(stats: Mapping[str, Any], model: str, version: str) -> dict[str, Any]:
+    rows = stats.get("model_stats", [])
+    for row in rows:
+        if row.get("name") == model and (not version or str(row.get("version")) == str(version)):
+            return dict(row)
+    if len(rows) == 1:
+        return dict(rows[0])
+    raise TrtrepoError(f"the server's statistics have no entry for model '{model}' version {version or '(latest)'}")
+
+
+def _booked(stats: Mapping[str, Any], model: str, version: str) -> int:
+    row = _model_stats(stats, model, version)
+    return _count_ns(row, "success")[0] + _count_ns(row, "fail")[0]
+
+
+def _count_ns(row: Mapping[str, Any], key: str) -> tuple[int, int]:
+    d = row.get("inference_stats", {}).get(key) or {}
+    return int(d.get("count", 0) or 0), int(d.get("ns", 0) or 0)
+
+
+def stats_diff(before: Mapping[str, Any], after: Mapping[str, Any], model: str, version: str = "") -> dict[str, Any]:
+    """The server's own figures for the window between two ``get_inference_statistics`` answers
+    (JSON of either protocol: gRPC gives int64 as strings). Times are mean milliseconds per
+    request; ``request_ms`` is the server's whole request time (success count/ns)."""
+    b, a = _model_stats(before, model, version), _model_stats(after, model, version)
+    out: dict[str, Any] = {}
+    counts = {}
+    for key in _STAT_KEYS:
+        (cb, nb), (ca, na) = _count_ns(b, key), _count_ns(a, key)
+        counts[key] = (ca - cb, na - nb)
+    requests = counts["success"][0]
+    out["request_count"] = requests
+    out["failed_count"] = counts["fail"][0]
+    out["inference_count"] = int(a.get("inference_count", 0) or 0) - int(b.get("inference_count", 0) or 0)
+    out["execution_count"] = int(a.get("execution_count", 0) or 0) - int(b.get("execution_count", 0) or 0)
+    out["avg_batch"] = out["inference_count"] / out["execution_count"] if out["execution_count"] else None
+    names = {"success": "request_ms", "queue": "queue_ms", "compute_input": "compute_input_ms",
+             "compute_infer": "compute_infer_ms", "compute_output": "compute_output_ms"}
+    for key, name in names.items():
+        c, ns = counts[key]
+        out[name] = ns / c / 1e6 if c else None
+    return out
+
+
+@dataclass(frozen=True)
+class Mismatch:
+    """One field where the served model differs from the reference."""
+
+    field: str
+    expected: str
+    actual: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: reference {self.expected}, server {self.actual}"
+
+    def to_dict(self) -> dict[str, str]:
+        return {"field": self.field, "expected": self.expected, "actual": self.actual}
+
+
+def _shape_matches(ref: Sequence[int], served: Sequence[int]) -> bool:
+    """Axis by axis: a fixed reference axis accepts the same size or a dynamic server axis; a
+    dynamic reference axis needs a dynamic server axis (requests will vary it)."""
+    if len(ref) != len(served):
+        return False
+    return all((r == -1 and s == -1) or (r != -1 and s in (r, -1)) for r, s in zip(ref, served, strict=True))
+
+
+def _as_int_list(values: Iterable[Any]) -> list[int]:
+    return [int(v) for v in values]
+
+
+def compare_contract(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[str, Any], *,
+                     batch_size: int = 1) -> list[Mismatch]:
+    """Field-by-field differences between the reference IO and the server's model metadata
+    (``/v2/models/NAME``) and config (``max_batch_size``); JSON of either protocol."""
+    issues: list[Mismatch] = []
+    cfg = config.get("config", config)
+    mbs = int(cfg.get("max_batch_size", 0) or 0)
+    batched_ref = io.has_batch_axis
+    if batched_ref and mbs == 0:
+        issues.append(Mismatch("max_batch_size", "> 0 (the reference has a dynamic batch axis)", "0"))
+    elif not batched_ref and mbs > 0:
+        issues.append(Mismatch("max_batch_size", "0 (the reference has no batch axis)", str(mbs)))
+    if mbs > 0 and batch_size > mbs:
+        issues.append(Mismatch("max_batch_size", f">= {batch_size} (--batch-size)", str(mbs)))
+    for kind, specs, served_list in (("input", io.inputs, metadata.get("inputs", [])),
+                                     ("output", io.outputs, metadata.get("outputs", []))):
+        served = {t["name"]: t for t in served_list}
+        for spec in specs:
+            t = served.get(spec.name)
+            if t is None:
+                others = ", ".join(served) or "none"
+                issues.append(Mismatch(f"{kind} '{spec.name}'", "present", f"missing (server {kind}s: {others})"))
+                continue
+            dtype = str(t.get("datatype", ""))
+            if dtype != spec.triton_dtype_short:
+                issues.append(Mismatch(f"{kind} '{spec.name}' datatype", spec.triton_dtype_short, dtype))
+            shape = _as_int_list(t.get("shape", []))
+            if not _shape_matches(spec.shape, shape):
+                issues.append(Mismatch(f"{kind} '{spec.name}' shape", str(list(spec.shape)), str(shape)))
+        known = {s.name for s in specs}
+        for name in served:
+            if name not in known:
+                issues.append(Mismatch(f"{kind} '{name}'", "absent", "present on the server only"))
+    return issues
+
+
+@dataclass
+class ThresholdResult:
+    name: str
+    limit: float
+    value: float | None
+    passed: bool
+    detail: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "limit": self.limit, "value": self.value, "passed": self.passed, "detail": self.detail}
+
+
+def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[ThresholdResult]:
+    """Evaluate the limits on a report dict (``ValidationReport.to_dict()``); one result per
+    checked value, named ``top1_drop[OUTPUT]`` (the label output only: the first ``[N, C]``
+    output unless ``--label-output``), ``cosine[OUTPUT]`` (every output), ``p99_ms[c=N]``."""
+    results: list[ThresholdResult] = []
+    acc = report.get("accuracy") or {}
+    outputs = acc.get("outputs") or {}
+    if thresholds.max_top1_drop is not None:
+        if not acc:
+            raise UsageError("--max-top1-drop needs the accuracy phase (drop --no-accuracy)")
+        primary = acc.get("label_output")
+        checked = [(n, m) for n, m in outputs.items() if n == primary and m.get("top1_drop_points") is not None]
+        if not checked:
+            raise UsageError("--max-top1-drop: no classification output ([N, C] logits); use --min-cosine")
+        for name, m in checked:
+            v = float(m["top1_drop_points"])
+            what = "accuracy drop vs labels" if m.get("accuracy_drop_points") is not None else "top-1 disagreement"
+            results.append(ThresholdResult(f"top1_drop[{name}]", thresholds.max_top1_drop, v,
+                                           v <= thresholds.max_top1_drop + 1e-9, f"{what}, points"))
+    if thresholds.min_cosine is not None:
+        if not acc:
+            raise UsageError("--min-cosine needs the accuracy phase (drop --no-accuracy)")
+        for name, m in outputs.items():
+            v = float(m["cosine_mean"])
+            results.append(ThresholdResult(f"cosine[{name}]", thresholds.min_cosine, v,
+                                           v >= thresholds.min_cosine - 1e-9, "mean cosine similarity"))
+    if thresholds.max_p99_ms is not None:
+        lat = report.get("latency") or {}
+        if not lat:
+            raise UsageError("--max-p99-ms needs the latency phase (drop --no-latency)")
+        for level in lat.get("levels", []):
+            v = float(level["client_ms"]["p99"])
+            results.append(ThresholdResult(f"p99_ms[c={level['concurrency']}]", thresholds.max_p99_ms, v,
+                                           v <= thresholds.max_p99_ms, "client p99 latency, ms"))
+    return results
+
+
+
+
+class ContractError(TrtrepoError):
+    """The served model's IO differs from the reference (exit 1); the message lists every field."""
+
+    def __init__(self, model: str, mismatches: Sequence[Mismatch]) -> None:
+        super().__init__(f"contract: model '{model}' on the server does not match the reference "
+                         f"({len(mismatches)} mismatch{'es' if len(mismatches) != 1 else ''}): "
+                         + "; ".join(str(m) for m in mismatches))
+        self.mismatches = list(mismatches)

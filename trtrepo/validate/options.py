@@ -1,0 +1,131 @@
+"""What ``trtrepo validate`` takes: :class:`ValidateOptions`, :class:`Thresholds`, URL and concurrency parsing."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+
+from ..errors import UsageError
+from ..speed import SpeedOptions
+
+log = logging.getLogger(__name__)
+
+
+REPORT_SCHEMA = "trtrepo.validate/2"  # /2: speed_vs_reference added
+PROTOCOLS = ("grpc", "http")
+SHARED_MEMORY = ("none", "system", "cuda")
+DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
+PERCENTILES = (50, 90, 95, 99)
+
+
+# --------------------------------------------------------------------------------------------
+# Options
+
+
+@dataclass(frozen=True)
+class ValidateOptions:
+    """How to reach the model and how much traffic to send."""
+
+    model: str
+    url: str = ""
+    protocol: str = "grpc"
+    version: str = ""
+    concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
+    requests: int | None = 200
+    duration: float | None = None
+    warmup: int = 20
+    batch_size: int = 1
+    shared_memory: str = "none"
+    timeout: float = 10.0
+    ready_timeout: float = 30.0
+    worst: int = 5
+    label_output: str | None = None
+    accuracy: bool = True
+    latency: bool = True
+    progress: bool | None = None
+    # Speed against the reference (runs with the latency phase); None skips it.
+    speed: SpeedOptions | None = field(default_factory=SpeedOptions)
+
+    def __post_init__(self) -> None:
+        if self.protocol not in PROTOCOLS:
+            raise UsageError(f"--protocol {self.protocol!r}: one of {', '.join(PROTOCOLS)}")
+        if self.shared_memory not in SHARED_MEMORY:
+            raise UsageError(f"--shared-memory {self.shared_memory!r}: one of {', '.join(SHARED_MEMORY)}")
+        if not self.model:
+            raise UsageError("--model: give the name of the model on the server")
+        if not self.concurrency or any(c < 1 for c in self.concurrency):
+            raise UsageError(f"--concurrency {list(self.concurrency)}: levels must be integers >= 1")
+        if self.requests is not None and self.duration is not None:
+            raise UsageError("--requests and --duration exclude each other")
+        if self.requests is None and self.duration is None:
+            raise UsageError("give --requests N or --duration S")
+        if self.requests is not None and self.requests < 1:
+            raise UsageError(f"--requests {self.requests}: must be >= 1")
+        if self.duration is not None and not (self.duration > 0 and math.isfinite(self.duration)):
+            raise UsageError(f"--duration {self.duration}: must be a positive number of seconds")
+        if self.warmup < 0:
+            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+        if self.batch_size < 1:
+            raise UsageError(f"--batch-size {self.batch_size}: must be >= 1")
+        for what, v in (("--timeout", self.timeout), ("--ready-timeout", self.ready_timeout)):
+            if not (v > 0 and math.isfinite(v)):
+                raise UsageError(f"{what} {v}: must be a positive number of seconds")
+        if self.version and not str(self.version).isdigit():
+            raise UsageError(f"--version {self.version!r}: a model version is a positive integer")
+        object.__setattr__(self, "url", parse_url(self.url, self.protocol))
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Deployment-gate limits; ``None`` disables one."""
+
+    max_top1_drop: float | None = None  # percentage points (accuracy drop vs labels, else disagreement)
+    max_p99_ms: float | None = None  # at every concurrency level
+    min_cosine: float | None = None  # mean cosine similarity, every output
+
+    def __post_init__(self) -> None:
+        if self.max_top1_drop is not None and not (0 <= self.max_top1_drop <= 100):
+            raise UsageError(f"--max-top1-drop {self.max_top1_drop}: points between 0 and 100")
+        if self.max_p99_ms is not None and not self.max_p99_ms > 0:
+            raise UsageError(f"--max-p99-ms {self.max_p99_ms}: must be > 0")
+        if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
+            raise UsageError(f"--min-cosine {self.min_cosine}: between -1 and 1")
+
+
+def parse_url(url: str, protocol: str) -> str:
+    """``HOST:PORT`` (a scheme is dropped; an empty URL is the local default port)."""
+    url = (url or "").strip()
+    for scheme in ("http://", "https://", "grpc://"):
+        if url.startswith(scheme):
+            url = url[len(scheme):]
+    url = url.rstrip("/")
+    if not url:
+        return f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
+    if "/" in url:
+        raise UsageError(f"--url {url!r}: expected HOST:PORT")
+    host, sep, port = url.rpartition(":")
+    if not sep:
+        return f"{url}:{DEFAULT_PORTS[protocol]}"
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UsageError(f"--url {url!r}: expected HOST:PORT with a port between 1 and 65535")
+    return url
+
+
+def parse_concurrency(text: str) -> tuple[int, ...]:
+    """``1,2,4`` -> (1, 2, 4) (sorted, duplicates dropped)."""
+    try:
+        levels = sorted({int(p) for p in text.split(",") if p.strip()})
+    except ValueError:
+        raise UsageError(f"--concurrency {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+    if not levels or levels[0] < 1:
+        raise UsageError(f"--concurrency {text!r}: levels must be integers >= 1")
+    return tuple(levels)
+
+
+def _one_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else ""
+    return first or type(exc).__name__
+
+

@@ -1,0 +1,196 @@
+""":class:`ValidationReport`: ``validate.json``, ``validate.md`` and ``latency.png``."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .contract import ThresholdResult
+from .options import REPORT_SCHEMA
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# Report
+
+
+@dataclass
+class ValidationReport:
+    """Everything one run found. ``to_dict`` has stable keys (``schema`` names the layout)."""
+
+    server: dict[str, Any]
+    contract: dict[str, Any]
+    accuracy: dict[str, Any] | None = None
+    latency: dict[str, Any] | None = None
+    thresholds: list[ThresholdResult] = field(default_factory=list)
+    files: dict[str, str] = field(default_factory=dict)
+    speed_vs_reference: dict[str, Any] | None = None
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.contract.get("ok")) and all(t.passed for t in self.thresholds)
+
+    @property
+    def failures(self) -> list[str]:
+        names = [] if self.contract.get("ok") else ["contract"]
+        return names + [t.name for t in self.thresholds if not t.passed]
+
+    def to_dict(self) -> dict[str, Any]:
+        from .. import __version__
+
+        return {
+            "schema": REPORT_SCHEMA,
+            "trtrepo_version": __version__,
+            "passed": self.passed,
+            "failures": self.failures,
+            "server": self.server,
+            "contract": self.contract,
+            "accuracy": self.accuracy,
+            "latency": self.latency,
+            "speed_vs_reference": self.speed_vs_reference,
+            "thresholds": [t.to_dict() for t in self.thresholds],
+            "files": self.files,
+        }
+
+    def to_json(self) -> str:
+        from ..fsutil import report_json
+
+        return report_json(self.to_dict(), allow_nan=False)
+
+    def to_markdown(self) -> str:
+        s = self.server
+        lines = [f"# Triton validation: model `{s.get('model')}` version {s.get('version') or '-'}",
+                 "", f"Server {s.get('url')} ({s.get('protocol')}), Triton {s.get('server_version') or '?'}; "
+                 f"reference `{s.get('reference')}`, data `{s.get('data')}`.", "",
+                 f"**Result: {'PASSED' if self.passed else 'FAILED (' + ', '.join(self.failures) + ')'}**", "",
+                 "## Contract", ""]
+        if self.contract.get("ok"):
+            lines.append(f"Names, data types, shapes and max batch size ({self.contract.get('max_batch_size')}) "
+                         f"match the reference.")
+        else:
+            lines += ["| field | reference | server |", "|---|---|---|"]
+            lines += [f"| {m['field']} | {m['expected']} | {m['actual']} |" for m in self.contract.get("mismatches", [])]
+        if self.accuracy:
+            a = self.accuracy
+            lines += ["", f"## Accuracy ({a['samples']} samples, {a['requests']} requests of up to {a['batch_size']})", "",
+                      "| output | top-1 agree | top-5 agree | reference acc | served acc | top-1 drop (pts) | max abs err | "
+                      "mean abs err | cosine mean | cosine min |", "|---|---|---|---|---|---|---|---|---|---|"]
+            for name, m in a["outputs"].items():
+                drop = m.get("top1_drop_points")
+                lines.append(f"| {name} | {_pct(m.get('top1_agreement'))} | {_pct(m.get('top5_agreement'))} | "
+                             f"{_pct(m.get('reference_accuracy'))} | {_pct(m.get('candidate_accuracy'))} | "
+                             f"{'-' if drop is None else f'{drop:.2f}'} | {m['max_abs_error']:.4g} | {m['mean_abs_error']:.4g} | "
+                             f"{m['cosine_mean']:.6f} | {m['cosine_min']:.6f} |")
+            for name, rows in a.get("worst_samples", {}).items():
+                if not rows:
+                    continue
+                lines += ["", f"Worst samples of `{name}` (lowest cosine):", "",
+                          "| sample | cosine | max abs err | reference top-1 | served top-1 | label |", "|---|---|---|---|---|---|"]
+                for r in rows:
+                    lines.append(f"| {r['sample']} | {r['cosine']:.6f} | {r['max_abs_error']:.4g} | {r.get('reference_top1', '-')} | "
+                                 f"{r.get('served_top1', '-')} | {r.get('label', '-')} |")
+        if self.latency:
+            lat = self.latency
+            budget = f"{lat['requests_per_level']} requests" if lat.get("requests_per_level") else f"{lat['duration_s']:g} s"
+            lines += ["", f"## Latency and throughput ({budget} per level after {lat['warmup']} warm-up requests, "
+                      f"batch {lat['batch_size']}, shared memory {lat['shared_memory']})", "",
+                      "Client latency in ms; server columns are Triton's statistics for the same window (mean ms per "
+                      "request); overhead = client mean - server request time.", "",
+                      "| concurrency | requests | infer/s | p50 | p90 | p95 | p99 | mean | server request | queue | "
+                      "compute input | compute infer | compute output | avg batch | overhead |",
+                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            for lv in lat["levels"]:
+                c, sv = lv["client_ms"], lv["server"]
+                avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
+                lines.append(f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput']:.1f} | {c['p50']:.2f} | {c['p90']:.2f} | "
+                             f"{c['p95']:.2f} | {c['p99']:.2f} | {c['mean']:.2f} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
+                             f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
+                             f"{avg} | {_ms(lv['overhead_ms'])} |")
+        if self.speed_vs_reference:
+            from ..speed import speed_markdown
+
+            lines += speed_markdown(self.speed_vs_reference)
+        if self.files.get("plot"):
+            lines += ["", f"![latency]({Path(self.files['plot']).name})"]
+        if self.thresholds:
+            lines += ["", "## Thresholds", "", "| threshold | limit | value | result |", "|---|---|---|---|"]
+            for t in self.thresholds:
+                v = "-" if t.value is None else f"{t.value:.4g}"
+                lines.append(f"| {t.name} | {t.limit:g} | {v} | {'pass' if t.passed else '**FAIL**'} |")
+        return "\n".join(lines) + "\n"
+
+    def write(self, folder: str | Path) -> dict[str, Path]:
+        """``validate.json``, ``validate.md`` and (with latency) ``latency.png``, each atomically."""
+        from ..fsutil import write_report
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"json": folder / "validate.json", "markdown": folder / "validate.md"}
+        if (self.latency and self.latency.get("levels")) or (self.speed_vs_reference and self.speed_vs_reference.get("rows")):
+            paths["plot"] = folder / "latency.png"
+        self.files = {k: str(v) for k, v in paths.items()}
+        if "plot" in paths:
+            write_plot(self, paths["plot"])
+        write_report(folder, "validate", self.to_json(), self.to_markdown())
+        return paths
+
+
+def _pct(v: float | None) -> str:
+    return "-" if v is None else f"{100 * v:.2f}%"
+
+
+def _ms(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def write_plot(report: ValidationReport, path: str | Path) -> Path:
+    """PNG (Agg), one panel per measurement that ran: client p50/p99 latency against throughput,
+    one point per concurrency level; and, with ``speed_vs_reference``, latency per batch size of
+    the reference beside the served model (:func:`trtrepo.speed.plot_speed`). The PNG's
+    ``Description`` text chunk names the panels."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    from ..fsutil import atomic_path
+
+    levels = (report.latency or {}).get("levels", [])
+    speed = report.speed_vs_reference if (report.speed_vs_reference or {}).get("rows") else None
+    panels = (["latency vs throughput"] if levels else []) + (["latency per batch size: reference vs served"] if speed else [])
+    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(7 * max(1, len(panels)), 4.5), dpi=100, squeeze=False)
+    try:
+        s = report.server
+        ax_iter = iter(axes[0])
+        if levels:
+            ax = next(ax_iter)
+            thr = [lv["throughput"] for lv in levels]
+            for key, style in (("p50", "o-"), ("p99", "s--")):
+                ax.plot(thr, [lv["client_ms"][key] for lv in levels], style, label=f"client {key}")
+            srv = [lv["server"]["request_ms"] for lv in levels]
+            if all(v is not None for v in srv):
+                ax.plot(thr, srv, "^:", label="server request (mean)")
+            for lv in levels:
+                ax.annotate(f"c={lv['concurrency']}", (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
+                            xytext=(4, 4), fontsize=8)
+            ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
+            ax.set_xlabel("throughput (inferences/s)")
+            ax.set_ylabel("latency (ms)")
+            ax.grid(True, alpha=0.3)
+            ax.legend()
+        if speed:
+            from ..speed import plot_speed
+
+            plot_speed(next(ax_iter), speed)
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", metadata={"Title": f"trtrepo validate: {s.get('model')}",
+                                                     "Description": "panels: " + "; ".join(panels)})
+    finally:
+        plt.close(fig)
+    return Path(path)
+
+

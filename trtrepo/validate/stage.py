@@ -1,0 +1,176 @@
+"""The whole check (:func:`validate`) and its phases run on a prepared target: payloads, speed
+against the reference, latency per concurrency."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..contracts.payload import Payload, expected_shapes
+from ..errors import UsageError
+from ..modelio import ModelIO
+from ..speed import SpeedOptions
+from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
+from .client import TritonTarget, _cuda_shm
+from .contract import ContractError, _booked, check_thresholds, compare_contract, latency_summary, stats_diff
+from .options import Thresholds, ValidateOptions
+from .report import ValidationReport
+
+log = logging.getLogger(__name__)
+
+
+# --------------------------------------------------------------------------------------------
+# The whole check
+
+
+def make_payloads(source: Any, io: ModelIO, batch_size: int) -> tuple[list[Payload], list[np.ndarray | None]]:
+    """Batches of the data set as requests (inputs cast to the model's dtypes)."""
+    from ..data import iter_batches
+
+    payloads, labels = [], []
+    for b in iter_batches(source, batch_size, io):
+        payloads.append(Payload({k: np.ascontiguousarray(v) for k, v in b.inputs.items()},
+                                expected_shapes(io, b.size), b.indices))
+        labels.append(b.labels)
+    if not payloads:
+        raise UsageError(f"{getattr(source, 'name', 'data')}: no samples")
+    return payloads, labels
+
+
+def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
+    from tqdm import tqdm
+
+    return tqdm(total=total, desc=desc, unit="req", disable=True if enabled is False else None, leave=False)
+
+
+def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir: str | Path | None = None,
+             labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
+             weights: str | None = None, limit: int | None = None, seed: int | None = 0,
+             thresholds: Thresholds | None = None) -> ValidationReport:
+    """Run the deployment check; write the report to ``report_dir`` when given.
+
+    Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
+    or the options are wrong, and :class:`ContractError` (exit 1, after the report is written)
+    when the served IO does not match the reference. Threshold results are in the report
+    (``report.passed``); the caller decides what to do with a failure.
+    """
+    from ..data import open_data
+
+    thresholds = thresholds or Thresholds()
+    speed = options.speed if options.latency else None
+    speed_device = None
+    if speed is not None:  # a device that is not there fails before any work
+        from ..export import resolve_source
+        from ..speed import resolve_reference_device
+
+        speed_device = resolve_reference_device(speed.device, resolve_source(reference, weights).kind)
+    io = reference_io(reference, onnx=onnx, weights=weights)
+    source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+    payloads, batch_labels = make_payloads(source, io, options.batch_size)
+    if options.shared_memory == "cuda":
+        _cuda_shm()  # fail before any traffic on a machine without a GPU
+    with TritonTarget(options) as target:
+        info = target.wait_ready()
+        metadata, config = target.metadata(), target.config()
+        version = target.resolve_version(metadata)
+        mismatches = compare_contract(io, metadata, config, batch_size=options.batch_size)
+        server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
+                  "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
+                  "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data)),
+                  "max_batch_size": int(config.get("max_batch_size", 0) or 0),
+                  "dynamic_batching": "dynamic_batching" in config}
+        contract = {"ok": not mismatches, "max_batch_size": server["max_batch_size"],
+                    "mismatches": [m.to_dict() for m in mismatches],
+                    "reference_io": io.to_dict(), "served": {"inputs": metadata.get("inputs", []),
+                                                             "outputs": metadata.get("outputs", [])}}
+        report = ValidationReport(server, contract)
+        if mismatches:
+            if report_dir is not None:
+                report.write(report_dir)
+            raise ContractError(options.model, mismatches)
+        target.prepare(io)
+        if options.accuracy:
+            ref = make_reference(reference, io, weights=weights)
+            bar = _progress(len(source), "reference", options.progress)
+            try:
+                rows = reference_rows(ref, source, io, progress=bar.update)
+            finally:
+                bar.close()
+            bar = _progress(len(payloads), "accuracy", options.progress)
+            try:
+                report.accuracy = run_accuracy(target, payloads, rows, batch_labels, concurrency=max(options.concurrency),
+                                               worst=options.worst, label_output=options.label_output,
+                                               progress=bar.update)
+            finally:
+                bar.close()
+            report.accuracy["batch_size"] = options.batch_size
+        if options.latency:
+            report.latency = run_latency(target, payloads, options, version)
+        if speed is not None and speed_device is not None:
+            report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
+                                                  device=speed_device, server=server, accuracy=report.accuracy,
+                                                  progress=options.progress)
+        report.thresholds = check_thresholds(report.to_dict(), thresholds)
+    if report_dir is not None:
+        report.write(report_dir)
+    return report
+
+
+def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *, reference: str,
+              weights: str | None, device: str, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
+              progress: bool | None = None) -> dict[str, Any] | None:
+    """The reference's own latency beside the served model's at concurrency 1, per batch size
+    (:func:`trtrepo.speed.compare_speed`); ``None`` (with a warning) for a model without a
+    batch axis."""
+    from ..speed import TimedReference, compare_speed
+
+    mbs = int(server.get("max_batch_size", 0) or 0)
+    if mbs <= 0 or not io.has_batch_axis:
+        log.warning("speed against the reference skipped: model '%s' has no batch axis (max_batch_size 0)", server.get("model"))
+        return None
+    timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+    bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
+    try:
+        return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
+                             accuracy=accuracy, server=server, progress=bar.update)
+    finally:
+        bar.close()
+
+
+def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str) -> dict[str, Any]:
+    """Warm-up, then one measured window per concurrency level, with the server's statistics
+    for the same window."""
+    use_shm = options.shared_memory != "none"
+    if use_shm:
+        target.setup_shared_memory(options.shared_memory, max(options.concurrency), payloads)
+    levels = []
+    try:
+        for c in options.concurrency:
+            if options.warmup:
+                target.load(payloads, c, requests=max(options.warmup, c), use_shm=use_shm)
+            before = target.settled_statistics(version)
+            bar = _progress(options.requests, f"c={c}", options.progress)
+            try:
+                res = target.load(payloads, c, requests=options.requests, duration=options.duration, use_shm=use_shm,
+                                  progress=bar.update)
+            finally:
+                bar.close()
+            after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + res.requests)
+            server = stats_diff(before, after, options.model, version)
+            client = latency_summary(res.latencies_s)
+            overhead = client["mean"] - server["request_ms"] if server["request_ms"] is not None else None
+            levels.append({"concurrency": c, "requests": res.requests, "inferences": res.inferences,
+                           "wall_s": res.wall_s, "throughput": res.throughput, "client_ms": client,
+                           "server": server, "overhead_ms": overhead})
+            log.info("concurrency %d: %.1f infer/s, p99 %.2f ms", c, res.throughput, client["p99"])
+    finally:
+        if use_shm:
+            target.release_shared_memory()
+    return {"requests_per_level": options.requests, "duration_s": options.duration, "warmup": options.warmup,
+            "batch_size": options.batch_size, "shared_memory": options.shared_memory, "levels": levels}
+
+
