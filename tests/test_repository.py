@@ -309,3 +309,22 @@ def test_serve_without_server_prints_container_command(tmp_path, demo_onnx, run_
     assert "EXECUTION_ENV_PATH" in r.output
     r = run_cli("serve", tmp_path / "missing")
     assert r.exit_code == 2 and "model repository not found" in r.output
+
+
+def test_preprocess_package_copy_imports_on_its_own(tmp_path):
+    """The preprocessing model's copy of trtrepo's data.py must import without trtrepo installed
+    (the server's Python has only numpy and Pillow): every module it needs is copied with it."""
+    import subprocess
+    import sys
+
+    from trtrepo.repository import preprocess_package_files
+
+    for rel, src in preprocess_package_files().items():
+        dst = tmp_path / rel
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        dst.write_bytes(src if isinstance(src, bytes) else Path(src).read_bytes())
+    code = ("import sys; sys.modules['trtrepo'] = None; "  # trtrepo itself must not be needed
+            "from trtrepo_preprocess.data import Preprocess; print(Preprocess.__name__)")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
+                          env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
+    assert proc.returncode == 0 and proc.stdout.strip() == "Preprocess", proc.stderr[-2000:]

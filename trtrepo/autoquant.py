@@ -33,12 +33,12 @@ from .evaluate import (
     AccuracyTarget,
     OutputMetrics,
     RunOutputs,
+    better,
     classification_outputs,
     compare_outputs,
     metrics_table,
     pick_output,
     run_onnx,
-    score,
 )
 from .quantize import (
     ActivationRange,
@@ -194,7 +194,7 @@ class Evaluator:
 def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,
                   evaluator: Evaluator | None, *, metric_output: str | None = None,
                   metric: str | None = None) -> tuple[Candidate, list[Candidate]]:
-    """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.score` on
+    """Quantize with each method's ranges; the best by :func:`trtrepo.evaluate.better` on
     ``metric_output`` (default the first output) wins; ``metric="cosine"`` ranks by mean cosine
     first (the first method on ties; without an evaluator the first method, the others are not
     built). One candidate model is held at a time besides the best (a 110 M parameter encoder is
@@ -224,7 +224,7 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
             best = cand
             break
         log.info("method %s: %s", method, _brief(cand.metrics, metric_output))  # type: ignore[arg-type]
-        if best is None or score(cand.metrics, metric_output, metric) > score(best.metrics, metric_output, metric):  # type: ignore[arg-type]
+        if best is None or better(cand.metrics, best.metrics, metric_output, metric):  # type: ignore[arg-type]
             best = cand
         for c in rows:
             if c is not best:
@@ -555,7 +555,7 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
         sm = apply_smoothquant(prepared, channels, alpha, skip=skip)
         return SmoothChoice(alpha, sm.model, sm.ranges, sm.groups, [])
 
-    best: tuple[tuple[float, ...], float | None] | None = None
+    best: tuple[dict[str, OutputMetrics], float | None] | None = None
     rows: list[dict[str, Any]] = []
     if len(alphas) == 1:
         chosen = build(alphas[0])
@@ -579,9 +579,8 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
         row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
         row["brief"] = _brief(metrics, metric_output)
         log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
-        key = score(metrics, metric_output, metric)
-        if best is None or key > best[0]:
-            best = (key, alpha)
+        if best is None or better(metrics, best[0], metric_output, metric):
+            best = (metrics, alpha)
         rows.append(row)
     assert best is not None
     chosen = build(best[1])

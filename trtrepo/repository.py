@@ -393,9 +393,42 @@ def preprocess_package_files() -> dict[str, FileSource]:
     the server runs exactly ``Preprocess.apply`` (data.py plus the modules it imports)."""
     pkg = Path(__file__).parent
     files: dict[str, FileSource] = {"trtrepo_preprocess/__init__.py": b'"""Copy of trtrepo preprocessing (written by trtrepo)."""\n'}
-    for mod in ("data.py", "errors.py", "modelio.py", "fsutil.py"):
-        files[f"trtrepo_preprocess/{mod}"] = pkg / mod
+    for rel in _module_closure(pkg, "data.py"):
+        files[f"trtrepo_preprocess/{rel}"] = pkg / rel
     return files
+
+
+def _module_closure(pkg: Path, start: str) -> list[str]:
+    """``start`` and every module of the package it imports at module level, transitively (relative
+    imports; a subpackage brings its ``__init__.py``), as paths relative to ``pkg``: what a copy of
+    ``start`` needs to import on its own. Function-level imports are not followed (they load
+    optional parts the preprocessing never calls)."""
+    import ast
+
+    todo, seen = [start], set()
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        here = Path(rel).parent
+        for node in ast.parse((pkg / rel).read_text()).body:
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            base = here
+            for _ in range(node.level - 1):
+                base = base.parent
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for name in names:
+                target = base.joinpath(*name.split("."))
+                if (pkg / target / "__init__.py").is_file():
+                    parts = target.parts
+                    todo += [str(Path(*parts[:i], "__init__.py")) for i in range(1, len(parts) + 1)]
+                    todo += [str(target / f"{a.name}.py") for a in node.names if (pkg / target / f"{a.name}.py").is_file()]
+                elif (pkg / f"{target}.py").is_file():
+                    todo.append(f"{target}.py")
+                    todo += [str(Path(*target.parts[:i], "__init__.py")) for i in range(1, len(target.parts))]
+    return sorted(seen)
 
 
 def add_image_ensemble(
