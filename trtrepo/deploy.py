@@ -61,6 +61,7 @@ class DeployOptions:
     method: str = "auto"  # calibration method (auto: chosen on held-out data)
     smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
+    input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
@@ -166,11 +167,18 @@ def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
 
 
 def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple[Path, ModelIO]:
-    from .export import export_onnx, resolve_source
+    from .export import export_onnx, resolve_inputs, resolve_source
 
     with _timed(report, "export") as step:
         src = resolve_source(opts.source, opts.weights)
-        result = export_onnx(src, work / "model.onnx")
+        data = None
+        if src.is_torch and not opts.input_shapes and opts.data is not None and builtin.builtin(src.kind) is None:
+            from .data import open_data  # the input shapes from the calibration data (no model IO yet)
+
+            data = open_data(opts.data, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
+                             seed=opts.seed)
+        inputs, axes = resolve_inputs(src, opts.input_shapes, data)
+        result = export_onnx(src, work / "model.onnx", inputs=inputs, dynamic_axes=axes or None)
         checked = f", max abs error vs PyTorch {result.max_abs_error:.2g}" if result.max_abs_error is not None else ""
         step.detail = f"{src.describe()} -> ONNX{checked}"
     return result.path, result.io

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import re
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -198,6 +198,54 @@ def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
     return (name or None), shape
 
 
+def inputs_from_data(samples: Iterable[Any], limit: int = 64) -> tuple[list[InputShape], dict[str, dict[int, str]]]:
+    """Export inputs read off calibration samples (``sample.inputs``: name -> one sample, no batch
+    axis; an unnamed input is ``input``): names, the first sample's shape, dtypes; an axis whose
+    size differs among the first ``limit`` samples becomes a dynamic axis (``{name}_dim{axis}``,
+    shared by inputs whose sizes vary together, e.g. ``input_ids`` and ``attention_mask``)."""
+    first: dict[str, np.ndarray] = {}
+    sizes: dict[str, set[tuple[int, ...]]] = {}
+    for i, sample in enumerate(samples):
+        if i >= limit:
+            break
+        for name, value in sample.inputs.items():
+            key = name if name is not None else "input"
+            arr = np.asarray(value)
+            first.setdefault(key, arr)
+            sizes.setdefault(key, set()).add(tuple(arr.shape))
+    if not first:
+        raise UsageError("the data has no samples to read the input shapes from")
+    inputs, axes = [], {}
+    for name, arr in first.items():
+        ranks = {len(s) for s in sizes[name]}
+        if len(ranks) != 1:
+            raise UsageError(f"input '{name}': samples of different ranks in the data ({sorted(ranks)})")
+        varying = [a for a in range(arr.ndim) if len({s[a] for s in sizes[name]}) > 1]
+        inputs.append(InputShape(name, tuple(int(d) for d in arr.shape), str(arr.dtype)))
+        if varying:
+            # axes are numbered with the batch axis (0) first
+            axes[name] = {a + 1: f"dim{a + 1}" for a in varying}
+    return inputs, axes
+
+
+def resolve_inputs(source: ModelSource, input_shapes: Sequence[str] = (), data: Any = None
+                   ) -> tuple[list[InputShape] | None, dict[str, dict[int, str]]]:
+    """The export inputs of a PyTorch source: ``--input-shape`` when given (``3x224x224`` or
+    ``NAME:3x224x224``, batch axis excluded, float32), else read off ``data`` (a DataSource,
+    :func:`inputs_from_data`); None for sources that know their own (ONNX, built-in models)."""
+    if source.kind == "onnx" or builtin.builtin(source.kind) is not None:
+        if input_shapes:
+            raise UsageError(f"--input-shape does not apply to {source.describe()} (its inputs are known)")
+        return None, {}
+    if input_shapes:
+        parsed = [parse_input_shape(t) for t in input_shapes]
+        return [InputShape(name or ("input" if len(parsed) == 1 else f"input{i}"), shape)
+                for i, (name, shape) in enumerate(parsed)], {}
+    if data is not None:
+        return inputs_from_data(data)
+    return None, {}
+
+
 def _random_batch(inputs: Sequence[InputShape], batch: int, seed: int = 0) -> dict[str, np.ndarray]:
     rng = np.random.default_rng(seed)
     feed = {}
@@ -295,7 +343,8 @@ def export_onnx(
         if plugin is not None:
             inputs = plugin.inputs()
         else:
-            raise UsageError(f"{source.location}: give the input shape(s) with --input-shape (e.g. 3x224x224) or --data")
+            raise UsageError(f"{source.location}: give the input shape(s) with --input-shape (e.g. 3x224x224, batch axis "
+                             f"excluded) or calibration data (--data) to read them from")
     inputs = list(inputs)
     names = [i.name for i in inputs]
     if len(set(names)) != len(names):

@@ -16,6 +16,9 @@ from ._options import data_options
 @click.option("--reference", required=True, metavar="SOURCE",
               help="The model to compare with: demo, demo-text, a TorchScript or .onnx file, package.module:factory.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry-point reference.")
+@click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
+              help="Input shape of a PyTorch reference without the batch axis (repeat per input); default: read "
+                   "off the --data samples.")
 @click.option("--onnx", type=click.Path(dir_okay=False), default=None,
               help="The ONNX model that was deployed: the IO contract is read from it (default: from the reference).")
 @data_options(required=True, batch_size=1)
@@ -53,7 +56,8 @@ from ._options import data_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), required=True,
               help="Folder for validate.json, validate.md and latency.png.")
-def command(url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None, onnx: str | None,
+def command(url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
+            input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
@@ -82,7 +86,8 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
                               speed=speed)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
     report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
-                      preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds)
+                      preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
+                      input_shapes=input_shapes)
     s = report.server
     click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
     if report.accuracy:

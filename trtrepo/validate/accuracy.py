@@ -23,10 +23,11 @@ log = logging.getLogger(__name__)
 
 
 def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str | None = None,
-                 workdir: str | Path | None = None) -> ModelIO:
+                 workdir: str | Path | None = None, input_shapes: Sequence[str] = (), data: Any = None) -> ModelIO:
     """The reference's IO: from ``onnx`` (the model that was deployed) when given, from the
-    reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX."""
-    from ..export import resolve_source
+    reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX with
+    its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource)."""
+    from ..export import resolve_inputs, resolve_source
 
     if onnx is not None:
         return ModelIO.from_onnx(onnx)
@@ -39,10 +40,11 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
 
     with tempfile.TemporaryDirectory(prefix="trtrepo-validate-", dir=workdir) as tmp:
         try:
-            result = export_onnx(src, Path(tmp) / "reference.onnx")
+            inputs, axes = resolve_inputs(src, input_shapes, data)
+            result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None)
         except UsageError as exc:
             raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
-                             f"give the deployed ONNX model with --onnx") from exc
+                             f"give --input-shape or the deployed ONNX model with --onnx") from exc
         return result.io
 
 

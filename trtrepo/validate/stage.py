@@ -50,7 +50,7 @@ def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
 def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir: str | Path | None = None,
              labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
              weights: str | None = None, limit: int | None = None, seed: int | None = 0,
-             thresholds: Thresholds | None = None) -> ValidationReport:
+             thresholds: Thresholds | None = None, input_shapes: Sequence[str] = ()) -> ValidationReport:
     """Run the deployment check; write the report to ``report_dir`` when given.
 
     Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
@@ -58,17 +58,22 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     when the served IO does not match the reference. Threshold results are in the report
     (``report.passed``); the caller decides what to do with a failure.
     """
+    from ..contracts import builtin
     from ..data import open_data
+    from ..export import resolve_source
 
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
     speed_device = None
     if speed is not None:  # a device that is not there fails before any work
-        from ..export import resolve_source
         from ..speed import resolve_reference_device
 
         speed_device = resolve_reference_device(speed.device, resolve_source(reference, weights).kind)
-    io = reference_io(reference, onnx=onnx, weights=weights)
+    raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
+    src = resolve_source(reference, weights)
+    if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
+        raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+    io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw)
     source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":

@@ -1,0 +1,119 @@
+"""Bring your own model (issue 15, first part): a custom PyTorch entry point with a state dict and a
+folder of PNG images with a preprocessing file goes through ``deploy`` and ``validate --reference``
+with the input shape read off the data (no ``--input-shape``, no ``--onnx``), against the real
+tritonserver; ``--input-shape`` works too, batch axis excluded."""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trtrepo.tritonconfig import parse_config_text
+
+TINY = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class TinyCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.features = nn.Sequential(nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(4))
+            self.head = nn.Linear(8 * 16, 5)
+
+        def forward(self, x):
+            return self.head(torch.flatten(self.features(x), 1))
+
+
+    def build():
+        return TinyCNN()
+''')
+
+
+@pytest.fixture(scope="module")
+def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """mymodels/tinycnn.py (entry point mymodels.tinycnn:build), tiny.pt, 40 PNG images of two sizes
+    and pre.json: what a user brings."""
+    import torch
+    from PIL import Image
+
+    from trtrepo.data import Preprocess
+
+    root = tmp_path_factory.mktemp("byom")
+    (root / "mymodels").mkdir()
+    (root / "mymodels" / "__init__.py").write_text("")
+    (root / "mymodels" / "tinycnn.py").write_text(TINY)
+    sys.path.insert(0, str(root))
+    try:
+        from mymodels.tinycnn import build
+
+        torch.manual_seed(0)
+        torch.save(build().state_dict(), root / "tiny.pt")
+    finally:
+        sys.path.remove(str(root))
+        sys.modules.pop("mymodels.tinycnn", None)
+        sys.modules.pop("mymodels", None)
+    rng = np.random.default_rng(0)
+    (root / "imgs").mkdir()
+    for i in range(40):
+        h, w = (48, 64) if i % 2 else (40, 40)
+        img = (rng.random((h, w, 3)) * 255).astype(np.uint8)
+        Image.fromarray(img).save(root / "imgs" / f"img{i:02d}.png")
+    Preprocess(resize=(32, 32), color="rgb", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)).save(root / "pre.json")
+    return root
+
+
+def _cli(root: Path, monkeypatch: pytest.MonkeyPatch, run_cli, *args):
+    monkeypatch.chdir(root)
+    monkeypatch.syspath_prepend(str(root))
+    return run_cli(*args)
+
+
+def test_deploy_an_entry_point_with_shapes_from_the_data(user_project, monkeypatch, run_cli):
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--data", "imgs", "--preprocess", "pre.json", "--backend", "onnxruntime", "--repo", "repo1", "--name", "tiny")
+    assert res.exit_code == 0, res.output
+    config = parse_config_text((user_project / "repo1" / "tiny" / "config.pbtxt").read_text(), "config.pbtxt")
+    assert [list(t.dims) for t in config.input] == [[3, 32, 32]] and [list(t.dims) for t in config.output] == [[5]]
+    assert (user_project / "repo1" / "tiny" / "1" / "model.onnx").is_file()
+
+
+def test_deploy_an_entry_point_with_input_shape_and_no_data(user_project, monkeypatch, run_cli):
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--input-shape", "pixels:3x24x24", "--backend", "onnxruntime", "--repo", "repo2", "--name", "tiny")
+    assert res.exit_code == 0, res.output
+    config = parse_config_text((user_project / "repo2" / "tiny" / "config.pbtxt").read_text(), "config.pbtxt")
+    assert config.input[0].name == "pixels" and list(config.input[0].dims) == [3, 24, 24]
+    # neither: the error says what to give, naming the source
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--backend", "onnxruntime", "--repo", "repo3")
+    assert res.exit_code == 2 and "--input-shape" in res.stderr and "--data" in res.stderr
+    assert not (user_project / "repo3").exists()
+
+
+def test_input_shape_does_not_apply_to_an_onnx_model(user_project, monkeypatch, run_cli, demo_onnx):
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", str(demo_onnx), "--input-shape", "1x32x32",
+               "--backend", "onnxruntime", "--repo", "repo4", "--precision", "fp32")
+    assert res.exit_code == 2 and "--input-shape does not apply" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_validate_the_served_entry_point_against_its_pytorch_reference(user_project, monkeypatch, run_cli,
+                                                                         triton_server):
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--data", "imgs", "--preprocess", "pre.json", "--backend", "python", "--precision", "fp32",
+               "--repo", "repo5", "--name", "tiny")
+    assert res.exit_code == 0, res.output
+    server = triton_server(user_project / "repo5")
+    res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", "tiny",
+               "--reference", "mymodels.tinycnn:build", "--weights", "tiny.pt", "--data", "imgs",
+               "--preprocess", "pre.json", "--report", "report", "--no-progress", "--concurrency", "1",
+               "--requests", "20")
+    assert res.exit_code == 0, res.output + res.stderr
+    report = (user_project / "report" / "validate.json").read_text()
+    assert '"passed": true' in report
