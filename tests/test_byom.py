@@ -117,3 +117,47 @@ def test_validate_the_served_entry_point_against_its_pytorch_reference(user_proj
     assert res.exit_code == 0, res.output + res.stderr
     report = (user_project / "report" / "validate.json").read_text()
     assert '"passed": true' in report
+
+
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_deploy_a_qdq_model_as_given(tmp_path, monkeypatch, run_cli, demo_onnx):
+    """A model quantized earlier (trtrepo quantize here) is deployed byte for byte and reported int8."""
+    qdq = tmp_path / "demo.qdq.onnx"
+    res = run_cli("quantize", demo_onnx, "--data", "demo:calib", "--limit", "64", "--method", "minmax",
+                  "--target", "onnxruntime", "-o", qdq, "--no-progress")
+    assert res.exit_code == 0, res.output
+    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo", "--name", "q")
+    assert res.exit_code == 0, res.output
+    assert "int8" in res.output and "deployed as is" in res.output
+    assert _sha(tmp_path / "repo" / "q" / "1" / "model.onnx") == _sha(qdq)
+    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo2", "--precision", "fp32")
+    assert res.exit_code == 2 and "already a Q/DQ INT8 model" in res.stderr
+
+
+def test_deploy_with_a_calibration_cache_does_not_calibrate(tmp_path, run_cli, demo_onnx):
+    """No --data at all: without the cache deploy falls back to FP32; with it, INT8 from the cache."""
+    cache = tmp_path / "demo.cache"
+    res = run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--limit", "128", "--cache", cache, "--no-progress")
+    assert res.exit_code == 0, res.output
+    plain = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r0", "--name", "d")
+    assert plain.exit_code == 0 and "fp32" in plain.output
+    res = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r1", "--name", "d",
+                  "--cache", cache)
+    assert res.exit_code == 0, res.output
+    assert "from --cache" in res.output and "no calibration" in res.output and "int8" in res.output
+    assert "NOT measured" in res.output  # no data for the check against FP32
+    deployed = onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
+    assert deployed.count("QuantizeLinear") > 0 and deployed.count("DequantizeLinear") > 0
+    res = run_cli("deploy", demo_onnx, "--repo", tmp_path / "r2", "--cache", cache, "--ranges", cache)
+    assert res.exit_code == 2 and "only one of --cache, --ranges" in res.stderr
+
+
+def onnx_ops(path: Path) -> list[str]:
+    import onnx
+
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]

@@ -62,6 +62,8 @@ class DeployOptions:
     smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
+    cache: str | None = None  # TensorRT calibration cache (trtrepo calibrate --cache): quantize without calibrating
+    ranges: str | None = None  # ranges JSON (trtrepo calibrate --ranges): the same
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
@@ -70,6 +72,11 @@ class DeployOptions:
             raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
             check_model_name(self.name, "--name")
+        if self.cache and self.ranges:
+            raise UsageError("give only one of --cache, --ranges")
+        for flag, path in (("--cache", self.cache), ("--ranges", self.ranges)):
+            if path is not None and not Path(path).is_file():
+                raise UsageError(f"{flag} {path}: file not found")
 
 
 @dataclass
@@ -211,11 +218,23 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
     from . import autoquant
 
     with _timed(report, "int8") as step:
+        qdq = _qdq_counts(onnx_path)
+        if sum(qdq) > 0:  # already quantized (trtrepo quantize, ModelOpt, NNCF, ...): deployed as given
+            if opts.precision == "fp32" or opts.cache or opts.ranges:
+                raise UsageError(f"{opts.source}: already a Q/DQ INT8 model ({qdq[0]} Q, {qdq[1]} DQ nodes); "
+                                 f"--precision fp32, --cache and --ranges do not apply")
+            step.status = "done"
+            step.detail = f"Q/DQ model given ({qdq[0]} QuantizeLinear, {qdq[1]} DequantizeLinear): deployed as is"
+            report.notes.append("INT8 accuracy vs FP32 was NOT measured (a quantized model was given; "
+                                "compare with 'trtrepo evaluate FP32.onnx QDQ.onnx')")
+            return onnx_path, "int8"
         if opts.precision == "fp32":
             step.status, step.detail = "skipped", "--precision fp32"
             return onnx_path, "fp32"
         calibration = calibration or CalibrationData(opts, io)
         data = calibration.spec
+        if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
+            return _int8_from_ranges(opts, onnx_path, target, work, report, step, calibration)
         if data is None:
             reason = "no calibration data (give --data)"
             if opts.precision == "int8":
@@ -252,6 +271,37 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         else:
             report.notes.append("INT8 accuracy vs FP32 was NOT measured (too few samples to hold some out)")
         return result.path, "int8"
+
+
+def _qdq_counts(onnx_path: Path) -> tuple[int, int]:
+    """(QuantizeLinear, DequantizeLinear) nodes of the model's main graph."""
+    model = _load(onnx_path)
+    ops = [n.op_type for n in model.graph.node]
+    return ops.count("QuantizeLinear"), ops.count("DequantizeLinear")
+
+
+def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport,
+                      step: Any, calibration: CalibrationData) -> tuple[Path, str]:
+    """``--cache`` / ``--ranges``: quantize with the given ranges (no calibration); with ``--data`` the
+    held-out check against FP32 runs on it, else the report says accuracy was NOT measured."""
+    from .autoquant import run_quantize
+    from .quantize import QuantizeOptions
+
+    given = "--cache" if opts.cache else "--ranges"
+    result = run_quantize(onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache,
+                          data=calibration.source(), options=QuantizeOptions(target=target, reduce_range=opts.reduce_range),
+                          metric_output=opts.metric_output, batch_size=opts.batch_size)
+    step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
+    check = (result.report or {}).get("accuracy_check") or {}
+    if check.get("ok") is False and not opts.accept_accuracy_loss:
+        failures = "; ".join(check["failures"])
+        step.status = "fallback"
+        step.detail += f"; INT8 FAILED the check vs FP32 ({failures}): deploying the FP32 model"
+        report.notes.append(f"INT8 not shipped: {failures}")
+        return onnx_path, "fp32"
+    if check.get("ok") is None:
+        report.notes.append(f"INT8 accuracy vs FP32 was NOT measured ({given} without --data)")
+    return result.path, "int8"
 
 
 def _default_data(opts: DeployOptions) -> str | None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import re
+import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -332,8 +333,13 @@ def export_onnx(
         io = ModelIO.from_onnx(model)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
         if Path(source.location).resolve() != output.resolve():
+            graph_only = onnx.load(source.location, load_external_data=False)
+            external = any(onnx.external_data_helper.uses_external_data(t) for t in graph_only.graph.initializer)
             with atomic_path(output, force=force) as tmp:
-                onnx.save(model, str(tmp))
+                if external:  # gathered into one file
+                    onnx.save(model, str(tmp))
+                else:  # the given bytes, unchanged (a Q/DQ model is deployed as given)
+                    shutil.copyfile(source.location, tmp)
         return ExportResult(output, io, source, notes=["ONNX passed through after onnx.checker"])
 
     torch = _import_torch()

@@ -30,6 +30,11 @@ from ._options import data_options
 @click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
               help="TensorRT profile of an input with dynamic axes (trtexec-like dims, e.g. input_ids:1x8,8x16,32x32; "
                    "repeatable). Default: from the calibration data's smallest, median and largest sizes.")
+@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
+              help="TensorRT calibration cache from 'trtrepo calibrate --cache': quantize with it, no calibration "
+                   "(--data then only serves the check against FP32).")
+@click.option("--ranges", "ranges_path", type=click.Path(dir_okay=False), default=None,
+              help="Ranges JSON from 'trtrepo calibrate --ranges', used like --cache.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
               help="Input shape of a PyTorch source without the batch axis, e.g. 3x224x224 or pixels:3x224x224 "
                    "(repeat per input). Default: read off the --data samples.")
@@ -50,7 +55,7 @@ from ._options import data_options
 @model_config_options
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
-            input_shapes: tuple[str, ...],
+            cache_path: str | None, ranges_path: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, smooth_quant: str, accept_accuracy_loss: bool,
             data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
@@ -69,7 +74,8 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
-        accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes),
+        accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
+        ranges=ranges_path,
     )
     report = deploy(opts)
     for line in report.summary_lines():
