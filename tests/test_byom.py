@@ -63,7 +63,14 @@ def user_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
         h, w = (48, 64) if i % 2 else (40, 40)
         img = (rng.random((h, w, 3)) * 255).astype(np.uint8)
         Image.fromarray(img).save(root / "imgs" / f"img{i:02d}.png")
-    Preprocess(resize=(32, 32), color="rgb", mean=(0.5, 0.5, 0.5), std=(0.5, 0.5, 0.5)).save(root / "pre.json")
+    from click.testing import CliRunner
+
+    from trtrepo.cli import cli
+
+    res = CliRunner().invoke(cli, ["preprocess", "-o", str(root / "pre.json"), "--resize", "32x32",
+                                   "--mean", "0.5,0.5,0.5", "--std", "0.5,0.5,0.5"])
+    assert res.exit_code == 0, res.output
+    assert Preprocess.load(root / "pre.json").resize == (32, 32)
     return root
 
 
@@ -161,3 +168,17 @@ def onnx_ops(path: Path) -> list[str]:
     import onnx
 
     return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+def test_deploy_passes_exclusions_and_accuracy_target_to_quantize(tmp_path, run_cli, demo_onnx):
+    base = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                   "--repo", tmp_path / "r0", "--name", "d", "--method", "minmax")
+    assert base.exit_code == 0 and "int8" in base.output, base.output
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                  "--repo", tmp_path / "r1", "--name", "d", "--method", "minmax", "--exclude-op", "Conv")
+    assert res.exit_code == 0 and "int8" in res.output, res.output
+    ops0, ops1 = onnx_ops(tmp_path / "r0" / "d" / "1" / "model.onnx"), onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
+    assert ops1.count("DequantizeLinear") < ops0.count("DequantizeLinear")
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                  "--repo", tmp_path / "r2", "--accuracy-target", "top1=101")
+    assert res.exit_code == 2 and "--accuracy-target" in res.stderr

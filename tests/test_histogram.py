@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
 from trtrepo import histogram as H
@@ -231,7 +231,11 @@ def test_ordering_minmax_is_the_largest(x: np.ndarray, percentile: float) -> Non
 @given(samples, st.integers(min_value=-20, max_value=20))
 def test_amax_scales_exactly_with_powers_of_two(x: np.ndarray, exponent: int) -> None:
     factor = 2.0**exponent
-    base, scaled = all_amax(x), all_amax((x * factor).astype(np.float32))
+    scaled_x = (x * factor).astype(np.float32)
+    # exact only while the scaled values stay normal float32 numbers (a subnormal loses mantissa bits)
+    nonzero = np.abs(np.concatenate([x.ravel(), scaled_x.ravel()]))
+    assume(bool(np.all((nonzero == 0) | (nonzero >= np.finfo(np.float32).tiny))))
+    base, scaled = all_amax(x), all_amax(scaled_x)
     for method in H.METHODS:
         assert scaled[method] == pytest.approx(base[method] * factor, rel=1e-9, abs=0.0), method
 

@@ -935,8 +935,11 @@ def report_markdown(report: Mapping[str, Any]) -> str:
 def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
                         target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
                         force: bool = True, progress: bool = False, metric_output: str | None = None,
-                        reduce_range: bool = False, smooth_quant: float | str | None = "auto") -> QuantizeResult:
-    """What ``trtrepo deploy`` calls: calibrate ``onnx_path`` on ``data_source`` (a data spec
+                        reduce_range: bool = False, smooth_quant: float | str | None = "auto",
+                        exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
+                        accuracy_target: AccuracyTarget | str | None = None) -> QuantizeResult:
+    """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
+    ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
     Q/DQ model for ``target``. ``auto`` picks the best of the registered methods on a held-out fifth
     of the data, and falls back to entropy (ModelOpt's default) below
@@ -958,6 +961,7 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
             method = "entropy"
         data_source = source
     return run_quantize(onnx_path, out_path, data=data_source, method=method,
-                        options=QuantizeOptions(target=target, reduce_range=reduce_range),
+                        options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
+                                                exclude_nodes=tuple(exclude_nodes)),
                         batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-                        smooth_quant=smooth_quant)
+                        smooth_quant=smooth_quant, accuracy_target=accuracy_target)

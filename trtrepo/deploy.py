@@ -64,6 +64,9 @@ class DeployOptions:
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
     cache: str | None = None  # TensorRT calibration cache (trtrepo calibrate --cache): quantize without calibrating
     ranges: str | None = None  # ranges JSON (trtrepo calibrate --ranges): the same
+    exclude_ops: tuple[str, ...] = ()  # op types left in float (trtrepo quantize --exclude-op)
+    exclude_nodes: tuple[str, ...] = ()  # node names / regexes left in float (--exclude-node)
+    accuracy_target: str | None = None  # --accuracy-target: keep INT8 where it is harmless (trtrepo quantize's)
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
@@ -249,7 +252,9 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
                 raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
             extra["reduce_range"] = True
         result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
-                                               method=opts.method, smooth_quant=opts.smooth_quant, **extra)
+                                               method=opts.method, smooth_quant=opts.smooth_quant,
+                                               exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
+                                               accuracy_target=opts.accuracy_target, **extra)
         method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
         sq = (result.report or {}).get("smooth_quant") or {}
         if sq.get("alpha") is not None:
@@ -289,7 +294,9 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
 
     given = "--cache" if opts.cache else "--ranges"
     result = run_quantize(onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache,
-                          data=calibration.source(), options=QuantizeOptions(target=target, reduce_range=opts.reduce_range),
+                          data=calibration.source(),
+                          options=QuantizeOptions(target=target, reduce_range=opts.reduce_range,
+                                                  exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes),
                           metric_output=opts.metric_output, batch_size=opts.batch_size)
     step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
     check = (result.report or {}).get("accuracy_check") or {}

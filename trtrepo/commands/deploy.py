@@ -30,6 +30,13 @@ from ._options import data_options
 @click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
               help="TensorRT profile of an input with dynamic axes (trtexec-like dims, e.g. input_ids:1x8,8x16,32x32; "
                    "repeatable). Default: from the calibration data's smallest, median and largest sizes.")
+@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+              help="Leave every node of this op type in float (repeatable; as in trtrepo quantize).")
+@click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
+              help="Leave nodes whose name matches (exact or regex) in float (repeatable).")
+@click.option("--accuracy-target", default=None, metavar="KIND=VALUE",
+              help="top1-drop=0.5 | top1=99 | cosine=0.999: leave the fewest layers in float that meet it (as in "
+                   "trtrepo quantize).")
 @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
               help="TensorRT calibration cache from 'trtrepo calibrate --cache': quantize with it, no calibration "
                    "(--data then only serves the check against FP32).")
@@ -55,6 +62,7 @@ from ._options import data_options
 @model_config_options
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
+            exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, smooth_quant: str, accept_accuracy_loss: bool,
             data_spec: str | None, preprocess: str | None,
@@ -75,7 +83,8 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
         accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
-        ranges=ranges_path,
+        ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
+        accuracy_target=accuracy_target,
     )
     report = deploy(opts)
     for line in report.summary_lines():
