@@ -14,6 +14,24 @@ def status_mb(key: str) -> float:
     return float("nan")
 
 
+def cpu_name() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" when there is none)."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
+def publish(section: str, heading: str, docs: Path | None = None) -> None:
+    """Print a results section and, with ``docs``, put it into that Markdown file (:func:`update_docs`)."""
+    print(section)
+    if docs is not None:
+        update_docs(docs, heading, section)
+
+
 def update_docs(path: Path, heading: str, section: str) -> None:
     """Replace the ``heading`` section of the Markdown file ``path`` (up to the next ``## ``) by
     ``section``, or append it; written atomically."""

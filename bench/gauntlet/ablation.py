@@ -138,8 +138,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--models", nargs="*", default=["mpnet", "mobilenet_v2"])
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args(argv)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown")
+    from _common import cpu_name, publish
+
+    cpu = cpu_name()
     lines = [SECTION, "",
              f"`python bench/gauntlet/ablation.py --calib {args.calib} --eval {args.eval}` on {cpu}, {time.strftime('%Y-%m-%d')}: "
              "one calibration per model, the same ranges under each choice, accuracy INT8 vs FP32 on held-out data "
@@ -149,12 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             continue
         rows = fn(args.calib, args.eval)
         lines += [f"### {name}", "", "| configuration | INT8 vs FP32 |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows] + [""]
-    section = "\n".join(lines)
-    print(section)
-    if args.update_docs:
-        from _common import update_docs
-
-        update_docs(args.update_docs, SECTION, section)
+    publish("\n".join(lines), SECTION, args.update_docs)
     return 0
 
 

@@ -61,6 +61,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--calib", type=int, default=256)
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args(argv)
+    sys.path.insert(0, str(HERE.parent))
+    from _common import cpu_name, publish
+
     calib_npz = CACHE / "mobilenet_v2" / "calib.npz"
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
@@ -86,8 +89,7 @@ def main(argv: list[str] | None = None) -> int:
             med = {k: statistics.median(r[k] for r in ours) for k in ours[0]}
             nmed = {k: statistics.median(r[k] for r in theirs) for k in theirs[0]}
             rows.append((name, med, nmed, ours, theirs))
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown")
+    cpu = cpu_name()
     flags = Path("/proc/cpuinfo").read_text()
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
     lines = [SECTION, "",
@@ -104,13 +106,7 @@ def main(argv: list[str] | None = None) -> int:
         lines.append(f"| {name} | {med['calibration']:.1f} | {med['total']:.1f} | {nmed['total']:.1f} | "
                      f"{med['calibration'] / nmed['total']:.2f} |")
     lines.append("")
-    section = "\n".join(lines)
-    print(section)
-    if args.update_docs:
-        sys.path.insert(0, str(HERE.parent))
-        from _common import update_docs
-
-        update_docs(args.update_docs, SECTION, section)
+    publish("\n".join(lines), SECTION, args.update_docs)
     return 0
 
 

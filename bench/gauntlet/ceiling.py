@@ -143,8 +143,9 @@ def main(argv: list[str] | None = None) -> int:
         measure(f"INT8 weights of {group} ({n} layer{'s' if n > 1 else ''}) only", lambda g, group=group: g == group)
     for bits in (8, 10, 12):
         measure(f"all weights at {bits} bits", lambda g: True, bits=bits)
-    cpu = next((ln.split(":", 1)[1].strip() for ln in Path("/proc/cpuinfo").read_text().splitlines()
-                if ln.startswith("model name")), "unknown")
+    from _common import cpu_name, publish
+
+    cpu = cpu_name()
     lines = [SECTION, "",
              f"`python bench/gauntlet/ceiling.py --eval {args.eval}` on {cpu}, {time.strftime('%Y-%m-%d')}: the trained "
              f"MobileNetV2 with BatchNorm folded (max logit difference to the unfolded model {drift:.1e}) on the "
@@ -152,12 +153,7 @@ def main(argv: list[str] | None = None) -> int:
              "nearest, amax = max |w|, as trtrepo, ONNX Runtime and TensorRT do); every activation stays FP32, so each row "
              "is an upper bound on the top-1 agreement of an INT8 model that rounds its weights to nearest.", "",
              "| configuration | vs FP32 |", "|---|---|"] + [f"| {a} | {b} |" for a, b in rows] + [""]
-    section = "\n".join(lines)
-    print(section)
-    if args.update_docs:
-        from _common import update_docs
-
-        update_docs(args.update_docs, SECTION, section)
+    publish("\n".join(lines), SECTION, args.update_docs)
     return 0
 
 

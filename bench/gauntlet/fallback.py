@@ -29,13 +29,6 @@ sys.path.insert(0, str(HERE.parent))
 SECTION = "## Accuracy-target fallback on all-mpnet-base-v2 (issue 13)"
 
 
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return "unknown"
-
-
 def run_quantize(model: Path, out: Path, report: Path, n: int, target: str | None) -> dict:
     cmd = [sys.executable, "-m", "trtrepo.cli", "quantize", str(model), "--data", "text:calib_samples", "--limit", str(n),
            "--target", "onnxruntime", "-o", str(out), "--report", str(report), "--no-progress"]
@@ -57,6 +50,8 @@ def run_quantize(model: Path, out: Path, report: Path, n: int, target: str | Non
 
 
 def main(argv: list[str] | None = None) -> int:
+    from _common import cpu_name, publish
+
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--calib", type=int, default=512)
     ap.add_argument("--eval", type=int, default=256)
@@ -124,13 +119,8 @@ def main(argv: list[str] | None = None) -> int:
             for i, s in enumerate(r["steps"]):
                 speed = "-" if s["speed"] is None else f"{s['speed']:.2f}x"
                 lines.append(f"| {i} | {s['label']} | {s['in_float']} | {s['value']:.5f} | {'yes' if s['met'] else 'no'} | {speed} |")
-    section = "\n".join(lines) + "\n"
     (args.work / "fallback.json").write_text(json.dumps(rows, indent=1, default=str))
-    print(section)
-    if args.update_docs:
-        from _common import update_docs
-
-        update_docs(args.update_docs, SECTION, section)
+    publish("\n".join(lines) + "\n", SECTION, args.update_docs)
     return 0
 
 
