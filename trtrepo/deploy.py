@@ -24,7 +24,7 @@ from .contracts import backends, builtin
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
-from .modelio import ModelIO
+from .modelio import ModelIO, qdq_counts
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
 
@@ -221,7 +221,7 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
     from . import autoquant
 
     with _timed(report, "int8") as step:
-        qdq = _qdq_counts(onnx_path)
+        qdq = qdq_counts(onnx_path)
         if sum(qdq) > 0:  # already quantized (trtrepo quantize, ModelOpt, NNCF, ...): deployed as given
             if opts.precision == "fp32" or opts.cache or opts.ranges:
                 raise UsageError(f"{opts.source}: already a Q/DQ INT8 model ({qdq[0]} Q, {qdq[1]} DQ nodes); "
@@ -260,29 +260,29 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         if sq.get("alpha") is not None:
             method += f", smooth-quant {sq['alpha']}"
         step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
-        check = (result.report or {}).get("accuracy_check") or {}
-        if check.get("ok") is False:
-            failures = "; ".join(check["failures"])
-            if not opts.accept_accuracy_loss:
-                step.status = "fallback"
-                step.detail += f"; INT8 FAILED the held-out check vs FP32 ({failures}): deploying the FP32 model " \
-                               "(--accept-accuracy-loss ships the INT8 model anyway)"
-                report.notes.append(f"INT8 not shipped: {failures}")
-                log.warning("INT8 ACCURACY LOSS: %s; deploying FP32 instead", failures)
-                return onnx_path, "fp32"
-            report.notes.append(f"INT8 shipped with --accept-accuracy-loss although {failures}")
-        elif check.get("ok") is True:
-            step.detail += f"; held-out check vs FP32 on '{check['output']}' passed"
-        else:
-            report.notes.append("INT8 accuracy vs FP32 was NOT measured (too few samples to hold some out)")
-        return result.path, "int8"
+        return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
 
 
-def _qdq_counts(onnx_path: Path) -> tuple[int, int]:
-    """(QuantizeLinear, DequantizeLinear) nodes of the model's main graph."""
-    model = _load(onnx_path)
-    ops = [n.op_type for n in model.graph.node]
-    return ops.count("QuantizeLinear"), ops.count("DequantizeLinear")
+def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,
+                       unmeasured: str) -> tuple[Path, str]:
+    """The INT8 model, or the FP32 one when the check against FP32 failed (unless
+    --accept-accuracy-loss); ``unmeasured`` says why when there was no check."""
+    check = (result.report or {}).get("accuracy_check") or {}
+    if check.get("ok") is False:
+        failures = "; ".join(check["failures"])
+        if not opts.accept_accuracy_loss:
+            step.status = "fallback"
+            step.detail += f"; INT8 FAILED the held-out check vs FP32 ({failures}): deploying the FP32 model " \
+                           "(--accept-accuracy-loss ships the INT8 model anyway)"
+            report.notes.append(f"INT8 not shipped: {failures}")
+            log.warning("INT8 ACCURACY LOSS: %s; deploying FP32 instead", failures)
+            return onnx_path, "fp32"
+        report.notes.append(f"INT8 shipped with --accept-accuracy-loss although {failures}")
+    elif check.get("ok") is True:
+        step.detail += f"; held-out check vs FP32 on '{check['output']}' passed"
+    else:
+        report.notes.append(f"INT8 accuracy vs FP32 was NOT measured ({unmeasured})")
+    return result.path, "int8"
 
 
 def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport,
@@ -299,16 +299,7 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
                                                   exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes),
                           metric_output=opts.metric_output, batch_size=opts.batch_size)
     step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
-    check = (result.report or {}).get("accuracy_check") or {}
-    if check.get("ok") is False and not opts.accept_accuracy_loss:
-        failures = "; ".join(check["failures"])
-        step.status = "fallback"
-        step.detail += f"; INT8 FAILED the check vs FP32 ({failures}): deploying the FP32 model"
-        report.notes.append(f"INT8 not shipped: {failures}")
-        return onnx_path, "fp32"
-    if check.get("ok") is None:
-        report.notes.append(f"INT8 accuracy vs FP32 was NOT measured ({given} without --data)")
-    return result.path, "int8"
+    return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{given} without --data")
 
 
 def _default_data(opts: DeployOptions) -> str | None:

@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
@@ -301,13 +301,9 @@ class CalibrationMethod:
 
     name: str
     amax: Callable[..., float]
-    options: dict[str, type] = None  # type: ignore[assignment]
+    options: dict[str, type] = field(default_factory=dict)
     cache_algorithm: str = "EntropyCalibration2"
     help: str = ""
-
-    def __post_init__(self) -> None:
-        if self.options is None:
-            object.__setattr__(self, "options", {})
 
     def compute(self, counts: np.ndarray, edges: np.ndarray, max_abs: float, **options: float) -> float:
         kw = {k: self.options[k](v) for k, v in options.items() if k in self.options}

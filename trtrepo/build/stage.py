@@ -24,7 +24,7 @@ from ..contracts.plan import (
 from ..contracts.profile import ShapeRange
 from ..errors import TrtrepoError, UsageError
 from ..fsutil import atomic_path, atomic_write_bytes
-from ..modelio import ModelIO
+from ..modelio import ModelIO, qdq_counts
 from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
 from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions, profile_shapes
@@ -105,10 +105,7 @@ class BuildResult:
 
 
 def count_qdq_nodes(onnx_path: str | Path) -> int:
-    from ..modelio import load_onnx
-
-    model = load_onnx(onnx_path, load_weights=False)
-    return sum(1 for n in model.graph.node if n.op_type in ("QuantizeLinear", "DequantizeLinear"))
+    return sum(qdq_counts(onnx_path))
 
 
 def _onnx_calibration_method(onnx_path: Path) -> str | None:
