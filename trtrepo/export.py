@@ -325,7 +325,11 @@ def export_onnx(
         raise UsageError(f"--opset {opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
 
     if source.kind == "onnx":
-        model = load_onnx(source.location)
+        # parsed once: the graph first, the weights of an external-data model added to it
+        model = load_onnx(source.location, load_weights=False)
+        external = any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+        if external:
+            onnx.external_data_helper.load_external_data_for_model(model, str(Path(source.location).parent))
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:
@@ -333,8 +337,6 @@ def export_onnx(
         io = ModelIO.from_onnx(model)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
         if Path(source.location).resolve() != output.resolve():
-            graph_only = onnx.load(source.location, load_external_data=False)
-            external = any(onnx.external_data_helper.uses_external_data(t) for t in graph_only.graph.initializer)
             with atomic_path(output, force=force) as tmp:
                 if external:  # gathered into one file
                     onnx.save(model, str(tmp))

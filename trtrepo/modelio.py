@@ -296,12 +296,12 @@ def load_onnx(path: str | Path, *, load_weights: bool = True) -> Any:
         raise UsageError(f"{p}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
 
 
-
 def qdq_counts(path: str | Path) -> tuple[int, int]:
     """(QuantizeLinear, DequantizeLinear) nodes in the main graph of the ONNX file ``path``
     (read without its weights)."""
     ops = [n.op_type for n in load_onnx(path, load_weights=False).graph.node]
     return ops.count("QuantizeLinear"), ops.count("DequantizeLinear")
+
 
 def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
