@@ -5,12 +5,15 @@ tritonserver; ``--input-shape`` works too, batch axis excluded."""
 
 from __future__ import annotations
 
+import csv
+import json
 import sys
 import textwrap
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from trtrepo.tritonconfig import parse_config_text
 
@@ -110,75 +113,151 @@ def test_input_shape_does_not_apply_to_an_onnx_model(user_project, monkeypatch, 
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_validate_the_served_entry_point_against_its_pytorch_reference(user_project, monkeypatch, run_cli,
-                                                                         triton_server):
+def test_validate_the_served_entry_point_and_its_ensemble_against_the_pytorch_reference(user_project, monkeypatch,
+                                                                                      run_cli, triton_server):
+    """The README walkthrough: deploy the entry point with an image ensemble, serve it, validate the
+    model (tensors) and the ensemble (the PNG files as they are, decoded on the server) against the
+    entry point run on the same files through pre.json; results per file."""
     res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
-               "--data", "imgs", "--preprocess", "pre.json", "--backend", "python", "--precision", "fp32",
+               "--data", "imgs", "--preprocess", "pre.json", "--backend", "python", "--ensemble",
                "--repo", "repo5", "--name", "tiny")
     assert res.exit_code == 0, res.output
     server = triton_server(user_project / "repo5")
-    res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", "tiny",
-               "--reference", "mymodels.tinycnn:build", "--weights", "tiny.pt", "--data", "imgs",
-               "--preprocess", "pre.json", "--report", "report", "--no-progress", "--concurrency", "1",
-               "--requests", "20")
+    files = sorted(p.name for p in (user_project / "imgs").iterdir())
+    for model in ("tiny", "tiny_ensemble"):
+        res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", model,
+                   "--reference", "mymodels.tinycnn:build", "--weights", "tiny.pt", "--data", "imgs",
+                   "--preprocess", "pre.json", "--report", f"report-{model}", "--no-progress", "--concurrency", "1,4",
+                   "--requests", "20", "--batch-size", "4", "--max-top1-drop", "5")
+        assert res.exit_code == 0, res.output + res.stderr
+        report = json.loads((user_project / f"report-{model}" / "validate.json").read_text())
+        assert report["passed"] and report["server"]["endpoint"] == ("encoded images" if model.endswith("ensemble")
+                                                                     else "tensors")
+        rows = report["accuracy"]["per_sample"]
+        assert [r["file"] for r in rows] == files and all(set(r["cosine"]) == {"output"} for r in rows)
+        agree = [r["top1_agree"] for r in rows]
+        assert sum(agree) / len(agree) == pytest.approx(report["accuracy"]["outputs"]["output"]["top1_agreement"])
+        assert all(w["file"] in files for w in report["accuracy"]["worst_samples"]["output"])
+        with open(user_project / f"report-{model}" / "samples.csv", newline="") as f:
+            table = list(csv.DictReader(f))
+        assert [r["file"] for r in table] == files and {r["top1_agree"] for r in table} <= {"0", "1"}
+    assert report["contract"]["request_io"]["inputs"][0]["name"] == "IMAGE"
+    # The ensemble takes encoded files: data without files is refused, naming the input and the option
+    np.save(user_project / "tensors.npy", np.zeros((4, 3, 32, 32), np.float32))
+    res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", "tiny_ensemble",
+               "--reference", "mymodels.tinycnn:build", "--weights", "tiny.pt", "--data", "tensors.npy",
+               "--report", "report-refused", "--no-progress", "--concurrency", "1", "--requests", "4")
+    assert res.exit_code == 2 and "encoded images (input 'IMAGE'" in res.stderr and "--data" in res.stderr
+
+
+class TwoHeads(torch.nn.Module):
+    """A CNN with two outputs: class logits and an auxiliary embedding."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.features = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU(),
+                                            torch.nn.AdaptiveAvgPool2d(2))
+        self.cls, self.emb = torch.nn.Linear(32, 5), torch.nn.Linear(32, 4)
+
+    def forward(self, x):
+        f = torch.flatten(self.features(x), 1)
+        return self.cls(f), self.emb(f)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_torchscript_and_two_output_onnx_sources_deploy_serve_and_validate(user_project, monkeypatch, run_cli,
+                                                                          triton_server):
+    """A TorchScript file and a two-output ONNX model, each deployed with shapes from the image
+    folder, served from one repository and validated against themselves per file."""
+    sys.path.insert(0, str(user_project))
+    try:
+        from mymodels.tinycnn import build
+
+        net = build()
+        net.load_state_dict(torch.load(user_project / "tiny.pt"))
+        torch.jit.trace(net.eval(), torch.zeros(1, 3, 32, 32)).save(str(user_project / "tiny.ts"))
+    finally:
+        sys.path.remove(str(user_project))
+    torch.manual_seed(1)
+    torch.onnx.export(TwoHeads().eval(), (torch.zeros(1, 3, 32, 32),), str(user_project / "twoheads.onnx"),
+                      input_names=["input"], output_names=["logits", "embedding"], dynamo=False,
+                      dynamic_axes={n: {0: "batch"} for n in ("input", "logits", "embedding")})
+    for source, name in (("tiny.ts", "tinyts"), ("twoheads.onnx", "twoheads")):
+        res = _cli(user_project, monkeypatch, run_cli, "deploy", source, "--data", "imgs", "--preprocess", "pre.json",
+                   "--backend", "python", "--repo", "repo6", "--name", name)
+        assert res.exit_code == 0, res.output + res.stderr
+    server = triton_server(user_project / "repo6")
+    files = sorted(p.name for p in (user_project / "imgs").iterdir())
+    for source, name, outputs in (("tiny.ts", "tinyts", {"output"}), ("twoheads.onnx", "twoheads", {"logits", "embedding"})):
+        res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", name,
+                   "--reference", source, "--data", "imgs", "--preprocess", "pre.json", "--report", f"report-{name}",
+                   "--no-progress", "--concurrency", "1", "--requests", "10", "--batch-size", "8")
+        assert res.exit_code == 0, res.output + res.stderr
+        report = json.loads((user_project / f"report-{name}" / "validate.json").read_text())
+        assert set(report["accuracy"]["outputs"]) == outputs
+        rows = report["accuracy"]["per_sample"]
+        assert [r["file"] for r in rows] == files and all(set(r["cosine"]) == outputs for r in rows)
+        assert all("top1_agree" in r for r in rows)
+
+
+def test_export_reads_shapes_off_the_data_and_accepts_a_batch_included_input_shape(user_project, monkeypatch, run_cli):
+    res = _cli(user_project, monkeypatch, run_cli, "export", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--data", "imgs", "--preprocess", "pre.json", "-o", "from_data.onnx")
     assert res.exit_code == 0, res.output + res.stderr
-    report = (user_project / "report" / "validate.json").read_text()
-    assert '"passed": true' in report
-
-
-def _sha(path: Path) -> str:
-    import hashlib
-
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
-
-
-def test_deploy_a_qdq_model_as_given(tmp_path, monkeypatch, run_cli, demo_onnx):
-    """A model quantized earlier (trtrepo quantize here) is deployed byte for byte and reported int8."""
-    qdq = tmp_path / "demo.qdq.onnx"
-    res = run_cli("quantize", demo_onnx, "--data", "demo:calib", "--limit", "64", "--method", "minmax",
-                  "--target", "onnxruntime", "-o", qdq, "--no-progress")
-    assert res.exit_code == 0, res.output
-    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo", "--name", "q")
-    assert res.exit_code == 0, res.output
-    assert "int8" in res.output and "deployed as is" in res.output
-    assert _sha(tmp_path / "repo" / "q" / "1" / "model.onnx") == _sha(qdq)
-    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo2", "--precision", "fp32")
-    assert res.exit_code == 2 and "already a Q/DQ INT8 model" in res.stderr
-
-
-def test_deploy_with_a_calibration_cache_does_not_calibrate(tmp_path, run_cli, demo_onnx):
-    """No --data at all: without the cache deploy falls back to FP32; with it, INT8 from the cache."""
-    cache = tmp_path / "demo.cache"
-    res = run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--limit", "128", "--cache", cache, "--no-progress")
-    assert res.exit_code == 0, res.output
-    plain = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r0", "--name", "d")
-    assert plain.exit_code == 0 and "fp32" in plain.output
-    res = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r1", "--name", "d",
-                  "--cache", cache)
-    assert res.exit_code == 0, res.output
-    assert "from --cache" in res.output and "no calibration" in res.output and "int8" in res.output
-    assert "NOT measured" in res.output  # no data for the check against FP32
-    deployed = onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
-    assert deployed.count("QuantizeLinear") > 0 and deployed.count("DequantizeLinear") > 0
-    res = run_cli("deploy", demo_onnx, "--repo", tmp_path / "r2", "--cache", cache, "--ranges", cache)
-    assert res.exit_code == 2 and "only one of --cache, --ranges" in res.stderr
-
-
-def onnx_ops(path: Path) -> list[str]:
     import onnx
 
-    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+    dims = [d.dim_value or d.dim_param for d in onnx.load(str(user_project / "from_data.onnx")).graph.input[0]
+            .type.tensor_type.shape.dim]
+    assert dims[1:] == [3, 32, 32] and isinstance(dims[0], str)
+    # trtexec-style (batch included): accepted, and the output says how it was read
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--input-shape", "pixels:1x3x24x24", "--backend", "onnxruntime", "--repo", "repo7", "--name", "tiny")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "includes the batch axis" in res.output and "pixels:3x24x24" in res.output
+    config = parse_config_text((user_project / "repo7" / "tiny" / "config.pbtxt").read_text(), "config.pbtxt")
+    assert list(config.input[0].dims) == [3, 24, 24]
+    # a shape that fits neither way names both readings
+    res = _cli(user_project, monkeypatch, run_cli, "export", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--input-shape", "1x5x24x24", "-o", "bad.onnx")
+    assert res.exit_code == 2 and "nor without their leading 1" in res.stderr
+    assert not (user_project / "bad.onnx").exists()
+    res = _cli(user_project, monkeypatch, run_cli, "export", "demo", "--data", "imgs", "-o", "demo.onnx")
+    assert res.exit_code == 2 and "--data does not apply to demo" in res.stderr
 
 
-def test_deploy_passes_exclusions_and_accuracy_target_to_quantize(tmp_path, run_cli, demo_onnx):
-    base = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
-                   "--repo", tmp_path / "r0", "--name", "d", "--method", "minmax")
-    assert base.exit_code == 0 and "int8" in base.output, base.output
-    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
-                  "--repo", tmp_path / "r1", "--name", "d", "--method", "minmax", "--exclude-op", "Conv")
-    assert res.exit_code == 0 and "int8" in res.output, res.output
-    ops0, ops1 = onnx_ops(tmp_path / "r0" / "d" / "1" / "model.onnx"), onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
-    assert ops1.count("DequantizeLinear") < ops0.count("DequantizeLinear")
-    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
-                  "--repo", tmp_path / "r2", "--accuracy-target", "top1=101")
-    assert res.exit_code == 2 and "--accuracy-target" in res.stderr
+class FragileSecondOutput(TwoHeads):
+    """TwoHeads whose embedding is the small difference of two nearly equal convolutions: INT8
+    rounding (about 1/256 of each conv's range) swamps it, so it cannot keep a cosine of 0.99."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a, self.b = torch.nn.Conv2d(3, 4, 3), torch.nn.Conv2d(3, 4, 3)
+        with torch.no_grad():
+            self.b.weight.copy_(self.a.weight * (1 + 1e-3 * torch.randn_like(self.a.weight)))
+            self.b.bias.copy_(self.a.bias)
+
+    def forward(self, x):
+        logits, _ = super().forward(x)
+        return logits, (self.a(x) - self.b(x)).mean((2, 3))
+
+
+def test_an_output_the_check_does_not_gate_is_still_measured_and_named(tmp_path, run_cli):
+    """Two outputs: the check gates the first; the second, far below the cosine floor after INT8,
+    is named in deploy's notes; gating it (--metric-output) falls back to FP32 naming it."""
+    torch.manual_seed(0)
+    model = tmp_path / "two.onnx"
+    torch.onnx.export(FragileSecondOutput().eval(), (torch.zeros(1, 3, 32, 32),), str(model), input_names=["input"],
+                      output_names=["logits", "embedding"], dynamo=False,
+                      dynamic_axes={n: {0: "batch"} for n in ("input", "logits", "embedding")})
+    x = np.random.default_rng(0).standard_normal((96, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    common = ("--data", tmp_path / "x.npy", "--backend", "onnxruntime", "--name", "two", "--method", "minmax",
+              "--smooth-quant", "off")
+    res = run_cli("deploy", model, *common, "--repo", tmp_path / "r")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "int8" in res.output and "held-out check vs FP32 on 'logits' passed" in res.output
+    assert "note: INT8 output 'embedding': mean cosine vs FP32" in res.output and "not gated" in res.output
+    res = run_cli("deploy", model, *common, "--repo", tmp_path / "r2", "--metric-output", "embedding")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "INT8 not shipped: output 'embedding': mean cosine vs FP32" in res.output and "fp32" in res.output

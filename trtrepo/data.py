@@ -260,6 +260,19 @@ class DataSource:
             return None
         return np.asarray([s.label for s in self], dtype=np.int64)
 
+    def sample_files(self) -> list[Path] | None:
+        """The file each sample was read from, in iteration order; ``None`` when the samples do
+        not come one per file (arrays, callables)."""
+        return None
+
+    def sample_names(self) -> list[str] | None:
+        """Names of the samples in reports: file paths relative to the data folder."""
+        files = self.sample_files()
+        if files is None:
+            return None
+        root = Path(self.name)
+        return [str(f.relative_to(root)) if f.is_relative_to(root) else str(f) for f in files]
+
 
 class ArraySource(DataSource):
     """Arrays with the samples on axis 0, one per input name."""
@@ -318,6 +331,9 @@ class ImageFolderSource(DataSource):
             raise UsageError(f"{path}: cannot read image ({exc})") from exc
         label = None if self._labels is None else int(self._labels[i])
         return Sample({self.preprocess.input_name: arr}, label)  # type: ignore[dict-item]
+
+    def sample_files(self) -> list[Path] | None:
+        return [self.files[int(i)] for i in self._indices]
 
 
 class ListSource(DataSource):
@@ -513,6 +529,10 @@ class _BoundSource(DataSource):
     def _load(self, i: int) -> Sample:
         s = self.inner._load(int(self.inner._indices[i]))
         return Sample({self.input_name if k is None else k: v for k, v in s.inputs.items()}, s.label)
+
+    def sample_files(self) -> list[Path] | None:
+        files = self.inner.sample_files()
+        return None if files is None else [files[int(i)] for i in self._indices]
 
 
 def _bind_names(source: DataSource, io: ModelIO | None) -> DataSource:

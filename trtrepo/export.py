@@ -183,6 +183,7 @@ class InputShape:
     name: str
     shape: tuple[int, ...]
     dtype: str = "float32"
+    given: str | None = None  # the --input-shape text it came from
 
 
 def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
@@ -240,8 +241,8 @@ def resolve_inputs(source: ModelSource, input_shapes: Sequence[str] = (), data: 
         return None, {}
     if input_shapes:
         parsed = [parse_input_shape(t) for t in input_shapes]
-        return [InputShape(name or ("input" if len(parsed) == 1 else f"input{i}"), shape)
-                for i, (name, shape) in enumerate(parsed)], {}
+        return [InputShape(name or ("input" if len(parsed) == 1 else f"input{i}"), shape, given=text)
+                for i, ((name, shape), text) in enumerate(zip(parsed, input_shapes, strict=True))], {}
     if data is not None:
         return inputs_from_data(data)
     return None, {}
@@ -357,12 +358,27 @@ def export_onnx(
     names = [i.name for i in inputs]
     if len(set(names)) != len(names):
         raise UsageError(f"input names are not unique: {', '.join(names)}")
+    notes: list[str] = []
     export_feed = _random_batch(inputs, 2, seed=0)
     try:
         ref_out = _torch_outputs(torch, model, export_feed, names)
     except Exception as exc:
         shapes = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in inputs)
-        raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: {exc}") from exc
+        retry = _without_batch(inputs)
+        if retry is None:
+            raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        try:  # trtexec-style shapes (batch included): the model runs once the leading 1 is dropped
+            export_feed = _random_batch(retry, 2, seed=0)
+            ref_out = _torch_outputs(torch, model, export_feed, names)
+        except Exception:
+            raise UsageError(f"{source.location}: the model does not run on inputs {shapes} (batch axis excluded), nor "
+                             f"without their leading 1: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                             ) from exc
+        fixed = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in retry)
+        notes.append(f"--input-shape {', '.join(str(i.given) for i in inputs)} includes the batch axis: --input-shape "
+                     f"excludes it (build/deploy --shape include it, trtexec-style); exported with {fixed}")
+        inputs = retry
     if output_names is None and plugin is not None:
         output_names = list(plugin.output_names)
     if output_names is None:
@@ -416,4 +432,12 @@ def export_onnx(
                 max_err = max(max_err, err)
                 if not np.allclose(g, e, atol=atol, rtol=rtol):
                     raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
-    return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None)
+    return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None, notes=notes)
+
+
+def _without_batch(inputs: Sequence[InputShape]) -> list[InputShape] | None:
+    """``--input-shape`` values given trtexec-style (``1x3x224x224``): the same without the leading
+    1; None when an input did not come from ``--input-shape`` or does not start with a 1."""
+    if not inputs or any(i.given is None or len(i.shape) < 2 or i.shape[0] != 1 for i in inputs):
+        return None
+    return [InputShape(i.name, i.shape[1:], i.dtype, i.given) for i in inputs]

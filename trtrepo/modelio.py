@@ -51,6 +51,7 @@ _NUMPY_TO_TRITON = {
     "float32": "TYPE_FP32",
     "float64": "TYPE_FP64",
     "bfloat16": "TYPE_BF16",
+    "object": "TYPE_STRING",  # bytes (encoded images into an ensemble); numpy object arrays
 }
 
 
@@ -94,7 +95,8 @@ class TensorSpec:
     @property
     def triton_dtype_short(self) -> str:
         """Data type as tritonclient names it (``FP32``, ``INT64``...)."""
-        return _NUMPY_TO_TRITON[self.dtype].removeprefix("TYPE_")
+        short = _NUMPY_TO_TRITON[self.dtype].removeprefix("TYPE_")
+        return "BYTES" if short == "STRING" else short
 
     @property
     def sample_shape(self) -> tuple[int, ...]:

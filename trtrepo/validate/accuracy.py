@@ -42,6 +42,8 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
         try:
             inputs, axes = resolve_inputs(src, input_shapes, data)
             result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None)
+            for note in result.notes:
+                log.warning("--reference %s: %s", reference, note)
         except UsageError as exc:
             raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
                              f"give --input-shape or the deployed ONNX model with --onnx") from exc
@@ -113,10 +115,15 @@ def reference_rows(reference: Callable[[dict[str, np.ndarray]], dict[str, np.nda
 def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
                  reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
                  labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
-                 label_output: str | None = None, progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                 label_output: str | None = None, progress: Callable[[int], None] | None = None,
+                 names: Sequence[str] | None = None) -> dict[str, Any]:
     """Send every payload once and compare its outputs with the reference's (a callable run on
     the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
-    shapes are set to the reference's (the latency phase checks responses against them)."""
+    shapes are set to the reference's (the latency phase checks responses against them).
+
+    ``names``: one name per sample position (the data's file names): the worst samples and the
+    per-sample rows (``per_sample``: cosine of every output, and top-1 of both sides with their
+    agreement for the label output) carry it as ``file``."""
     ref_parts: list[dict[str, np.ndarray]] = []
     for p in payloads:
         if isinstance(reference, Sequence):  # per-sample rows (see reference_rows)
@@ -131,14 +138,15 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     has_labels = all(lb is not None for lb in labels)
     y = np.concatenate([np.asarray(lb) for lb in labels]) if has_labels and labels else None
     index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
-    names = list(ref_parts[0])
-    if label_output is not None and label_output not in names:
-        raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(names)})")
-    classifiers = [n for n in names if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)]
+    outputs = list(ref_parts[0])
+    if label_output is not None and label_output not in outputs:
+        raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
+    classifiers = [n for n in outputs if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)]
     primary = label_output or (classifiers[0] if classifiers else None)
     metrics: dict[str, Any] = {}
     worst_rows: dict[str, list[dict[str, Any]]] = {}
-    for name in names:
+    cosines: dict[str, np.ndarray] = {}
+    for name in outputs:
         refs = [r[name] for r in ref_parts]
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
         is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
@@ -146,13 +154,38 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
         d = m.to_dict()
         d["top1_drop_points"] = m.top1_drop_points
         metrics[name] = d
-        worst_rows[name] = _worst(cos, refs, served, index, y, worst)
+        cosines[name] = cos
+        worst_rows[name] = _worst(cos, refs, served, index, y, worst, names)
+    top1 = None
+    if primary is not None and primary in classifiers:
+        top1 = (np.concatenate([np.argmax(r[primary], axis=1) for r in ref_parts]),
+                np.concatenate([np.argmax(s[primary], axis=1) for s in served_parts]))
     return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
-            "worst_samples": worst_rows}
+            "worst_samples": worst_rows, "per_sample": per_sample_rows(index, cosines, top1, y, names)}
+
+
+def per_sample_rows(index: np.ndarray, cosines: dict[str, np.ndarray], top1: tuple[np.ndarray, np.ndarray] | None,
+                    labels: np.ndarray | None, names: Sequence[str] | None) -> list[dict[str, Any]]:
+    """One row per sample, in data order: its position (and file), the cosine of every output
+    and, for the label output, both top-1 classes and whether they agree."""
+    rows = []
+    for j, pos in enumerate(index):
+        row: dict[str, Any] = {"sample": int(pos)}
+        if names is not None:
+            row["file"] = names[int(pos)]
+        row["cosine"] = {k: float(v[j]) for k, v in cosines.items() if len(v) == len(index)}
+        if top1 is not None:
+            row["reference_top1"], row["served_top1"] = int(top1[0][j]), int(top1[1][j])
+            row["top1_agree"] = bool(top1[0][j] == top1[1][j])
+        if labels is not None:
+            row["label"] = int(labels[j])
+        rows.append(row)
+    order = np.argsort(index, kind="stable")
+    return [rows[int(k)] for k in order]
 
 
 def _worst(cos: np.ndarray, refs: list[np.ndarray], served: list[np.ndarray], index: np.ndarray,
-           labels: np.ndarray | None, k: int) -> list[dict[str, Any]]:
+           labels: np.ndarray | None, k: int, names: Sequence[str] | None = None) -> list[dict[str, Any]]:
     if k <= 0 or len(cos) == 0:
         return []
     rows_ref = [row for r in refs for row in r]
@@ -162,6 +195,8 @@ def _worst(cos: np.ndarray, refs: list[np.ndarray], served: list[np.ndarray], in
     out = []
     for j in order:
         row: dict[str, Any] = {"sample": int(index[j]), "cosine": float(cos[j]), "max_abs_error": float(err[j])}
+        if names is not None:
+            row["file"] = names[int(index[j])]
         if rows_ref[j].ndim == 1 and rows_ref[j].size >= 2:
             row["reference_top1"] = int(np.argmax(rows_ref[j]))
             row["served_top1"] = int(np.argmax(rows_srv[j]))

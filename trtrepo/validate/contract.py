@@ -142,6 +142,27 @@ def compare_contract(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[s
     return issues
 
 
+def encoded_input(io: ModelIO, metadata: Mapping[str, Any]) -> str | None:
+    """The served model's input name when it takes encoded bytes where the reference takes one
+    tensor (an image ensemble: one ``BYTES`` input, decoded and preprocessed on the server);
+    ``None`` otherwise."""
+    served = list(metadata.get("inputs", []))
+    if len(served) == 1 and served[0].get("datatype") == "BYTES" and len(io.inputs) == 1 \
+            and io.inputs[0].dtype != "object":
+        return str(served[0]["name"])
+    return None
+
+
+def endpoint_io(io: ModelIO, image_input: str) -> ModelIO:
+    """The IO clients see at an image endpoint: one ``BYTES`` input of one encoded file per
+    sample (``[-1, 1]`` with a batch axis, ``[1]`` without), the reference's outputs."""
+    from ..modelio import TensorSpec
+
+    batched = io.has_batch_axis
+    spec = TensorSpec(image_input, "object", (-1, 1) if batched else (1,), 0 if batched else None)
+    return ModelIO((spec,), io.outputs, source=io.source)
+
+
 @dataclass
 class ThresholdResult:
     name: str

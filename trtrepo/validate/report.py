@@ -88,10 +88,14 @@ class ValidationReport:
                 if not rows:
                     continue
                 lines += ["", f"Worst samples of `{name}` (lowest cosine):", "",
-                          "| sample | cosine | max abs err | reference top-1 | served top-1 | label |", "|---|---|---|---|---|---|"]
+                          "| sample | file | cosine | max abs err | reference top-1 | served top-1 | label |",
+                          "|---|---|---|---|---|---|---|"]
                 for r in rows:
-                    lines.append(f"| {r['sample']} | {r['cosine']:.6f} | {r['max_abs_error']:.4g} | {r.get('reference_top1', '-')} | "
-                                 f"{r.get('served_top1', '-')} | {r.get('label', '-')} |")
+                    lines.append(f"| {r['sample']} | {r.get('file', '-')} | {r['cosine']:.6f} | {r['max_abs_error']:.4g} | "
+                                 f"{r.get('reference_top1', '-')} | {r.get('served_top1', '-')} | {r.get('label', '-')} |")
+            if a.get("per_sample"):
+                lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
+                          f"sides): `per_sample` in validate.json and samples.csv."]
         if self.latency:
             lat = self.latency
             budget = f"{lat['requests_per_level']} requests" if lat.get("requests_per_level") else f"{lat['duration_s']:g} s"
@@ -129,13 +133,38 @@ class ValidationReport:
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         paths = {"json": folder / "validate.json", "markdown": folder / "validate.md"}
+        if self.accuracy and self.accuracy.get("per_sample"):
+            paths["samples"] = folder / "samples.csv"
         if (self.latency and self.latency.get("levels")) or (self.speed_vs_reference and self.speed_vs_reference.get("rows")):
             paths["plot"] = folder / "latency.png"
         self.files = {k: str(v) for k, v in paths.items()}
         if "plot" in paths:
             write_plot(self, paths["plot"])
+        if "samples" in paths:
+            write_samples_csv(self.accuracy["per_sample"], paths["samples"])  # type: ignore[index]
         write_report(folder, "validate", self.to_json(), self.to_markdown())
         return paths
+
+
+def write_samples_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
+    """``samples.csv``: one row per sample (position, file, label, top-1 of both sides and their
+    agreement, cosine per output), written atomically."""
+    import csv
+    import io
+
+    from ..fsutil import atomic_write_bytes
+
+    outputs = list(rows[0].get("cosine", {})) if rows else []
+    head = ["sample", "file", "label", "reference_top1", "served_top1", "top1_agree"] + [f"cosine[{o}]" for o in outputs]
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(head)
+    for r in rows:
+        w.writerow([r["sample"], r.get("file", ""), r.get("label", ""), r.get("reference_top1", ""),
+                    r.get("served_top1", ""), "" if "top1_agree" not in r else int(r["top1_agree"])]
+                   + [f"{r['cosine'][o]:.6f}" if o in r.get("cosine", {}) else "" for o in outputs])
+    atomic_write_bytes(path, buf.getvalue().encode())
+    return Path(path)
 
 
 def _pct(v: float | None) -> str:

@@ -16,7 +16,16 @@ from ..modelio import ModelIO
 from ..speed import SpeedOptions
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget, _cuda_shm
-from .contract import ContractError, _booked, check_thresholds, compare_contract, latency_summary, stats_diff
+from .contract import (
+    ContractError,
+    _booked,
+    check_thresholds,
+    compare_contract,
+    encoded_input,
+    endpoint_io,
+    latency_summary,
+    stats_diff,
+)
 from .options import Thresholds, ValidateOptions
 from .report import ValidationReport
 
@@ -39,6 +48,19 @@ def make_payloads(source: Any, io: ModelIO, batch_size: int) -> tuple[list[Paylo
     if not payloads:
         raise UsageError(f"{getattr(source, 'name', 'data')}: no samples")
     return payloads, labels
+
+
+def encoded_payloads(payloads: Sequence[Payload], files: Sequence[Path], image_input: str) -> list[Payload]:
+    """The same batches as requests to an image endpoint: each sample's file bytes, as read from
+    disk (the server decodes and preprocesses them), one ``[batch, 1]`` object array."""
+    out = []
+    for p in payloads:
+        idx = p.indices if p.indices is not None else np.arange(p.batch)
+        blobs = np.empty((len(idx), 1), dtype=object)
+        for row, i in enumerate(idx):
+            blobs[row, 0] = Path(files[int(i)]).read_bytes()
+        out.append(Payload({image_input: blobs}, dict(p.expected), p.indices))
+    return out
 
 
 def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
@@ -82,22 +104,32 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
         info = target.wait_ready()
         metadata, config = target.metadata(), target.config()
         version = target.resolve_version(metadata)
-        mismatches = compare_contract(io, metadata, config, batch_size=options.batch_size)
+        served_io, image_input = io, encoded_input(io, metadata)
+        if image_input is not None:  # an image ensemble: the files themselves go to the server
+            files = source.sample_files()
+            if files is None:
+                raise UsageError(f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): --data "
+                                 f"must be an image folder, whose files go to the server as they are and through "
+                                 f"--preprocess into the reference")
+            served_io = endpoint_io(io, image_input)
+            payloads = encoded_payloads(payloads, files, image_input)
+        mismatches = compare_contract(served_io, metadata, config, batch_size=options.batch_size)
         server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
                   "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
                   "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data)),
                   "max_batch_size": int(config.get("max_batch_size", 0) or 0),
-                  "dynamic_batching": "dynamic_batching" in config}
+                  "dynamic_batching": "dynamic_batching" in config,
+                  "endpoint": "encoded images" if image_input else "tensors", "image_input": image_input}
         contract = {"ok": not mismatches, "max_batch_size": server["max_batch_size"],
                     "mismatches": [m.to_dict() for m in mismatches],
-                    "reference_io": io.to_dict(), "served": {"inputs": metadata.get("inputs", []),
+                    "reference_io": io.to_dict(), "request_io": served_io.to_dict(), "served": {"inputs": metadata.get("inputs", []),
                                                              "outputs": metadata.get("outputs", [])}}
         report = ValidationReport(server, contract)
         if mismatches:
             if report_dir is not None:
                 report.write(report_dir)
             raise ContractError(options.model, mismatches)
-        target.prepare(io)
+        target.prepare(served_io)
         if options.accuracy:
             ref = make_reference(reference, io, weights=weights)
             bar = _progress(len(source), "reference", options.progress)
@@ -109,13 +141,16 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
             try:
                 report.accuracy = run_accuracy(target, payloads, rows, batch_labels, concurrency=max(options.concurrency),
                                                worst=options.worst, label_output=options.label_output,
-                                               progress=bar.update)
+                                               progress=bar.update, names=source.sample_names())
             finally:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
             report.latency = run_latency(target, payloads, options, version)
-        if speed is not None and speed_device is not None:
+        if speed is not None and image_input is not None:
+            log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
+                        "the reference); validate the model behind the ensemble for that", options.model)
+        elif speed is not None and speed_device is not None:
             report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
                                                   device=speed_device, server=server, accuracy=report.accuracy,
                                                   progress=options.progress)
