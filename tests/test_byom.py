@@ -263,6 +263,64 @@ def test_an_output_the_check_does_not_gate_is_still_measured_and_named(tmp_path,
     assert "INT8 not shipped: output 'embedding': mean cosine vs FP32" in res.output and "fp32" in res.output
 
 
+def _sha(path: Path) -> str:
+    import hashlib
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+
+
+def test_deploy_a_qdq_model_as_given(tmp_path, monkeypatch, run_cli, demo_onnx):
+    """A model quantized earlier (trtrepo quantize here) is deployed byte for byte and reported int8."""
+    qdq = tmp_path / "demo.qdq.onnx"
+    res = run_cli("quantize", demo_onnx, "--data", "demo:calib", "--limit", "64", "--method", "minmax",
+                  "--target", "onnxruntime", "-o", qdq, "--no-progress")
+    assert res.exit_code == 0, res.output
+    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo", "--name", "q")
+    assert res.exit_code == 0, res.output
+    assert "int8" in res.output and "deployed as is" in res.output
+    assert _sha(tmp_path / "repo" / "q" / "1" / "model.onnx") == _sha(qdq)
+    res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo2", "--precision", "fp32")
+    assert res.exit_code == 2 and "already a Q/DQ INT8 model" in res.stderr
+
+
+def test_deploy_with_a_calibration_cache_does_not_calibrate(tmp_path, run_cli, demo_onnx):
+    """No --data at all: without the cache deploy falls back to FP32; with it, INT8 from the cache."""
+    cache = tmp_path / "demo.cache"
+    res = run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--limit", "128", "--cache", cache, "--no-progress")
+    assert res.exit_code == 0, res.output
+    plain = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r0", "--name", "d")
+    assert plain.exit_code == 0 and "fp32" in plain.output
+    res = run_cli("deploy", demo_onnx, "--backend", "onnxruntime", "--repo", tmp_path / "r1", "--name", "d",
+                  "--cache", cache)
+    assert res.exit_code == 0, res.output
+    assert "from --cache" in res.output and "no calibration" in res.output and "int8" in res.output
+    assert "NOT measured" in res.output  # no data for the check against FP32
+    deployed = onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
+    assert deployed.count("QuantizeLinear") > 0 and deployed.count("DequantizeLinear") > 0
+    res = run_cli("deploy", demo_onnx, "--repo", tmp_path / "r2", "--cache", cache, "--ranges", cache)
+    assert res.exit_code == 2 and "only one of --cache, --ranges" in res.stderr
+
+
+def onnx_ops(path: Path) -> list[str]:
+    import onnx
+
+    return [n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node]
+
+
+def test_deploy_passes_exclusions_and_accuracy_target_to_quantize(tmp_path, run_cli, demo_onnx):
+    base = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                   "--repo", tmp_path / "r0", "--name", "d", "--method", "minmax")
+    assert base.exit_code == 0 and "int8" in base.output, base.output
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                  "--repo", tmp_path / "r1", "--name", "d", "--method", "minmax", "--exclude-op", "Conv")
+    assert res.exit_code == 0 and "int8" in res.output, res.output
+    ops0, ops1 = onnx_ops(tmp_path / "r0" / "d" / "1" / "model.onnx"), onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
+    assert ops1.count("DequantizeLinear") < ops0.count("DequantizeLinear")
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                  "--repo", tmp_path / "r2", "--accuracy-target", "top1=101")
+    assert res.exit_code == 2 and "--accuracy-target" in res.stderr
+
+
 def _torchvision_cli() -> list[str] | None:
     """How to run trtrepo where torchvision imports: this interpreter, or the second venv that
     .ci/run names in TRTREPO_TORCHVISION_PYTHON (torchvision does not import beside torch 2.13)."""
@@ -317,3 +375,17 @@ def test_a_torchvision_name_with_trained_weights_deploys_and_validates_through_i
     assert [r["file"] for r in rows] == sorted(p.name for p in (user_project / "imgs").iterdir())
     if precision == "fp32":  # the same FP32 graph on both sides: every file agrees
         assert all(r["top1_agree"] for r in rows)
+
+
+def test_deploy_passes_target_to_quantize(tmp_path, run_cli, demo_onnx):
+    """--target picks the Q/DQ placement rules independently of the backend; the note says so."""
+    counts = {}
+    for target in ("onnxruntime", "tensorrt"):
+        res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "128", "--backend", "onnxruntime",
+                      "--repo", tmp_path / target, "--name", "d", "--method", "minmax", "--target", target)
+        assert res.exit_code == 0 and "int8" in res.output, res.output + res.stderr
+        assert ("--target tensorrt: Q/DQ placed by tensorrt's rules" in res.output) == (target == "tensorrt")
+        assert f"Q/DQ INT8 for {target}" in res.output
+        ops = onnx_ops(tmp_path / target / "d" / "1" / "model.onnx")
+        counts[target] = (ops.count("QuantizeLinear"), ops.count("DequantizeLinear"))
+    assert counts["onnxruntime"] != counts["tensorrt"]

@@ -67,10 +67,13 @@ class DeployOptions:
     exclude_ops: tuple[str, ...] = ()  # op types left in float (trtrepo quantize --exclude-op)
     exclude_nodes: tuple[str, ...] = ()  # node names / regexes left in float (--exclude-node)
     accuracy_target: str | None = None  # --accuracy-target: keep INT8 where it is harmless (trtrepo quantize's)
+    target: str = "auto"  # Q/DQ placement rules: auto = the backend's (tensorrt for plans, onnxruntime otherwise)
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
             raise UsageError(f"--backend {self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
+        if self.target not in ("auto", "tensorrt", "onnxruntime"):
+            raise UsageError(f"--target {self.target!r}: one of auto, tensorrt, onnxruntime")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
@@ -399,7 +402,10 @@ def deploy(opts: DeployOptions) -> DeployReport:
         onnx_path, io = _export_step(opts, work, report)
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
-        target = spec.quantize_target
+        target = spec.quantize_target if opts.target == "auto" else opts.target
+        if target != spec.quantize_target:
+            report.notes.append(f"--target {target}: Q/DQ placed by {target}'s rules for the {backend} backend "
+                                f"(its own rules are {spec.quantize_target}'s)")
         calibration = CalibrationData(opts, io)  # opened once, when a step first needs it
         model_path, precision = _int8_step(opts, onnx_path, io, target, work, report, calibration)
         plan = _build_step(opts, model_path, backend, work, report, io, calibration)

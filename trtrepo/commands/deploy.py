@@ -53,6 +53,9 @@ from ._options import data_options
                    "session.x64quantprecision is not set (Triton's onnxruntime backend).")
 @click.option("--method", type=click.Choice(H.method_names(auto=True)), default="auto",
               show_default=True, help="INT8 range calibrator; auto keeps the best of the registered methods on held-out data.")
+@click.option("--target", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True,
+              help="Q/DQ placement rules (trtrepo quantize --target); auto: the backend's (tensorrt for a plan, "
+                   "onnxruntime for the ONNX Runtime and Python backends).")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
               help="SmoothQuant on MatMul/Gemm inputs (auto: alpha chosen on held-out data, or none).")
 @click.option("--accept-accuracy-loss", is_flag=True,
@@ -64,7 +67,7 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, input_shapes: tuple[str, ...],
-            metric_output: str | None, reduce_range: bool, method: str, smooth_quant: str, accept_accuracy_loss: bool,
+            metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
             data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
@@ -84,7 +87,7 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
         accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
         ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
-        accuracy_target=accuracy_target,
+        accuracy_target=accuracy_target, target=target,
     )
     report = deploy(opts)
     for line in report.summary_lines():
