@@ -389,3 +389,40 @@ def test_deploy_passes_target_to_quantize(tmp_path, run_cli, demo_onnx):
         ops = onnx_ops(tmp_path / target / "d" / "1" / "model.onnx")
         counts[target] = (ops.count("QuantizeLinear"), ops.count("DequantizeLinear"))
     assert counts["onnxruntime"] != counts["tensorrt"]
+
+
+class OneChannelTwoOutputs(torch.nn.Module):
+    """A 1-channel 3x3 conv with two pooled outputs: the ONNX Runtime rules keep such a small conv in
+    float (its float kernel is faster), so nothing is left to quantize."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = torch.nn.Conv2d(1, 8, 3)
+
+    def forward(self, x):
+        y = torch.relu(self.conv(x))
+        return y.mean((2, 3)), y.amax((2, 3))
+
+
+def test_a_two_output_model_with_nothing_to_quantize_deploys_fp32_naming_the_real_cause(tmp_path, run_cli):
+    torch.manual_seed(0)
+    model = tmp_path / "small.onnx"
+    torch.onnx.export(OneChannelTwoOutputs().eval(), (torch.zeros(1, 1, 16, 16),), str(model), input_names=["x"],
+                      output_names=["mean", "max"], dynamo=False,
+                      dynamic_axes={n: {0: "batch"} for n in ("x", "mean", "max")})
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((64, 1, 16, 16)).astype(np.float32))
+    res = run_cli("deploy", model, "--data", tmp_path / "x.npy", "--backend", "onnxruntime", "--repo", tmp_path / "r",
+                  "--name", "small")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "fallback" in res.output and "small convolution(s) kept in float for onnxruntime" in res.output
+    assert "--exclude-op" not in res.output
+    config = parse_config_text((tmp_path / "r" / "small" / "config.pbtxt").read_text(), "config.pbtxt")
+    assert [o.name for o in config.output] == ["mean", "max"]
+    res = run_cli("deploy", model, "--data", tmp_path / "x.npy", "--backend", "onnxruntime", "--repo", tmp_path / "r2",
+                  "--precision", "int8")
+    assert res.exit_code == 2 and "--precision int8: nothing to quantize" in res.stderr and "/conv/Conv" in res.stderr
+    assert not (tmp_path / "r2").exists()
+    # the exclusion options are named only when they did it
+    res = run_cli("quantize", model, "--data", tmp_path / "x.npy", "--target", "tensorrt", "--exclude-op", "Conv",
+                  "-o", tmp_path / "q.onnx")
+    assert res.exit_code == 2 and "1 excluded by --exclude-op/--exclude-node" in res.stderr

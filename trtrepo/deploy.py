@@ -222,7 +222,7 @@ class CalibrationData:
 def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
                report: DeployReport, calibration: CalibrationData | None = None) -> tuple[Path, str]:
     """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
-    from . import autoquant
+    from .quantize import NothingToQuantize
 
     with _timed(report, "int8") as step:
         qdq = qdq_counts(onnx_path)
@@ -239,32 +239,46 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             step.status, step.detail = "skipped", "--precision fp32"
             return onnx_path, "fp32"
         calibration = calibration or CalibrationData(opts, io)
-        data = calibration.spec
-        if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
-            return _int8_from_ranges(opts, onnx_path, target, work, report, step, calibration)
-        if data is None:
-            reason = "no calibration data (give --data)"
+        try:
+            return _quantize(opts, onnx_path, target, work, report, step, calibration)
+        except NothingToQuantize as exc:  # a model INT8 cannot speed up: FP32, saying why
             if opts.precision == "int8":
-                raise UsageError(f"--precision int8: {reason}")
-            step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
+                raise UsageError(f"--precision int8: {exc.message}") from exc
+            step.status, step.detail = "fallback", f"{exc.message}: deploying the FP32 ONNX model"
             return onnx_path, "fp32"
-        source = calibration.source()
-        out = work / "model.int8.onnx"
-        extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
-        if opts.reduce_range:
-            if target != "onnxruntime":
-                raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
-            extra["reduce_range"] = True
-        result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
-                                               method=opts.method, smooth_quant=opts.smooth_quant,
-                                               exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
-                                               accuracy_target=opts.accuracy_target, **extra)
-        method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
-        sq = (result.report or {}).get("smooth_quant") or {}
-        if sq.get("alpha") is not None:
-            method += f", smooth-quant {sq['alpha']}"
-        step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
-        return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
+
+
+def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport, step: Any,
+              calibration: CalibrationData) -> tuple[Path, str]:
+    """Quantize with ``--cache``/``--ranges`` or by calibrating on the data; FP32 without data."""
+    from . import autoquant
+
+    data = calibration.spec
+    if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
+        return _int8_from_ranges(opts, onnx_path, target, work, report, step, calibration)
+    if data is None:
+        reason = "no calibration data (give --data)"
+        if opts.precision == "int8":
+            raise UsageError(f"--precision int8: {reason}")
+        step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
+        return onnx_path, "fp32"
+    source = calibration.source()
+    out = work / "model.int8.onnx"
+    extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
+    if opts.reduce_range:
+        if target != "onnxruntime":
+            raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
+        extra["reduce_range"] = True
+    result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
+                                           method=opts.method, smooth_quant=opts.smooth_quant,
+                                           exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
+                                           accuracy_target=opts.accuracy_target, **extra)
+    method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
+    sq = (result.report or {}).get("smooth_quant") or {}
+    if sq.get("alpha") is not None:
+        method += f", smooth-quant {sq['alpha']}"
+    step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
+    return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
 
 
 def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,

@@ -879,6 +879,29 @@ class QuantizedModel:
     activation_qparams: dict[str, QParams]
 
 
+class NothingToQuantize(UsageError):
+    """Every quantizable operator stays float (named why): ``deploy`` then ships FP32."""
+
+
+def _why_nothing(plan: QdqPlan, options: QuantizeOptions) -> str:
+    """Why no Q/DQ point is left, from the plan's own records (exclusions the user gave, rules)."""
+    def some(names: Sequence[str]) -> str:
+        return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+
+    why = []
+    if plan.excluded:
+        why.append(f"{len(plan.excluded)} excluded by --exclude-op/--exclude-node ({some(plan.excluded)})")
+    if plan.kept_float:
+        why.append(f"{len(plan.kept_float)} small convolution(s) kept in float for {options.target} (reduction "
+                   f"Cin*kh*kw below {options.ort_min_reduction}: its float kernel is faster; {some(plan.kept_float)})")
+    if plan.auto_float:
+        first = next(iter(plan.auto_float.items()))
+        why.append(f"{len(plan.auto_float)} kept in float by the placement rules (e.g. {first[0]}: {first[1]})")
+    if not why:
+        why.append("the placement rules place no Q/DQ (the only quantizable inputs are graph outputs or constants)")
+    return "nothing to quantize: every quantizable operator stays float: " + "; ".join(why)
+
+
 def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
                *, source: str = "ranges", warn: bool = True) -> QuantizedModel:
     """Return a copy of ``model`` with Q/DQ nodes placed by the target's rules.
@@ -898,7 +921,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     if warn:
         warn_float(plan)
     if not plan.points:
-        raise UsageError("every quantizable operator is excluded (--exclude-op/--exclude-node); nothing to quantize")
+        raise NothingToQuantize(_why_nothing(plan, options))
 
     # Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra
     # tensors of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a
