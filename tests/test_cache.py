@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import struct
 from pathlib import Path
 
@@ -115,7 +116,8 @@ def test_json_ranges_round_trip(tmp_path: Path) -> None:
     r = Ranges({"a": 1.5, "b": 0.0}, method="percentile", options={"percentile": 99.9}, num_samples=10, num_bins=2048)
     path = r.save_json(tmp_path / "r.json")
     back = Ranges.load_json(path)
-    assert dict(back) == dict(r) and back.method == "percentile" and back.options == {"percentile": 99.9}
+    assert back["a"] == r["a"] and back.method == "percentile" and back.options == {"percentile": 99.9}
+    assert back["b"] == pytest.approx(C.MIN_SCALE * 127)  # a zero range is stored as the smallest one, as in caches
     assert back.scales()["a"] == pytest.approx(1.5 / 127, rel=1e-7)
     (tmp_path / "bad.json").write_text('{"tensors": {"a": {}}}')
     with pytest.raises(UsageError, match="amax"):
@@ -139,3 +141,58 @@ def test_header_of_bytes_and_with_header() -> None:
     moved = with_header(data, CacheHeader(110400, header.algorithm))
     assert moved.split(b"\n", 1)[1] == data.split(b"\n", 1)[1] and header_of(moved) == CacheHeader(110400, header.algorithm)
     assert header_of(b"not a cache\nx: 3c000000") is None and header_of(b"") is None
+
+
+@pytest.mark.parametrize("bits, what", [("00000000", "amax 0 is not a range"), ("bf800000", "amax -127 is not a range"),
+                                        ("7f000000", "beyond float32's largest value"),
+                                        ("7fc00000", "amax nan is not a finite range"),
+                                        ("7f800000", "amax inf is not a finite range")])
+def test_a_cache_with_an_impossible_scale_is_refused_naming_file_line_and_tensor(tmp_path, demo_onnx, run_cli, bits, what):
+    """Issue 16 item 7: a zero scale used to become 1.0 (34 top-1 points lost), Inf/NaN/huge ones
+    gave misleading errors or were written on: now every reader refuses them, and nothing is written."""
+    good = tmp_path / "good.cache"
+    assert run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--limit", "32", "--cache", good,
+                   "--no-progress").exit_code == 0
+    lines = good.read_text().splitlines()
+    name = lines[1].split(":")[0]
+    bad = tmp_path / "bad.cache"
+    bad.write_text("\n".join([lines[0], f"{name}: {bits}", *lines[2:]]) + "\n")
+    before = bad.read_bytes()
+    for args in (("deploy", demo_onnx, "--cache", bad, "--backend", "onnxruntime", "--repo", tmp_path / "repo"),
+                 ("quantize", demo_onnx, "--cache", bad, "-o", tmp_path / "q.onnx"),
+                 ("calibrate", demo_onnx, "--cache", bad, "--ranges", tmp_path / "r.json")):
+        res = run_cli(*args)
+        assert res.exit_code == 2, res.output
+        assert f"{bad}: line 2: tensor '{name}'" in res.stderr and what in res.stderr
+        assert len(res.stderr.strip().splitlines()) == 1
+    assert not (tmp_path / "repo").exists() and not (tmp_path / "q.onnx").exists() and not (tmp_path / "r.json").exists()
+    assert bad.read_bytes() == before
+
+
+def test_ranges_json_and_dynamic_range_files_with_zero_or_non_finite_amax_are_refused(tmp_path, demo_onnx, run_cli):
+    r = tmp_path / "r.json"
+    assert run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--limit", "32", "--ranges", r,
+                   "--no-progress").exit_code == 0
+    data = json.loads(r.read_text())
+    name = next(iter(data["tensors"]))
+    for value in (0, -2.0, "NaN", 1e39):
+        data["tensors"][name]["amax"] = float(value)
+        bad = tmp_path / "bad.json"
+        bad.write_text(json.dumps(data))
+        res = run_cli("quantize", demo_onnx, "--ranges", bad, "-o", tmp_path / "q.onnx")
+        assert res.exit_code == 2 and f"{bad}: tensor '{name}': amax" in res.stderr, (value, res.stderr)
+    dr = tmp_path / "dr.txt"
+    dr.write_text(f"{name}:0\n")
+    from trtrepo.cache import read_dynamic_range
+
+    with pytest.raises(UsageError, match=rf"dr.txt: line 1: tensor '{name}': amax 0 is not a range"):
+        read_dynamic_range(dr)
+
+
+def test_a_tensor_that_is_zero_on_every_sample_round_trips_through_the_ranges_file(tmp_path):
+    from trtrepo.calibrate import Ranges
+
+    ranges = Ranges({"zeros": 0.0, "x": 2.0}, method="minmax")
+    ranges.save_json(tmp_path / "r.json")
+    back = Ranges.load_json(tmp_path / "r.json")
+    assert back["x"] == 2.0 and 0 < back["zeros"] < 1e-9

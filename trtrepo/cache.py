@@ -45,6 +45,25 @@ QMAX = 127.0
 # Scale written for a tensor whose range is 0 (all zeros): TensorRT needs a positive scale.
 MIN_SCALE = float(struct.unpack(">f", struct.pack(">f", 1e-12))[0])
 
+# The largest amax a range file may hold: float32's largest value (an amax beyond it cannot be a
+# float32 activation's range; a scale whose amax overflows is a corrupt or hand-made file).
+MAX_AMAX = 3.4028234663852886e38  # numpy.finfo(numpy.float32).max
+
+
+def check_range(name: str, amax: float, source: str) -> float:
+    """``amax`` of tensor ``name`` read from the file ``source``, or a :class:`UsageError` naming
+    both: zero (every value of the tensor would quantize to 0), negative, NaN/Inf and values
+    beyond float32 are not ranges."""
+    if amax != amax or amax in (float("inf"), float("-inf")):
+        raise UsageError(f"{source}: tensor '{name}': amax {amax} is not a finite range")
+    if amax <= 0:
+        raise UsageError(f"{source}: tensor '{name}': amax {amax:g} is not a range (must be > 0: a zero range "
+                         f"quantizes every value of the tensor to 0)")
+    if amax > MAX_AMAX:
+        raise UsageError(f"{source}: tensor '{name}': amax {amax:.3g} is beyond float32's largest value (3.4e38)")
+    return amax
+
+
 _HEADER = re.compile(r"^TRT-(\d+)-([A-Za-z0-9]+)$")
 _LINE = re.compile(r"^(.*): ?([0-9a-fA-F]{8})$")
 
@@ -150,6 +169,7 @@ def parse_cache(text: str, source: str = "calibration cache") -> tuple[CacheHead
         if name in scales:
             raise UsageError(f"{source}: line {number}: tensor '{name}' is listed twice")
         scales[name] = decode_scale(lm.group(2))
+        check_range(name, scales[name] * QMAX, f"{source}: line {number}")
     return header, scales
 
 
@@ -201,7 +221,7 @@ def read_dynamic_range(path: str | Path) -> dict[str, float]:
             amax = float("nan")
         if not sep or not name or amax != amax:
             raise UsageError(f"{p}: line {number} is not 'name:amax': {line[:80]!r}")
-        out[name] = amax
+        out[name] = check_range(name, amax, f"{p}: line {number}")
     return out
 
 

@@ -319,7 +319,8 @@ class Ranges(Mapping[str, float]):
         scales = self.scales()
         tensors: dict[str, Any] = {}
         for name, amax in self._amax.items():
-            entry: dict[str, Any] = {"amax": amax, "scale": scales[name]}
+            # a tensor that was 0 on every sample: the smallest range a file holds (as in the cache)
+            entry: dict[str, Any] = {"amax": amax or scales[name] * 127.0, "scale": scales[name]}
             if statistics is not None and name in statistics:
                 t = statistics[name]
                 entry["min"] = t.min
@@ -339,8 +340,10 @@ class Ranges(Mapping[str, float]):
         tensors = data.get("tensors") if isinstance(data, Mapping) else None
         if not isinstance(tensors, Mapping):
             raise UsageError(f"{source}: not a trtrepo ranges file (no 'tensors' mapping)")
+        from .cache import check_range
+
         try:
-            amax = {name: float(entry["amax"]) for name, entry in tensors.items()}
+            amax = {name: check_range(str(name), float(entry["amax"]), source) for name, entry in tensors.items()}
         except (KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"{source}: every tensor needs a numeric 'amax' ({exc})") from exc
         return cls(amax, method=str(data.get("method", "")), options=data.get("options") or {},
