@@ -203,30 +203,7 @@ def test_container_command_picks_release_matching_plan_tensorrt(tmp_path):
 # --- interrupted writes -----------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("step", ["version", "files", "config"])
-def test_interrupted_write_leaves_repository_as_it_was(tmp_path, demo_onnx, monkeypatch, step):
-    repo = tmp_path / "repo"
-    add_onnx_model(repo, "demo", demo_onnx, labels=["a"] * 10)
-    before = snapshot(repo)
-
-    def crash(name: str) -> None:
-        if name == step:
-            raise RuntimeError(f"simulated crash at {name}")
-
-    monkeypatch.setattr(repository, "_commit_hook", crash)
-    for kwargs in ({}, {"version": 1, "force": True}):
-        with pytest.raises(RuntimeError, match="simulated crash"):
-            add_onnx_model(repo, "demo", demo_onnx, labels=["b"] * 10, options=ModelOptions(max_batch_size=2), **kwargs)
-        assert snapshot(repo) == before
-    assert not (repo / repository.STAGING_NAME).exists()
-
-
-def test_interrupted_write_of_new_model_leaves_nothing(tmp_path, demo_onnx, monkeypatch):
-    repo = tmp_path / "repo"
-    monkeypatch.setattr(repository, "_commit_hook", lambda name: (_ for _ in ()).throw(KeyboardInterrupt()))
-    with pytest.raises(KeyboardInterrupt):
-        add_onnx_model(repo, "demo", demo_onnx)
-    assert snapshot(repo) == {} and not (repo / "demo").exists()
+# Interrupted writes: tests/test_commit_protocol.py (every step, exceptions and SIGKILL, real server).
 
 
 # --- concurrent writers -----------------------------------------------------------------------

@@ -1,21 +1,44 @@
 """Triton model repositories: the only module that knows ``REPO/NAME/VERSION/model.<ext>``.
 
 :func:`add_model` renders a :class:`~trtrepo.tritonconfig.ModelConfig`, validates the text
-(protobuf schema + Triton's load-time rules, against the model file's IO) and only then writes:
-everything is staged under ``REPO/.trtrepo-staging/`` and moved into place with ``os.rename``/
-``os.replace``; a new version number is allocated unless ``version`` is given; an existing
-version is never replaced without ``force``; a file lock (``REPO/.trtrepo.lock``) serialises
-concurrent writers. A failure at any point leaves the repository as it was.
+(protobuf schema + Triton's load-time rules, against the model file's IO) and only then writes;
+a new version number is allocated unless ``version`` is given (1 .. 2**63-1, Triton's int64);
+an existing version is never replaced without ``force``; a file lock (``REPO/.trtrepo.lock``)
+serialises concurrent writers.
+
+Commit protocol: every intermediate state of a write is a repository Triton serves.
+
+1. Under the lock, leftovers of interrupted writes are recovered first (:func:`recover`).
+2. The whole new model folder is staged where Triton does not look: beside the repository, in
+   ``PARENT/.REPO.trtrepo-staging/<id>/model`` (Triton loads every folder of ``REPO``, hidden
+   ones too). The versions that stay are hard links of the live files (copies where links are
+   not possible); then the new version, the model-level files and ``config.pbtxt``.
+3. One step makes it live: ``rename`` for a new model, an atomic exchange of the live and the
+   staged folder (``renameat2(RENAME_EXCHANGE)``) for an existing one, so the old folder (old
+   config, a version being replaced) stays served until the new one is in place.
+4. The staging folder (after an exchange: the old model folder) is removed.
+
+A kill before step 3 leaves the old model and a staging folder; after it, the new model and a
+staging folder: either way a complete model, and the staging folder is removed by the next
+write (or ``trtrepo repo check --fix``). Where the exchange is not supported, the live folder
+is moved into the staging folder and the staged one into place (two renames); a kill between
+them leaves the model missing until recovery moves the old folder back (``phase`` file).
+Where the repository's parent is not writable or on another filesystem, staging falls back to
+the model folder (``REPO/NAME/.trtrepo-staging-<id>``, ignored by Triton: versions are
+numeric folders) with per-file renames, logged as not atomic.
+
+A new config whose IO (names, data types, dims, batching on/off) differs from the live one is
+refused while its version policy would serve an old version under it.
 
 Helpers build the usual models from an ONNX file (:func:`add_onnx_model`: ONNX Runtime or the
-Python backend running ONNX Runtime), from a TensorRT plan (:func:`add_plan_model`, reading the
-builder's ``model.plan.json``) and the image ensemble (:func:`add_image_ensemble`).
+Python backend running ONNX Runtime; external data files travel with it), from a TensorRT plan
+(:func:`add_plan_model`, reading the builder's ``model.plan.json``) and the image ensemble
+(:func:`add_image_ensemble`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import json
 import logging
 import os
@@ -46,15 +69,17 @@ from .tritonconfig import (
 log = logging.getLogger(__name__)
 
 LOCK_NAME = ".trtrepo.lock"
-STAGING_NAME = ".trtrepo-staging"
+STAGING_NAME = ".trtrepo-staging"  # inside REPO: only leftovers of older trtrepo versions (recovered)
 LOCK_TIMEOUT_S = 120.0
+MAX_VERSION = 2**63 - 1  # Triton's version numbers are int64
 
 # Source of a file to write: a path (file or folder, copied) or the bytes themselves.
 FileSource = Path | str | bytes
 
-# Test hook: called with the name of each commit step ("version", "files", "config"); an
-# exception raised there simulates a crash mid-way (the write must roll back).
+# Test hook: called with the name of each commit step (COMMIT_STEPS); an exception (or a
+# SIGKILL) there simulates a crash at that point.
 _commit_hook: Callable[[str], None] | None = None
+COMMIT_STEPS = ("staging", "staged", "live")  # "swapping" too where the exchange is not supported
 
 
 @dataclass
@@ -223,76 +248,249 @@ def add_model(
                          model_files=sorted(model_files))
 
     with repository_lock(repo):
+        recover(repo)
         model_dir = repo / name
         existing = versions_of(model_dir)
         if version is None:
             version = (max(existing) + 1) if existing else 1
+            if version > MAX_VERSION:
+                raise UsageError(f"{model_dir}: no version number left after {max(existing)} (Triton's versions are "
+                                 f"int64); give --version")
+        elif version > MAX_VERSION:
+            raise UsageError(f"--version {version}: beyond Triton's largest version number {MAX_VERSION}")
         replaced = version in existing
         if replaced and not force:
             raise UsageError(f"{model_dir / str(version)}: version {version} already exists (use --force to replace it, "
                              f"or leave --version out to add version {max(existing) + 1})")
-        staging_root = repo / STAGING_NAME
-        staging = staging_root / f"{name}-{uuid.uuid4().hex[:12]}"
-        staging.mkdir(parents=True)
-        try:
-            new_model = staging / "model"
-            (new_model / str(version)).mkdir(parents=True)
-            for rel, src in version_files.items():
-                _place(src, new_model / str(version) / rel)
-            for rel, src in model_files.items():
-                _place(src, new_model / rel)
-            (new_model / "config.pbtxt").write_text(text)
-            _commit(model_dir, new_model, version, list(model_files), staging)
-        finally:
-            shutil.rmtree(staging, ignore_errors=True)
-            with contextlib.suppress(OSError):
-                staging_root.rmdir()  # only when empty: another writer may be staging
+        if existing:
+            _check_kept_versions(model_dir, text, existing, version)
+        _write(repo, model_dir, version, text, version_files, model_files)
     files = sorted(str(p.relative_to(model_dir / str(version))) for p in (model_dir / str(version)).rglob("*") if p.is_file())
     for w in warnings:
         log.warning("%s: %s", name, w)
     return WriteResult(name, version, model_dir, text, files, list(warnings), replaced)
 
 
-def _commit(model_dir: Path, new_model: Path, version: int, model_files: list[str], staging: Path) -> None:
-    """Move a staged model into place; roll back to the previous state on any exception."""
-    hook = _commit_hook
-    if not model_dir.exists():
-        if hook:
-            hook("version")
-        os.rename(new_model, model_dir)  # one atomic step for a new model
-        return
-    undo: list[Callable[[], None]] = []
-    backup = staging / "backup"
-    backup.mkdir()
+def _io_of(msg: Any) -> tuple[Any, ...]:
+    def tensors(ts: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
+        return tuple(sorted((t.name, int(t.data_type), tuple(int(d) for d in t.dims)) for t in ts))
+
+    return int(msg.max_batch_size) > 0, tensors(msg.input), tensors(msg.output)  # batching on/off changes dims' meaning
+
+
+def served_versions(msg: Any, versions: Sequence[int]) -> list[int]:
+    """The versions Triton loads under a config's ``version_policy`` (default: the latest one)."""
+    ordered = sorted(versions)
+    which = msg.version_policy.WhichOneof("policy_choice") if msg.HasField("version_policy") else None
+    if which == "all":
+        return ordered
+    if which == "specific":
+        return [v for v in ordered if v in set(int(x) for x in msg.version_policy.specific.versions)]
+    n = int(msg.version_policy.latest.num_versions) if which == "latest" else 1
+    return ordered[-max(n, 1):]
+
+
+def _check_kept_versions(model_dir: Path, text: str, existing: Sequence[int], version: int) -> None:
+    """Refuse a config whose IO differs from the live config's while its version policy would
+    serve an old version under it (Triton would fail to load that version)."""
     try:
+        live = read_config(model_dir)
+    except UsageError:
+        return  # no readable live config: nothing is served from this folder now
+    new = parse_config_text(text, f"{model_dir.name}/config.pbtxt")
+    if _io_of(live) == _io_of(new):
+        return
+    old = [v for v in served_versions(new, sorted({*existing, version})) if v != version]
+    if old:
+        raise UsageError(f"model '{model_dir.name}': the new version's IO (input/output names, data types, dims, batching) differs from "
+                         f"the live config.pbtxt's, and its version policy would serve the older version(s) "
+                         f"{', '.join(map(str, old))} under the new config; use another --name, or --version-policy latest:1")
+
+
+def _staging_parent(repo: Path) -> Path | None:
+    """``PARENT/.REPO.trtrepo-staging`` when the repository's parent is writable and on the same
+    filesystem (renames and exchanges need that), else None."""
+    parent = repo.resolve().parent
+    try:
+        if not os.access(parent, os.W_OK) or parent.stat().st_dev != repo.stat().st_dev:
+            return None
+    except OSError:
+        return None
+    return parent / f".{repo.resolve().name}.trtrepo-staging"
+
+
+def _hook(step: str) -> None:
+    if _commit_hook is not None:
+        _commit_hook(step)
+
+
+def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: Mapping[str, FileSource],
+           model_files: Mapping[str, FileSource]) -> None:
+    root = _staging_parent(repo)
+    if root is None:
+        log.warning("%s: the repository's parent is not writable on the same filesystem: writing %s with per-file "
+                    "renames (not atomic for a server polling the repository)", repo, model_dir.name)
+        _write_in_place(model_dir, version, text, version_files, model_files)
+        return
+    stage = root / f"{model_dir.name}-{uuid.uuid4().hex[:12]}"
+    stage.mkdir(parents=True)
+    (stage / "target").write_text(str(model_dir.resolve()))
+    try:
+        _hook("staging")
+        new_model = stage / "model"
+        new_model.mkdir()
+        if model_dir.is_dir():  # everything that stays: hard links of the live files
+            replacing = {str(version), "config.pbtxt", *model_files}
+            for item in model_dir.iterdir():
+                if item.name in replacing or item.name.startswith("."):
+                    continue
+                _link_tree(item, new_model / item.name)
+        (new_model / str(version)).mkdir()
+        for rel, src in version_files.items():
+            _place(src, new_model / str(version) / rel)
+        for rel, src in model_files.items():
+            _place(src, new_model / rel)
+        (new_model / "config.pbtxt").write_text(text)
+        _fsync_tree(new_model)
+        _hook("staged")
+        if not model_dir.exists():
+            os.rename(new_model, model_dir)  # the commit point of a new model
+        elif not _exchange(new_model, model_dir):  # the commit point of an existing one
+            (stage / "phase").write_text("swapping")
+            os.rename(model_dir, stage / "old")
+            _hook("swapping")
+            os.rename(new_model, model_dir)
+        _hook("live")
+    finally:
+        _remove_stage(stage)
+        with contextlib.suppress(OSError):
+            root.rmdir()  # only when empty
+
+
+def _remove_stage(stage: Path) -> None:
+    """Remove a staging folder, unless it holds the only copy of a model (a two-rename swap
+    interrupted between its renames): that one goes back first."""
+    old, target_file = stage / "old", stage / "target"
+    if old.is_dir() and target_file.is_file():
+        target = Path(target_file.read_text())
+        if not target.exists():
+            os.rename(old, target)
+    shutil.rmtree(stage, ignore_errors=True)
+
+
+def recover(repo: Path) -> list[str]:
+    """Finish or undo interrupted writes (call under the repository lock): a model moved aside by
+    an interrupted two-rename swap goes back; staging folders (beside the repository, inside
+    model folders, and the in-repository folder of older trtrepo versions) are removed. Returns
+    what was done, one line each."""
+    done = []
+    for stage in _leftover_paths(repo):
+        target = (stage / "target").read_text() if (stage / "target").is_file() else None
+        if target and (stage / "old").is_dir() and not Path(target).exists():
+            done.append(f"{target}: restored from an interrupted write")
+        done.append(f"{stage}: removed (left by an interrupted write)")
+        _remove_stage(stage)
+    return done
+
+
+def leftovers(repo: str | Path) -> list[Path]:
+    """Staging folders of interrupted writes (what :func:`recover` removes)."""
+    return _leftover_paths(Path(repo))
+
+
+def _leftover_paths(repo: Path) -> list[Path]:
+    found = []
+    root = _staging_parent(repo) if repo.is_dir() else None
+    if root is not None and root.is_dir():
+        found += sorted(p for p in root.iterdir() if p.is_dir())  # the folder is named after this repository
+    if (repo / STAGING_NAME).is_dir():
+        found.append(repo / STAGING_NAME)
+    if repo.is_dir():
+        found += sorted(p for d in repo.iterdir() if d.is_dir() and not d.name.startswith(".")
+                        for p in d.glob(f"{STAGING_NAME}-*") if p.is_dir())
+    return found
+
+
+def _link_tree(src: Path, dest: Path) -> None:
+    """``dest`` as hard links of ``src``'s files (copies where a link fails)."""
+    if src.is_dir() and not src.is_symlink():
+        dest.mkdir()
+        for child in src.iterdir():
+            _link_tree(child, dest / child.name)
+        return
+    if src.is_symlink():
+        os.symlink(os.readlink(src), dest)
+        return
+    try:
+        os.link(src, dest)
+    except OSError:
+        shutil.copy2(src, dest)
+
+
+def _fsync_tree(root: Path) -> None:
+    """Flush the staged files before they go live (a power loss must not make a live empty file)."""
+    for p in [root, *root.rglob("*")]:
+        if p.is_symlink():
+            continue
+        with contextlib.suppress(OSError):
+            fd = os.open(p, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+
+
+def _exchange(a: Path, b: Path) -> bool:
+    """Atomically exchange two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
+    system or filesystem does not support it."""
+    import ctypes
+    import errno
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return False
+    libc = ctypes.CDLL(None, use_errno=True)
+    fn = getattr(libc, "renameat2", None)
+    if fn is None:
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    if fn(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0:
+        return True
+    err = ctypes.get_errno()
+    if err in (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP):
+        return False
+    raise OSError(err, os.strerror(err), str(b))
+
+
+def _write_in_place(model_dir: Path, version: int, text: str, version_files: Mapping[str, FileSource],
+                    model_files: Mapping[str, FileSource]) -> None:
+    """Fallback without a usable parent folder: stage inside the model folder (Triton ignores
+    non-numeric folders there) and move each part into place; a new model is staged as a
+    version-less folder first."""
+    model_dir.mkdir(exist_ok=True)
+    stage = model_dir / f"{STAGING_NAME}-{uuid.uuid4().hex[:12]}"
+    stage.mkdir()
+    try:
+        _hook("staging")
+        (stage / str(version)).mkdir()
+        for rel, src in version_files.items():
+            _place(src, stage / str(version) / rel)
+        for rel, src in model_files.items():
+            _place(src, stage / rel)
+        (stage / "config.pbtxt").write_text(text)
+        _hook("staged")
         vdir = model_dir / str(version)
-        if vdir.exists():
-            os.rename(vdir, backup / str(version))
-            undo.append(lambda: os.rename(backup / str(version), vdir))
-        if hook:
-            hook("version")
-        os.rename(new_model / str(version), vdir)
-        undo.append(lambda: shutil.rmtree(vdir))
+        if vdir.exists() and not _exchange(stage / str(version), vdir):
+            os.rename(vdir, stage / "old-version")
+            os.rename(stage / str(version), vdir)
+        elif not vdir.exists():
+            os.rename(stage / str(version), vdir)
         for rel in [*model_files, "config.pbtxt"]:
-            if rel == "config.pbtxt" and hook:
-                hook("config")
-            elif hook:
-                hook("files")
-            target = model_dir / rel
-            saved = backup / "files" / rel
-            if target.exists():
-                saved.parent.mkdir(parents=True, exist_ok=True)
-                os.rename(target, saved)
-                undo.append(functools.partial(os.replace, saved, target))
-            else:
-                undo.append(functools.partial(target.unlink, missing_ok=True))
-            target.parent.mkdir(parents=True, exist_ok=True)
-            os.replace(new_model / rel, target)
-    except BaseException:
-        for step in reversed(undo):
-            with contextlib.suppress(OSError):
-                step()
-        raise
+            (model_dir / rel).parent.mkdir(parents=True, exist_ok=True)
+            os.replace(stage / rel, model_dir / rel)
+        _hook("live")
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
 
 
 # --------------------------------------------------------------------------------------------
@@ -334,12 +532,47 @@ def add_onnx_model(
         options = replace(options, has_labels=True)
     config = config_from_io(name, io, spec.kind, options)
     files: dict[str, FileSource] = {"model.onnx": onnx_path}
+    files.update(external_data_files(onnx_path))
     for dst, src in spec.extra_files:
         files[dst] = template_file(src, template_dir)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
                        template_dir=template_dir)
     return result, config
+
+
+def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
+    """The external data files an ONNX model names (every model over 2 GB has them), keyed by
+    their location relative to the model, which they keep beside ``model.onnx``; each must exist
+    and hold the bytes the model reads from it."""
+    import onnx
+
+    from .modelio import load_onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    need: dict[str, int] = {}
+    tensors = [*model.graph.initializer, *(t for n in model.graph.node for a in n.attribute
+                                            if a.type == onnx.AttributeProto.TENSOR for t in (a.t,))]
+    for t in tensors:
+        if not onnx.external_data_helper.uses_external_data(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        rel = info.get("location", "")
+        try:
+            _check_relpath(rel, f"{onnx_path}: tensor '{t.name}' external data location")
+        except UsageError as exc:
+            raise UsageError(exc.message) from None
+        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        need[rel] = max(need.get(rel, 0), end)
+    files: dict[str, FileSource] = {}
+    for rel, end in need.items():
+        src = onnx_path.parent / rel
+        if not src.is_file():
+            raise UsageError(f"{onnx_path}: its external data file {src} is missing")
+        if src.stat().st_size < end:
+            raise UsageError(f"{src}: {src.stat().st_size} bytes, but {onnx_path.name} reads up to byte {end} of it")
+        files[rel] = src
+    return files
 
 
 def add_plan_model(

@@ -39,7 +39,7 @@ def model_config_options(f: F) -> F:
                      help="EXECUTION_ENV_PATH for Python-backend models (default: $TRTREPO_PYTHON_ENV or .triton/pyenv)."),
         click.option("--template-dir", type=click.Path(file_okay=False, exists=True), default=None,
                      help="Folder whose templates override the shipped ones by file name."),
-        click.option("--version", "version", type=click.IntRange(min=1), default=None,
+        click.option("--version", "version", type=click.IntRange(min=1, max=2**63 - 1), default=None,
                      help="Model version to write (default: a new version after the newest)."),
         click.option("--force", is_flag=True, help="Replace an existing version."),
     ]
