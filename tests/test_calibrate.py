@@ -303,7 +303,8 @@ def test_cli_refuses_outputs_that_name_its_inputs(tmp_path, demo_onnx, run_cli, 
     before = victim.read_bytes()
     res = run_cli("calibrate", model, "--data", data, flag, victim, "--recalibrate")
     assert res.exit_code == 2, res.output
-    assert f"is the {target} being calibrated" in res.stderr
+    culprit = "MODEL" if target == "model" else "--data"
+    assert f"is {culprit} {victim}, which this command reads; it would be overwritten" in res.stderr
     assert victim.read_bytes() == before
 
 

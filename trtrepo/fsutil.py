@@ -3,15 +3,52 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from .errors import UsageError
+
+# The files and folders the running command reads (set by trtrepo.commands._inputs): no write may
+# replace one of them or land inside one of the folders (an image folder would gain a file).
+_INPUTS: contextvars.ContextVar[tuple[tuple[Path, str, bool], ...]] = contextvars.ContextVar("trtrepo_inputs",
+                                                                                             default=())
+
+
+@contextlib.contextmanager
+def protected_inputs(named: Mapping[str, str | Path | None]) -> Iterator[None]:
+    """While active, :func:`check_not_input` (and every :func:`atomic_path` write) refuses the
+    existing paths among ``named`` (label -> path; values that are not paths are ignored)."""
+    entries = []
+    for label, value in named.items():
+        if value is None or value == "":
+            continue
+        p = Path(str(value))
+        with contextlib.suppress(OSError):
+            if p.exists():
+                entries.append((p.resolve(), label, p.is_dir()))
+    token = _INPUTS.set(_INPUTS.get() + tuple(entries))
+    try:
+        yield
+    finally:
+        _INPUTS.reset(token)
+
+
+def check_not_input(target: str | Path, option: str = "") -> None:
+    """Refuse ``target`` when it is, or lies inside, an input of the running command."""
+    t = Path(target).resolve()
+    for p, label, is_dir in _INPUTS.get():
+        if t == p:
+            raise UsageError(f"{(option + ' ') if option else ''}{target}: is {label}, which this command reads; "
+                             f"it would be overwritten")
+        if is_dir and p in t.parents:
+            raise UsageError(f"{(option + ' ') if option else ''}{target}: lies inside {label} ({p}), which this command "
+                             f"reads; write it elsewhere")
 
 
 @contextlib.contextmanager
@@ -22,6 +59,7 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
     ``force=False`` an existing ``target`` is refused before anything is written.
     """
     target = Path(target)
+    check_not_input(target)
     if target.exists() and not force:
         raise UsageError(f"{target}: already exists (use --force to overwrite)")
     parent = target.parent

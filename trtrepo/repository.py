@@ -167,7 +167,10 @@ def check_plan_target(meta: PlanMetadata | None, *, tensorrt_version: str | None
 def repository_lock(repo: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     import filelock
 
-    repo.mkdir(parents=True, exist_ok=True)
+    try:
+        repo.mkdir(parents=True, exist_ok=True)
+    except (NotADirectoryError, FileExistsError) as exc:
+        raise UsageError(f"{repo}: not a folder (a file is in its path: {exc.filename})") from exc
     lock = filelock.FileLock(str(repo / LOCK_NAME), timeout=timeout)
     try:
         with lock:

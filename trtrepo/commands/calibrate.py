@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 import click
 
 from .. import histogram as H
+from ._inputs import io_paths
 from ._options import data_options
 
 if TYPE_CHECKING:
@@ -39,6 +40,8 @@ CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibrat
               help="Bound on the activations fetched per ONNX Runtime run: batches are cut into micro-batches "
                    "(and tensors into groups) to fit; the ranges do not change.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
+@io_paths({"model": "MODEL", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
+          {"cache_path": "--cache", "ranges_path": "--ranges", "dynamic_range_path": "--dynamic-range"})
 def command(model: str, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None, seed: int,
             batch_size: int, method: str, percentile: float, num_bins: int, cache_path: str | None, ranges_path: str | None,
             dynamic_range_path: str | None, recalibrate: bool, trt_version: str, cache_algorithm: str | None,

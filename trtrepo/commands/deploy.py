@@ -8,6 +8,7 @@ import click
 
 from .. import histogram as H
 from ..contracts import backends
+from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
 from ._options import data_options
 
@@ -63,6 +64,8 @@ from ._options import data_options
                    "> 1 point or cosine < 0.99); without it the FP32 model is deployed instead.")
 @data_options(required=False)
 @model_config_options
+@io_paths({"source": "SOURCE", "weights": "--weights", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "class_labels": "--class-labels", "cache_path": "--cache", "ranges_path": "--ranges"},
+          {"repo": "--repo", "workdir": "--workdir"})
 def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import click
 
+from ._inputs import io_paths
 from ._options import data_options
 
 
@@ -18,6 +19,8 @@ from ._options import data_options
               help="Write evaluation.json and evaluation.md into DIR.")
 @click.option("--label-output", default=None, metavar="NAME",
               help="The classification output: top-1/top-5 and accuracy are reported for it (default: the first [N, C] output).")
+@io_paths({"reference": "REFERENCE", "candidate": "CANDIDATE", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
+          {"report_dir": "--report"})
 def command(reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
             limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None,
             label_output: str | None) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from ..errors import UsageError
+from ._inputs import io_paths
 
 
 def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
@@ -34,6 +35,8 @@ def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
 @click.option("--dynamic-axis", "dynamic", multiple=True, metavar="NAME:AXIS[:LABEL]", help="Extra dynamic axis (axis 0 is always dynamic).")
 @click.option("--opset", type=click.IntRange(min=13), default=17, show_default=True)
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
+@io_paths({"source": "SOURCE", "weights": "--weights", "data": "--data", "preprocess": "--preprocess"},
+          {"output": "-o"})
 def command(source: str, output: str, weights: str | None, input_shapes: tuple[str, ...], data: str | None,
             preprocess: str | None, input_dtypes: tuple[str, ...],
             input_names: str | None, output_names: str | None, dynamic: tuple[str, ...], opset: int, force: bool) -> None:

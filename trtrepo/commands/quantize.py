@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .. import histogram as H
+from ._inputs import io_paths
 from ._options import data_options
 
 METHODS = H.method_names(auto=True)
@@ -53,6 +54,8 @@ METHODS = H.method_names(auto=True)
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
+@io_paths({"model": "MODEL", "ranges_path": "--ranges", "cache_path": "--cache", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "eval_data": "--eval-data"},
+          {"output": "-o", "report_dir": "--report"})
 def command(model: str, output: str, ranges_path: str | None, cache_path: str | None, data_spec: str | None,
             preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,

@@ -7,6 +7,7 @@ from typing import Any
 import click
 
 from ..contracts import backends
+from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
 
 
@@ -49,6 +50,8 @@ def list_cmd(repo: str) -> None:
 @click.option("--target-tensorrt", default=None, metavar="VERSION", help="TensorRT version of the target server (warns on mismatch).")
 @click.option("--target-cc", default=None, metavar="X.Y", help="Compute capability of the target GPU (warns on mismatch).")
 @model_config_options
+@io_paths({"model_file": "MODEL_FILE", "onnx_for_io": "--onnx", "labels_file": "--labels-file"},
+          {"repo": "--repo"})
 def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for_io: str | None, labels_file: str | None,
             label_output: str | None, target_tensorrt: str | None, target_cc: str | None, **kw: Any) -> None:
     """Add MODEL_FILE (.onnx or TensorRT .plan) to a repository as a new version, with a validated config.pbtxt."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ._inputs import io_paths
 from ._options import data_options
 
 
@@ -56,6 +57,8 @@ from ._options import data_options
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), required=True,
               help="Folder for validate.json, validate.md and latency.png.")
+@io_paths({"reference": "--reference", "weights": "--weights", "onnx": "--onnx", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
+          {"report_dir": "--report"})
 def command(url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
             input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
