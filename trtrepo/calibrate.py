@@ -633,6 +633,9 @@ def _gather_weights(model: Any, source: Path, target: Path) -> None:
                 entry.key, entry.value = key, value
 
 
+MAX_NUM_BINS = 65536  # TensorRT's calibrators and ModelOpt use 2048
+
+
 class Calibrator:
     """Collects activation statistics of an FP32 ONNX model over calibration data.
 
@@ -654,8 +657,9 @@ class Calibrator:
             raise UsageError(f"--batch-size must be positive, got {batch_size}")
         if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
             raise UsageError(f"--memory-budget-mb must be a positive number, got {memory_budget_mb}")
-        if num_bins < 1:
-            raise UsageError(f"--num-bins must be positive, got {num_bins}")
+        if not 1 <= num_bins <= MAX_NUM_BINS:
+            raise UsageError(f"--num-bins {num_bins}: expected 1..{MAX_NUM_BINS} (each calibrated tensor keeps one "
+                             f"int64 count per bin)")
         if histogram_sample is not None and histogram_sample < 1:
             raise UsageError(f"histogram_sample must be positive, got {histogram_sample}")
         self.histogram_sample = histogram_sample

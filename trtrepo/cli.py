@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
+import traceback
 from typing import Any
 
 import click
@@ -55,15 +56,16 @@ class LazyGroup(click.Group):
         try:
             return super().invoke(ctx)
         except TrtrepoError as exc:
-            if ctx.params.get("debug"):
-                raise
+            if ctx.params.get("debug"):  # the traceback, and still the documented exit code
+                traceback.print_exc()
             click.echo(f"error: {exc.message}", err=True)
             ctx.exit(exc.exit_code)
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:
             if ctx.params.get("debug"):
-                raise
+                traceback.print_exc()
+                ctx.exit(1)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             click.echo(f"error: {type(exc).__name__}: {first} (run with --debug for the traceback)", err=True)
             ctx.exit(1)

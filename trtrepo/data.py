@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -30,11 +31,14 @@ from typing import Any
 import numpy as np
 
 from .contracts import builtin
-from .errors import UsageError
+from .errors import UsageError, one_line
 from .modelio import ModelIO
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
+MAX_IMAGE_SIDE = 16384  # resize / center_crop sides (a 16384 x 16384 RGB float image is 3 GiB)
+MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit ...
+MAX_ITERABLE_BYTES = 2 * 2**30  # ... and their bytes
 
 # --------------------------------------------------------------------------------------------
 # Preprocessing
@@ -70,6 +74,8 @@ class Preprocess:
             vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
             if len(vals) not in n or any(v <= 0 for v in vals):
                 raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
+            if any(v > MAX_IMAGE_SIDE for v in vals):
+                raise UsageError(f"preprocess option '{what}': {value!r} is larger than {MAX_IMAGE_SIDE} pixels per side")
             return vals
 
         object.__setattr__(self, "resize", norm(self.resize, "resize", (1, 2)))
@@ -179,7 +185,7 @@ class Preprocess:
             else:
                 data = json.loads(text)
         except Exception as exc:
-            raise UsageError(f"{p}: cannot parse preprocessing file ({exc})") from exc
+            raise UsageError(f"{p}: cannot parse preprocessing file ({type(exc).__name__}: {one_line(exc)})") from exc
         if not isinstance(data, dict):
             raise UsageError(f"{p}: preprocessing file must hold a mapping of options")
         return cls.from_dict(data, source=str(p))
@@ -327,8 +333,10 @@ class ImageFolderSource(DataSource):
             with Image.open(path) as img:
                 img.load()
                 arr = self.preprocess.apply(img)
+        except Image.DecompressionBombError as exc:
+            raise UsageError(f"{path}: image too large to decode safely ({one_line(exc)})") from exc
         except (UnidentifiedImageError, OSError, SyntaxError) as exc:
-            raise UsageError(f"{path}: cannot read image ({exc})") from exc
+            raise UsageError(f"{path}: cannot read image ({one_line(exc)})") from exc
         label = None if self._labels is None else int(self._labels[i])
         return Sample({self.preprocess.input_name: arr}, label)  # type: ignore[dict-item]
 
@@ -406,8 +414,9 @@ def _import_callable(spec: str) -> Callable[..., Any]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(f"'{spec}': expected 'package.module:callable'")
-    if "" not in sys.path and "." not in sys.path:
-        sys.path.insert(0, "")  # the user's working directory, like `python -m`
+    if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
+        # the user's working directory, last: its files never shadow installed modules
+        sys.path.append(os.getcwd())
     try:
         module = importlib.import_module(module_name)
     except Exception as exc:
@@ -444,14 +453,17 @@ def open_data(
     else:
         if isinstance(preprocess, (str, Path)):
             preprocess = Preprocess.load(preprocess)
-        source = _open_spec(str(spec), preprocess, labels, io)
+        if limit is not None and limit <= 0:
+            raise UsageError(f"--limit must be positive, got {limit}")
+        source = _open_spec(str(spec), preprocess, labels, io, limit)
     if labels is not None and isinstance(spec, DataSource):
         raise UsageError("--labels cannot be combined with an in-memory data source")
     source = _bind_names(source, io)
     return source.subset(limit, seed)
 
 
-def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None) -> DataSource:
+def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None,
+               limit: int | None = None) -> DataSource:
     label_array = _load_labels(labels) if labels is not None else None
     found = builtin.data_spec(spec)
     if found is not None:
@@ -480,7 +492,13 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
                 raise UsageError(f"{path}: expected an array with samples on axis 0, got a scalar")
             return ArraySource(str(path), {None: loaded}, label_array)  # type: ignore[dict-item]
         with loaded:
-            arrays = {k: loaded[k] for k in loaded.files}
+            arrays = {}
+            for k in loaded.files:
+                try:
+                    arrays[k] = loaded[k]
+                except Exception as exc:  # object (pickled) arrays, truncated members
+                    raise UsageError(f"{path}: key '{k}': cannot read it ({one_line(exc)}); trtrepo reads plain "
+                                     f"numeric arrays, never pickles") from exc
         file_labels = None
         for key in LABEL_KEYS:
             if key in arrays and (io is None or key not in io.input_names):
@@ -492,6 +510,11 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
             label_array = file_labels
         if len(arrays) == 1 and io is not None and next(iter(arrays)) not in io.input_names and len(io.inputs) == 1:
             arrays = {None: next(iter(arrays.values()))}  # type: ignore[dict-item]
+        elif io is not None:
+            unknown = [k for k in arrays if k not in io.input_names]
+            if unknown:
+                raise UsageError(f"{path}: key '{unknown[0]}' is not an input of the model (inputs: "
+                                 f"{', '.join(io.input_names)}; labels go under one of {', '.join(LABEL_KEYS)})")
         return ArraySource(str(path), arrays, label_array)  # type: ignore[arg-type]
     if _looks_like_entry_point(spec) and not path.exists():
         fn = _import_callable(spec)
@@ -501,8 +524,20 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
             raise UsageError(f"'{spec}': calling the data callable failed ({type(exc).__name__}: {exc})") from exc
         if hasattr(result, "__len__") and hasattr(result, "__getitem__") and not isinstance(result, (list, tuple)):
             src: DataSource = DatasetSource(spec, result)
-        elif isinstance(result, Iterable):
-            src = ListSource(spec, [_to_sample(item, spec) for item in result])
+        elif isinstance(result, Iterable):  # read lazily: --limit takes the first N (no random access)
+            import itertools
+
+            cap = limit if limit is not None else MAX_ITERABLE_SAMPLES + 1
+            items, total = [], 0
+            for item in itertools.islice(result, cap):
+                items.append(_to_sample(item, spec))
+                total += sum(int(np.asarray(v).nbytes) for v in items[-1].inputs.values())
+                if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > MAX_ITERABLE_BYTES):
+                    raise UsageError(f"'{spec}': the callable yields more than "
+                                     f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
+                                     f"({total / 2**30:.1f} GiB so far); give --limit (an iterable is read up to "
+                                     f"--limit, first samples first)")
+            src = ListSource(spec, items)
         else:
             raise UsageError(f"'{spec}': the callable returned a {type(result).__name__}, not an iterable or dataset")
         if label_array is not None:
@@ -568,6 +603,10 @@ def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None =
 
     def flush() -> Batch:
         inputs = {name: np.stack([s.inputs[name] for s in pending]) for name in pending[0].inputs}
+        for name, arr in inputs.items():  # Inf/NaN would turn into NaN ranges far downstream
+            if arr.dtype.kind == "f" and not np.isfinite(arr).all():
+                bad = int(np.argwhere(~np.isfinite(arr).reshape(len(arr), -1).all(axis=1))[0][0])
+                raise UsageError(f"input '{name}' of sample {indices[bad]}: holds Inf or NaN values")
         if io is not None:
             io.check_feed(inputs, where=f"samples {indices[0]}..{indices[-1]}")
             inputs = {name: arr.astype(io.input(name).dtype, copy=False) for name, arr in inputs.items()}

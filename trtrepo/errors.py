@@ -33,3 +33,12 @@ class MissingDependencyError(UsageError):
     def __init__(self, package: str, purpose: str, install: str) -> None:
         super().__init__(f"{package} is required {purpose} but is not installed; install it with: {install}")
         self.package = package
+
+
+def one_line(exc: BaseException, limit: int = 300) -> str:
+    """The first line of an exception's text (its type name when empty), at most ``limit``
+    characters: third-party errors (YAML, torch, protobuf) run to several lines or kilobytes."""
+    text = str(exc).strip()
+    first = text.splitlines()[0].strip() if text else ""
+    first = first or type(exc).__name__
+    return first if len(first) <= limit else first[: limit - 3] + "..."

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from .contracts import builtin
-from .errors import MissingDependencyError, TrtrepoError, UsageError
+from .errors import MissingDependencyError, TrtrepoError, UsageError, one_line
 from .modelio import ModelIO, load_onnx
 
 log = logging.getLogger(__name__)
@@ -107,7 +107,7 @@ def _load_state_dict(torch: Any, path: str) -> Any:
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:
-        raise UsageError(f"{path}: cannot read state dict ({type(exc).__name__}: {exc})") from exc
+        raise UsageError(f"{path}: cannot read state dict ({type(exc).__name__}: {one_line(exc)})") from exc
     if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
         state = state["state_dict"]
     if not isinstance(state, Mapping):
@@ -154,7 +154,7 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
         try:
             model = factory()
         except Exception as exc:
-            raise UsageError(f"'{source.location}': the factory raised {type(exc).__name__}: {exc}") from exc
+            raise UsageError(f"'{source.location}': the factory raised {type(exc).__name__}: {one_line(exc)}") from exc
         if not isinstance(model, torch.nn.Module):
             raise UsageError(f"'{source.location}': the factory returned a {type(model).__name__}, not a torch.nn.Module")
         _apply_weights(torch, model, source.weights)
@@ -324,6 +324,9 @@ def export_onnx(
     output = Path(output)
     if opset < 13:
         raise UsageError(f"--opset {opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
+    if opset > onnx.defs.onnx_opset_version():
+        raise UsageError(f"--opset {opset}: the installed onnx {onnx.__version__} knows opsets up to "
+                         f"{onnx.defs.onnx_opset_version()}")
 
     if source.kind == "onnx":
         # parsed once: the graph first, the weights of an external-data model added to it

@@ -42,6 +42,8 @@ def check_model_name(name: str, what: str = "model name") -> str:
 # Value objects (mirror model_config.proto; frozen, validated where built)
 
 
+MAX_INSTANCE_COUNT = 128  # model instances per instance group
+
 @dataclass(frozen=True)
 class TensorConfig:
     name: str
@@ -213,8 +215,9 @@ class ModelOptions:
             raise UsageError(f"--max-batch-size {self.max_batch_size}: must be >= 0")
         if self.max_queue_delay_us < 0:
             raise UsageError(f"--max-queue-delay {self.max_queue_delay_us}: must be >= 0 microseconds")
-        if self.instance_count < 1:
-            raise UsageError(f"--instance-count {self.instance_count}: must be >= 1")
+        if not 1 <= self.instance_count <= MAX_INSTANCE_COUNT:
+            raise UsageError(f"--instance-count {self.instance_count}: expected 1..{MAX_INSTANCE_COUNT} per group "
+                             f"(each instance holds its own copy of the model)")
         kind = self.instance_kind.upper()
         if kind != "AUTO" and f"KIND_{kind.removeprefix('KIND_')}" not in INSTANCE_KINDS:
             raise UsageError(f"--instance-kind {self.instance_kind!r}: one of auto, gpu, cpu, model")

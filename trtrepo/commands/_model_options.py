@@ -26,7 +26,7 @@ def model_config_options(f: F) -> F:
         click.option("--dynamic-batching/--no-dynamic-batching", default=True, show_default=True),
         click.option("--instance-kind", type=click.Choice(["auto", "gpu", "cpu", "model"]), default="auto", show_default=True,
                      help="instance_group kind (auto: GPU for plans, CPU for Python models, KIND_AUTO for ONNX Runtime)."),
-        click.option("--instance-count", type=click.IntRange(min=1), default=1, show_default=True),
+        click.option("--instance-count", type=click.IntRange(min=1, max=128), default=1, show_default=True),
         click.option("--gpus", default=None, metavar="0,1", help="instance_group GPU ids."),
         click.option("--cuda-graphs", is_flag=True, help="optimization.cuda.graphs (TensorRT plans only)."),
         click.option("--warmup", is_flag=True, help="Add model_warmup with zero inputs at max batch."),

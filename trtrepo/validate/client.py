@@ -333,6 +333,9 @@ class TritonTarget:
             raise TrtrepoError(f"inference request to model '{self.model}' timed out after {self.timeout:g}s (--timeout)") from None
         except Exception as exc:
             msg = _one_line(exc)
+            if _lost_connection(exc):
+                raise UsageError(f"lost the connection to the server at {self.url} during inference to model "
+                                 f"'{self.model}': {msg}") from None
             if "deadline" in msg.lower():
                 raise TrtrepoError(f"inference request to model '{self.model}' timed out after {self.timeout:g}s "
                                    f"(--timeout): {msg}") from None
@@ -435,6 +438,20 @@ class LoadResult:
     @property
     def throughput(self) -> float:
         return self.inferences / self.wall_s if self.wall_s > 0 else float("nan")
+
+
+_CONNECTION_SIGNS = ("unavailable", "connection refused", "socket closed", "connection reset", "failed to connect",
+                     "server disconnected", "cannot connect", "broken pipe", "connection aborted")
+
+
+def _lost_connection(exc: BaseException) -> bool:
+    """A request that failed because the server went away (exit 2, like an unreachable server),
+    not because it answered with an error (exit 1)."""
+    if isinstance(exc, (ConnectionError, OSError)) or type(exc).__name__ in ("ClientConnectorError",
+                                                                             "ServerDisconnectedError"):
+        return True
+    text = f"{type(exc).__name__} {exc}".lower()
+    return any(sign in text for sign in _CONNECTION_SIGNS)
 
 
 def _shm_module(kind: str) -> Any:

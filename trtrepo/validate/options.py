@@ -23,6 +23,10 @@ PERCENTILES = (50, 90, 95, 99)
 # Options
 
 
+MAX_CONCURRENCY = 1024  # requests in flight (one asyncio task each)
+MAX_REQUESTS = 10_000_000  # measured requests per level
+MAX_DURATION_S = 3600.0  # measured seconds per level
+
 @dataclass(frozen=True)
 class ValidateOptions:
     """How to reach the model and how much traffic to send."""
@@ -54,8 +58,12 @@ class ValidateOptions:
             raise UsageError(f"--shared-memory {self.shared_memory!r}: one of {', '.join(SHARED_MEMORY)}")
         if not self.model:
             raise UsageError("--model: give the name of the model on the server")
-        if not self.concurrency or any(c < 1 for c in self.concurrency):
-            raise UsageError(f"--concurrency {list(self.concurrency)}: levels must be integers >= 1")
+        if not self.concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
+            raise UsageError(f"--concurrency {list(self.concurrency)}: levels must be integers 1..{MAX_CONCURRENCY}")
+        if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
+            raise UsageError(f"--requests {self.requests}: expected 1..{MAX_REQUESTS} per level")
+        if self.duration is not None and not 0 < self.duration <= MAX_DURATION_S:
+            raise UsageError(f"--duration {self.duration:g}: expected more than 0 and at most {MAX_DURATION_S:g} s per level")
         if self.requests is not None and self.duration is not None:
             raise UsageError("--requests and --duration exclude each other")
         if self.requests is None and self.duration is None:
@@ -118,8 +126,8 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
         levels = sorted({int(p) for p in text.split(",") if p.strip()})
     except ValueError:
         raise UsageError(f"--concurrency {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
-    if not levels or levels[0] < 1:
-        raise UsageError(f"--concurrency {text!r}: levels must be integers >= 1")
+    if not levels or levels[0] < 1 or levels[-1] > MAX_CONCURRENCY:
+        raise UsageError(f"--concurrency {text!r}: levels must be integers 1..{MAX_CONCURRENCY}")
     return tuple(levels)
 
 
