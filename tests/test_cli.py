@@ -57,10 +57,10 @@ def test_debug_shows_the_exception(tmp_path):
     from click.testing import CliRunner
 
     from trtrepo.cli import cli
-    from trtrepo.errors import UsageError
 
     res = CliRunner().invoke(cli, ["--debug", "export", str(tmp_path / "missing.onnx"), "-o", str(tmp_path / "o.onnx")])
-    assert isinstance(res.exception, UsageError)
+    assert res.exit_code == 2  # the documented code of a usage error, traceback or not
+    assert "Traceback (most recent call last)" in res.stderr and "UsageError" in res.stderr
 
 
 def test_export_with_input_shape_and_names(tmp_path, run_cli, demo_onnx):
