@@ -140,3 +140,36 @@ def test_a_server_that_dies_during_validate_is_exit_2(tmp_path, run_cli):
     out, err = proc.communicate(timeout=120)
     assert proc.returncode == 2, (out, err)
     assert "lost the connection to the server" in err or "cannot reach" in err, err
+
+
+def test_a_template_dir_template_runs_sandboxed(tmp_path, demo_onnx, run_cli):
+    """Issue 16 item 10: a --template-dir template ran os.system."""
+    from trtrepo.tritonconfig import shipped_templates_dir
+
+    tdir = tmp_path / "templates"
+    tdir.mkdir()
+    evil = (shipped_templates_dir() / "onnxruntime.pbtxt.j2").read_text()
+    marker = tmp_path / "pwned"
+    evil += ("{{ m.__class__.__init__.__globals__['__builtins__']['__import__']('os').system('touch " + str(marker)
+             + "') }}\n")
+    (tdir / "onnxruntime.pbtxt.j2").write_text(evil)
+    res = run_cli("repo", "add", demo_onnx, "--repo", tmp_path / "repo", "--name", "d", "--template-dir", tdir)
+    one_line_error(res, "refused by the sandbox")
+    assert not marker.exists() and not (tmp_path / "repo" / "d").exists()
+
+
+def test_a_template_that_changes_the_contract_is_caught_after_parsing(tmp_path, demo_onnx, run_cli):
+    """A template that skips escaping or edits a value: the parsed config no longer says what
+    Python decided, and nothing is written."""
+    from trtrepo.tritonconfig import shipped_templates_dir
+
+    tdir = tmp_path / "templates"
+    tdir.mkdir()
+    text = (shipped_templates_dir() / "onnxruntime.pbtxt.j2").read_text()
+    (tdir / "onnxruntime.pbtxt.j2").write_text(text.replace("{{ c.header(m) }}",
+                                                                  "{{ c.header(m) | replace('size: 32', 'size: 8') }}"))
+    assert "size: 8" in (tdir / "onnxruntime.pbtxt.j2").read_text()
+    res = run_cli("repo", "add", demo_onnx, "--repo", tmp_path / "repo", "--name", "d", "--template-dir", tdir,
+                  "--no-dynamic-batching")
+    assert res.exit_code == 2, res.output
+    assert "changed 'max_batch_size' to 8 (trtrepo decided 32)" in res.stderr and not (tmp_path / "repo" / "d").exists()

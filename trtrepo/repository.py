@@ -57,6 +57,7 @@ from .tritonconfig import (
     ModelConfig,
     ModelOptions,
     check_model_name,
+    check_rendered,
     config_from_io,
     ensemble_config,
     parse_config_text,
@@ -247,8 +248,9 @@ def add_model(
     text = render_config(config, template_dir)
     where = f"{name}/config.pbtxt"
     known = _known_models(repo, None) if config.kind == "ensemble" else None
-    validate_config_text(text, where, io=io, profiles=profiles, model_dir_name=name, known_models=known,
-                         model_files=sorted(model_files))
+    msg = validate_config_text(text, where, io=io, profiles=profiles, model_dir_name=name, known_models=known,
+                               model_files=sorted(model_files))
+    check_rendered(msg, config, where)
 
     with repository_lock(repo):
         recover(repo)

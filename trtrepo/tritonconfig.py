@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts.backends import BACKENDS, BackendSpec
-from .errors import UsageError
+from .errors import UsageError, one_line
 from .modelio import ModelIO, TensorSpec
 
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
@@ -460,7 +460,11 @@ def template_environment(template_dir: str | Path | None = None) -> Any:
             raise UsageError(f"--template-dir {d}: not a directory")
         loaders.append(jinja2.FileSystemLoader(str(d)))
     loaders.append(jinja2.FileSystemLoader(str(shipped_templates_dir())))
-    env = jinja2.Environment(
+    from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+    # Sandboxed: a --template-dir template can only read the config it is given (no attribute
+    # walks to os/subprocess, no mutation); Python decides every value.
+    env = ImmutableSandboxedEnvironment(
         loader=jinja2.ChoiceLoader(loaders),
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
@@ -494,6 +498,9 @@ def render_config(config: ModelConfig, template_dir: str | Path | None = None) -
     env = template_environment(template_dir)
     try:
         text: str = env.get_template(config.template).render(m=config)
+    except jinja2.exceptions.SecurityError as exc:
+        raise UsageError(f"template {config.template}: refused by the sandbox ({one_line(exc)}); templates only "
+                         f"lay out the values trtrepo gives them") from exc
     except jinja2.TemplateError as exc:
         where = getattr(exc, "filename", None) or config.template
         line = getattr(exc, "lineno", None)
@@ -742,6 +749,27 @@ def _check_ensemble(msg: Any, fail: Any, known_models: Mapping[str, Any] | None)
     for i, t in enumerate(msg.output):
         if t.name not in produced:
             fail(f"output[{i}]", f"'{t.name}' is not produced by any step")
+
+
+def check_rendered(msg: Any, config: ModelConfig, where: str) -> None:
+    """The parsed config says what Python decided: name, platform/backend, max_batch_size, and
+    each input and output (name, data type, dims) in order. A template that drops escaping or
+    adds fields can otherwise change the served contract unnoticed."""
+    from tritonclient.grpc import model_config_pb2
+
+    def tensors(ts: Any) -> list[tuple[str, str, tuple[int, ...]]]:
+        return [(t.name, model_config_pb2.DataType.Name(t.data_type), tuple(int(d) for d in t.dims)) for t in ts]
+
+    want = {"name": config.name, "platform": config.platform or "", "backend": config.backend or "",
+            "max_batch_size": config.max_batch_size,
+            "input": [(t.name, t.data_type, tuple(t.dims)) for t in config.inputs],
+            "output": [(t.name, t.data_type, tuple(t.dims)) for t in config.outputs]}
+    got = {"name": msg.name, "platform": msg.platform, "backend": msg.backend, "max_batch_size": int(msg.max_batch_size),
+           "input": tensors(msg.input), "output": tensors(msg.output)}
+    for key, value in want.items():
+        if got[key] != value:
+            raise UsageError(f"{where}: the rendered template changed '{key}' to {got[key]!r} (trtrepo decided "
+                             f"{value!r}); check the --template-dir template")
 
 
 def validate_config_text(text: str, where: str, **checks: Any) -> Any:
