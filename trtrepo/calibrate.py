@@ -91,6 +91,7 @@ import numpy as np
 from . import histogram as H
 from .data import DataOptions
 from .errors import TrtrepoError, UsageError
+from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, without_weights
 
 log = logging.getLogger(__name__)
@@ -727,12 +728,11 @@ class Calibrator:
         ONNX Runtime loads it from there and maps the weights file (the packed weights of MatMul
         and Gemm are its only copy in memory): no serialized model, no second copy of the weights
         in Python. Written once per calibrator."""
-        import tempfile
 
         import onnx
 
         if self._work is None:
-            work = tempfile.TemporaryDirectory(prefix="trtrepo-calib-", ignore_cleanup_errors=True)
+            work = temp_dir("calib")
             folder = Path(work.name)
             model = self._augmented_model()
             _gather_weights(model, self.model_path.parent, folder / "augmented.data")
@@ -815,12 +815,11 @@ class Calibrator:
 
     def _save_optimized(self) -> None:
         """Save the model as ONNX Runtime optimizes it with all the tensors as outputs (for group sessions)."""
-        import tempfile
 
         import onnx
         import onnxruntime as ort
 
-        tmp = tempfile.TemporaryDirectory(prefix="trtrepo-calib-")
+        tmp = temp_dir("calib")
         path = Path(tmp.name) / "optimized.onnx"
         options = ort.SessionOptions()
         options.log_severity_level = 3

@@ -99,7 +99,16 @@ def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
     ctx.obj["debug"] = debug
 
 
+def _terminated(signum: int, _frame: Any) -> None:
+    """SIGTERM (a CI timeout, ``kill``, a container stop): unwind like Ctrl-C so temporary folders,
+    shared-memory regions and the server child are cleaned up by their ``finally`` blocks."""
+    raise SystemExit(128 + signum)
+
+
 def main() -> None:  # console script entry point
+    import signal
+
+    signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="trtrepo")
 
 

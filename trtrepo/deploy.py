@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import re
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
@@ -24,6 +23,7 @@ from .contracts import backends, builtin
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
+from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
@@ -412,7 +412,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
             work = Path(opts.workdir)
             work.mkdir(parents=True, exist_ok=True)
         else:
-            work = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-deploy-")))
+            work = Path(stack.enter_context(temp_dir("deploy")))
         onnx_path, io = _export_step(opts, work, report)
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names

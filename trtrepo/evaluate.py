@@ -31,6 +31,7 @@ import numpy as np
 
 from .cpu import quant_session_entries
 from .errors import TrtrepoError, UsageError
+from .fsutil import temp_dir
 
 # --------------------------------------------------------------------------------------------
 # Pure metrics
@@ -375,12 +376,11 @@ def integer_kernels(model: Any) -> dict[str, int]:
     """``{op type: count}`` of the integer kernels (QLinear*, *Integer*, QGemm, QAttention, ...) in
     the graph ONNX Runtime's CPU provider actually runs for ``model`` (ORT_ENABLE_ALL), and their
     ``total``: what an INT8 model gains on the CPU, as ONNX Runtime fused it."""
-    import tempfile
     from collections import Counter
 
     import onnx
 
-    with tempfile.TemporaryDirectory(prefix="trtrepo-kernels-") as tmp:
+    with temp_dir("kernels") as tmp:
         path = Path(tmp) / "optimized.onnx"
         make_session(model, threads=1, optimized_path=path)
         graph = onnx.load(str(path), load_external_data=False).graph

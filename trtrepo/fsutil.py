@@ -122,3 +122,43 @@ def write_report(folder: str | Path, stem: str, json_text: str, markdown: str) -
     """``STEM.json`` and ``STEM.md`` in ``folder``, each written atomically."""
     folder = Path(folder)
     return atomic_write_text(folder / f"{stem}.json", json_text), atomic_write_text(folder / f"{stem}.md", markdown)
+
+
+# --------------------------------------------------------------------------------------------
+# Temporary folders that outlive a killed process are found and removed by the next one
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's live process
+        return True
+    return True
+
+
+def reap_stale(prefix: str, root: str | Path | None = None) -> list[Path]:
+    """Remove ``ROOT/{prefix}{pid}-*`` entries whose process is gone (a SIGKILL runs no cleanup);
+    returns what was removed."""
+    root = Path(root or tempfile.gettempdir())
+    removed = []
+    for p in root.glob(f"{prefix}*"):
+        pid_text = p.name[len(prefix):].split("-", 1)[0].split("_", 1)[0]
+        if not pid_text.isdigit() or int(pid_text) == os.getpid() or pid_alive(int(pid_text)):
+            continue
+        with contextlib.suppress(OSError):
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink()
+            removed.append(p)
+    return removed
+
+
+def temp_dir(kind: str, dir: str | Path | None = None) -> tempfile.TemporaryDirectory[str]:
+    """``TemporaryDirectory`` named ``trtrepo-{kind}-{pid}-*``; the ones of killed processes are
+    removed first."""
+    prefix = f"trtrepo-{kind}-"
+    reap_stale(prefix, dir)
+    return tempfile.TemporaryDirectory(prefix=f"{prefix}{os.getpid()}-", dir=dir, ignore_cleanup_errors=True)

@@ -8,7 +8,6 @@ import contextlib
 import hashlib
 import logging
 import shlex
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -23,7 +22,7 @@ from ..contracts.plan import (
 )
 from ..contracts.profile import ShapeRange
 from ..errors import TrtrepoError, UsageError
-from ..fsutil import atomic_path, atomic_write_bytes
+from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
 from ..modelio import ModelIO, qdq_counts
 from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
@@ -212,7 +211,7 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     with contextlib.ExitStack() as stack:
         if options.fp16 and options.route == ROUTE_QDQ:
             # converted into a temporary folder; kept (--fp16-onnx) only once the engine is built
-            tmpdir = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="trtrepo-fp16-")))
+            tmpdir = Path(stack.enter_context(temp_dir("fp16")))
             build_onnx = tmpdir / fp16_onnx_default(onnx_path).name
             fp16_info = convert_for_fp16(onnx_path, build_onnx, io, options)
             fp16_info["saved_to"] = options.fp16_onnx

@@ -12,6 +12,7 @@ import numpy as np
 
 from ..contracts.payload import Payload
 from ..errors import UsageError
+from ..fsutil import temp_dir
 from ..modelio import ModelIO
 from .client import TritonTarget
 
@@ -34,11 +35,10 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     src = resolve_source(reference, weights)
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
-    import tempfile
 
     from ..export import export_onnx
 
-    with tempfile.TemporaryDirectory(prefix="trtrepo-validate-", dir=workdir) as tmp:
+    with temp_dir("validate", dir=workdir) as tmp:
         try:
             inputs, axes = resolve_inputs(src, input_shapes, data)
             result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None)

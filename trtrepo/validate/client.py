@@ -11,6 +11,7 @@ import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -249,6 +250,8 @@ class TritonTarget:
         else:
             import tritonclient.utils.shared_memory as sysshm
         self._shm_kind = kind
+        if kind == "system":
+            self._reap_stale_regions()
         tag = f"trtrepo_{os.getpid()}_{id(self) & 0xFFFFFF:x}"
         try:
             for s in range(slots):
@@ -272,6 +275,26 @@ class TritonTarget:
             if isinstance(exc, TrtrepoError):
                 raise
             raise TrtrepoError(f"{self._where()}: cannot set up {kind} shared memory: {_one_line(exc)}") from exc
+
+    def _reap_stale_regions(self) -> None:
+        """Regions of validate runs that were killed (named ``trtrepo_<pid>_...``): their
+        ``/dev/shm`` files, and, on a server on this machine, their registrations."""
+        from ..fsutil import pid_alive, reap_stale
+
+        if Path("/dev/shm").is_dir():
+            for p in reap_stale("trtrepo_", "/dev/shm"):
+                log.info("removed %s (left by a killed trtrepo process)", p)
+        if self.url.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost", "::1", "[::1]"):
+            return  # process ids mean nothing on another host
+        with contextlib.suppress(Exception):
+            status = self._run(self._call("get_system_shared_memory_status"), None)
+            regions = status.get("regions", {}) if isinstance(status, dict) else status
+            names = list(regions) if isinstance(regions, dict) else [r.get("name", "") for r in regions]
+            for name in names:
+                parts = str(name).split("_")
+                if len(parts) > 2 and parts[0] == "trtrepo" and parts[1].isdigit() and not pid_alive(int(parts[1])):
+                    self._run(self._call("unregister_system_shared_memory", name), None)
+                    log.info("unregistered shared-memory region %s of a killed trtrepo process", name)
 
     def _out_itemsize(self, name: str) -> int:
         assert self._io is not None  # set by prepare() before shared memory is set up
