@@ -71,3 +71,16 @@ def triton_server():
     yield start
     for server in servers:
         server.stop()
+
+
+# --- the bad-input suite's count (tests/test_fuzz_inputs.py) ----------------------------------
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    import sys
+
+    fuzz = sys.modules.get("test_fuzz_inputs")
+    if fuzz is not None and fuzz.COUNTS["cases"]:
+        c = fuzz.COUNTS
+        terminalreporter.write_line(f"bad-input cases (hypothesis): {c['cases']} run, {c['tracebacks']} tracebacks, "
+                                    f"{c['wrong_exit']} wrong exit codes, {c['modified']} modified inputs")

@@ -17,7 +17,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import TrtrepoError
+from .errors import TrtrepoError, printable
 
 # name -> (module under trtrepo.commands, short help). Order is the pipeline's.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -58,7 +58,11 @@ class LazyGroup(click.Group):
         except TrtrepoError as exc:
             if ctx.params.get("debug"):  # the traceback, and still the documented exit code
                 traceback.print_exc()
-            click.echo(f"error: {exc.message}", err=True)
+            click.echo(f"error: {exc.message if exc.multiline else printable(exc.message)}", err=True)
+            ctx.exit(exc.exit_code)
+        except click.UsageError as exc:  # option parsing: one line too, naming the option
+            sub = exc.ctx.command_path if exc.ctx is not None else "trtrepo"
+            click.echo(f"error: {printable(exc.format_message())} (see '{sub} --help')", err=True)
             ctx.exit(exc.exit_code)
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise

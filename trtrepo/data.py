@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import numbers
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -71,13 +72,28 @@ class Preprocess:
         def norm(value: Any, what: str, n: tuple[int, ...]) -> tuple[int, ...] | None:
             if value is None:
                 return None
-            vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
+            try:
+                vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
+            except (TypeError, ValueError, OverflowError):
+                raise UsageError(f"preprocess option '{what}': expected positive ints, got {value!r}") from None
             if len(vals) not in n or any(v <= 0 for v in vals):
                 raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
             if any(v > MAX_IMAGE_SIDE for v in vals):
                 raise UsageError(f"preprocess option '{what}': {value!r} is larger than {MAX_IMAGE_SIDE} pixels per side")
             return vals
 
+        if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) or not np.isfinite(self.scale):
+            raise UsageError(f"preprocess option 'scale': expected a finite number, got {self.scale!r}")
+        for what in ("interpolation", "color", "layout", "dtype"):
+            if not isinstance(getattr(self, what), str):
+                raise UsageError(f"preprocess option '{what}': expected a string, got {getattr(self, what)!r}")
+        if self.input_name is not None and not isinstance(self.input_name, str):
+            raise UsageError(f"preprocess option 'input_name': expected a string, got {self.input_name!r}")
+        for what in ("mean", "std"):
+            values = getattr(self, what)
+            flat = list(values) if isinstance(values, (list, tuple, np.ndarray)) else [values]
+            if not flat or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) for v in flat):
+                raise UsageError(f"preprocess option '{what}': expected finite numbers, got {values!r}")
         object.__setattr__(self, "resize", norm(self.resize, "resize", (1, 2)))
         crop = norm(self.center_crop, "center_crop", (1, 2))
         if crop is not None and len(crop) == 1:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 
 class TrtrepoError(Exception):
-    """A failure the user can act on. ``exit_code`` is what the CLI exits with."""
+    """A failure the user can act on. ``exit_code`` is what the CLI exits with; ``multiline``
+    errors (a server's load errors) keep their line breaks, the others print as one line."""
 
     exit_code = 1
+    multiline = False
 
     def __init__(self, message: str) -> None:
         super().__init__(message)
@@ -42,3 +44,9 @@ def one_line(exc: BaseException, limit: int = 300) -> str:
     first = text.splitlines()[0].strip() if text else ""
     first = first or type(exc).__name__
     return first if len(first) <= limit else first[: limit - 3] + "..."
+
+
+def printable(message: str) -> str:
+    """``message`` on one line: control characters (a user's value may hold a newline or a
+    carriage return) are shown escaped, as Python writes them."""
+    return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)

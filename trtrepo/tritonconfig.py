@@ -505,7 +505,9 @@ def render_config(config: ModelConfig, template_dir: str | Path | None = None) -
         where = getattr(exc, "filename", None) or config.template
         line = getattr(exc, "lineno", None)
         loc = f"{where}:{line}" if line else where
-        raise UsageError(f"template {loc}: {type(exc).__name__}: {exc}") from exc
+        raise UsageError(f"template {loc}: {type(exc).__name__}: {one_line(exc)}") from exc
+    except Exception as exc:  # an expression of the template failed (TypeError, ZeroDivisionError, ...)
+        raise UsageError(f"template {config.template}: {type(exc).__name__}: {one_line(exc)}") from exc
     return text.rstrip() + "\n"
 
 

@@ -2,15 +2,32 @@
 
 from __future__ import annotations
 
+import math
+
 import click
 
-
-def _floats(text: str | None) -> tuple[float, ...] | None:
-    return None if text is None else tuple(float(v) for v in text.split(","))
+from ..errors import UsageError
 
 
-def _ints(text: str | None) -> tuple[int, ...] | None:
-    return None if text is None else tuple(int(v) for v in text.lower().replace("x", ",").split(","))
+def _floats(text: str | None, option: str) -> tuple[float, ...] | None:
+    if text is None:
+        return None
+    try:
+        values = tuple(float(v) for v in text.split(","))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected comma-separated numbers, e.g. 0.485,0.456,0.406") from None
+    if not all(math.isfinite(v) for v in values):
+        raise UsageError(f"{option} {text!r}: values must be finite numbers")
+    return values
+
+
+def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
+    if text is None:
+        return None
+    try:
+        return tuple(int(v) for v in text.lower().replace("x", ",").split(","))
+    except ValueError:
+        raise UsageError(f"{option} {text!r}: expected HEIGHTxWIDTH or one size, e.g. 224x224 or 256") from None
 
 
 @click.command("preprocess")
@@ -36,8 +53,8 @@ def command(output: str, resize: str | None, center_crop: str | None, interpolat
 
         spec = demo_mod.preprocess()
     else:
-        spec = Preprocess(resize=_ints(resize), center_crop=_ints(center_crop), interpolation=interpolation,  # type: ignore[arg-type]
-                          color=color, scale=scale, mean=_floats(mean) or (0.0,), std=_floats(std) or (1.0,),
+        spec = Preprocess(resize=_ints(resize, "--resize"), center_crop=_ints(center_crop, "--center-crop"), interpolation=interpolation,  # type: ignore[arg-type]
+                          color=color, scale=scale, mean=_floats(mean, "--mean") or (0.0,), std=_floats(std, "--std") or (1.0,),
                           layout=layout, dtype=dtype, input_name=input_name)
     path = spec.save(output)
     click.echo(f"wrote {path}")
