@@ -474,7 +474,7 @@ def test_cli_bad_options(demo_onnx, tmp_path, run_cli):
     assert res.exit_code == 2 and "SmoothQuant needs calibration on --data, not --ranges" in res.stderr
     before = demo_onnx.read_bytes()
     res = run_cli("quantize", demo_onnx, "-o", demo_onnx, "--data", "demo:calib")
-    assert res.exit_code == 2 and "would overwrite the input model" in res.stderr and demo_onnx.read_bytes() == before
+    assert res.exit_code == 2 and "which this command reads; it would be overwritten" in res.stderr and demo_onnx.read_bytes() == before
     assert not out.exists()
 
 
