@@ -171,7 +171,8 @@ def group_owns_port(pgid: int, port: int) -> bool | None:
 
 # Lines of Triton's log that say why models did not load or the server did not start.
 _LOG_ERROR = re.compile(r"failed to load|unable to find backend|UNAVAILABLE|failed to start|[Aa]ddress (already )?in use|"
-                        r"error: creating server|[Ii]nvalid argument|Unable to (open|find)|failed to (bind|listen)")
+                        r"error: creating server|[Ii]nvalid argument|Unable to (open|find)|failed to (bind|listen)|unrecognized option|"
+                        r"requires an argument")
 _LOG_NOISE = re.compile(r"CudaDriverHelper|NVML|DCGM|CUDA driver version|unable to create stream|pinned memory")
 
 
