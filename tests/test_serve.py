@@ -133,6 +133,18 @@ def test_repo_add_warns_when_the_local_server_lacks_the_backend(tmp_path, demo_o
     assert r.exit_code == 0 and "warning" not in r.stderr
 
 
+@requires_tritonserver
+def test_deploy_warns_when_the_local_server_lacks_the_backend(tmp_path, run_cli):
+    have = local_backends()
+    if have is None or "onnxruntime" in have:
+        pytest.skip("needs a local tritonserver without the onnxruntime backend")
+    r = run_cli("deploy", "demo", "--backend", "onnxruntime", "--precision", "fp32", "--repo", tmp_path / "r")
+    assert r.exit_code == 0, r.output
+    warnings = [line for line in r.stderr.splitlines() if line.startswith("warning:")]
+    assert len(warnings) == 1 and "no 'onnxruntime' backend" in warnings[0], r.stderr
+    assert (tmp_path / "r" / "demo" / "1" / "model.onnx").is_file()
+
+
 # --- repo check ----------------------------------------------------------------------------------
 
 
