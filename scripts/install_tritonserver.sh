@@ -7,7 +7,8 @@
 #   2. unpacks the server into .triton/ (git-ignored) and copies the Python 3.11 backend stub
 #      into backends/python,
 #   3. creates .triton/pyenv, a venv with numpy<2, onnxruntime and pillow: the stub is built
-#      against numpy 1.x, so Python-backend models point at it with EXECUTION_ENV_PATH,
+#      against numpy 1.x; trtrepo's TritonServer (serve, tests, benches) puts its bin first on
+#      the server's PATH, so generated configs need no EXECUTION_ENV_PATH of this machine,
 #   4. writes .triton/bin/tritonserver, a wrapper that sets LD_LIBRARY_PATH and --backend-directory.
 #
 # Use it with:  export TRTREPO_TRITONSERVER=$PWD/.triton/bin/tritonserver   (trtrepo serve and the
@@ -87,5 +88,5 @@ if [[ "$usage" != *"Usage: tritonserver"* ]]; then
   exit 1
 fi
 echo "tritonserver: $DEST/bin/tritonserver"
-echo "python backend env (EXECUTION_ENV_PATH): $DEST/pyenv"
+echo "python backend env (put first on the server's PATH by trtrepo serve): $DEST/pyenv"
 echo "use it with: export TRTREPO_TRITONSERVER=$DEST/bin/tritonserver"

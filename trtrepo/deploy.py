@@ -15,7 +15,7 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -108,6 +108,7 @@ class DeployReport:
     steps: list[StepResult] = field(default_factory=list)
     models: list[DeployedModel] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)  # printed on stderr (a backend the local server lacks, ...)
     repo: Path = Path("model_repository")
 
     def summary_lines(self) -> list[str]:
@@ -143,23 +144,6 @@ def default_name(source: str) -> str:
     return check_model_name(name[:128], "model name (from the source; give --name)")
 
 
-def server_backends() -> set[str] | None:
-    """Backends of the tritonserver found here (None when there is none or it cannot be told)."""
-    from .server import find_server_binary, local_install_dir
-
-    binary = find_server_binary(None)
-    if binary is None:
-        return None
-    candidates = []
-    if binary.resolve().parent == (local_install_dir() / "bin").resolve():
-        candidates.append(local_install_dir() / "pyt" / "pytriton" / "tritonserver" / "backends")
-    candidates.append(binary.resolve().parent.parent / "backends")
-    for d in candidates:
-        if d.is_dir():
-            return {p.name for p in d.iterdir() if p.is_dir()}
-    return None
-
-
 def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
     from .build import gpu_status, tensorrt_status
 
@@ -170,7 +154,9 @@ def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
     if trt.available and gpu is not None and gpu.available:
         return "tensorrt"
     why = f"TensorRT {trt.detail}" if not trt.available else f"no GPU ({gpu.detail if gpu else 'unknown'})"
-    backends = server_backends()
+    from .server import local_backends
+
+    backends = local_backends()
     if backends is not None and "onnxruntime" not in backends and "python" in backends:
         report.notes.append(f"backend auto -> python: {why}; the tritonserver here has no onnxruntime backend "
                             f"(backends: {', '.join(sorted(backends))}), so the model runs ONNX Runtime inside the Python backend")
@@ -428,14 +414,6 @@ def deploy(opts: DeployOptions) -> DeployReport:
             labels = _labels(opts)
             common: dict[str, Any] = {"version": opts.version, "force": opts.force, "template_dir": opts.template_dir}
             mopts = opts.model
-            if spec.runs_python or opts.python_variant:
-                from .server import find_python_env
-
-                env = mopts.execution_env or find_python_env()
-                if env is None:
-                    report.notes.append("no Python-backend environment found (run scripts/install_tritonserver.sh or set "
-                                        "TRTREPO_PYTHON_ENV): the server's own Python must have numpy<2 and onnxruntime")
-                mopts = replace(mopts, execution_env=str(env) if env else None)
             written: list[tuple[WriteResult, ModelConfig, str]] = []
             if plan is not None:
                 res, cfg = add_plan_model(opts.repo, name, plan, io=io, options=mopts, labels=labels, **common)
@@ -456,11 +434,24 @@ def deploy(opts: DeployOptions) -> DeployReport:
                 report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess"))
                 report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir))
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
+            report.warnings.extend(_local_server_warnings(opts, [c for _, c, _ in written]))
     if precision == "fp32":
         report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")
     elif plan is None:
         report.notes.extend(_cpu_int8_notes(backend, opts.reduce_range))
     return report
+
+
+def _local_server_warnings(opts: DeployOptions, configs: list[ModelConfig]) -> list[str]:
+    """A backend the local tritonserver lacks; an EXECUTION_ENV_PATH that ties the repository to this machine."""
+    from .server import missing_backend_warning
+    from .tritonconfig import execution_env_warning
+
+    needed = {c.spec.server_backend for c in configs if c.spec.server_backend} | ({"python"} if opts.ensemble else set())
+    warnings = [w for b in sorted(needed) if (w := missing_backend_warning(b))]
+    if opts.model.execution_env and (opts.ensemble or any(c.spec.runs_python for c in configs)):
+        warnings += [w for w in (execution_env_warning(opts.model.execution_env),) if w]
+    return warnings
 
 
 def _cpu_int8_notes(backend: str, reduce_range: bool, info: CpuInt8 | None = None) -> list[str]:

@@ -42,6 +42,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -54,12 +55,14 @@ from .contracts.plan import GPUInfo, PlanMetadata, check_plan_compatibility, pla
 from .errors import UsageError
 from .modelio import ModelIO
 from .tritonconfig import (
+    MODEL_DIRECTORY,
     ModelConfig,
     ModelOptions,
     check_model_name,
     check_rendered,
     config_from_io,
     ensemble_config,
+    execution_env_files,
     parse_config_text,
     preprocess_config,
     render_config,
@@ -540,7 +543,9 @@ def add_onnx_model(
     files.update(external_data_files(onnx_path))
     for dst, src in spec.extra_files:
         files[dst] = template_file(src, template_dir)
-    model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    model_files: dict[str, FileSource] = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    if spec.runs_python:
+        model_files.update(execution_env_files(options))
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
                        template_dir=template_dir)
     return result, config
@@ -618,12 +623,34 @@ def add_plan_model(
         files.setdefault(fname, plan.parent / fname)
     meta_path = plan_metadata_path(plan)
     if meta_path.is_file():
-        files[plan_metadata_path("model.plan").name] = meta_path
+        files[plan_metadata_path("model.plan").name] = portable_metadata(meta_path)
     warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
                        profiles=profiles, template_dir=template_dir, warnings=warnings)
     return result, config
+
+
+_ABS_PATH = re.compile(r"(?<![\w.~$])/(?:[^\s/'\"=,;:]+/)*([^\s/'\"=,;:]+)")
+
+
+def portable_metadata(meta_path: Path) -> bytes:
+    """``model.plan.json`` for the repository: every absolute path in its strings (the source ONNX,
+    the trtexec command, cache files of the build machine) cut to its file name."""
+    def strip(value: Any) -> Any:
+        if isinstance(value, str):
+            return _ABS_PATH.sub(lambda m: m.group(1), value)
+        if isinstance(value, list):
+            return [strip(v) for v in value]
+        if isinstance(value, dict):
+            return {k: strip(v) for k, v in value.items()}
+        return value
+
+    try:
+        data = json.loads(meta_path.read_text())
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"{meta_path}: not readable as JSON ({exc})") from exc
+    return json.dumps(strip(data), indent=2).encode() + b"\n"
 
 
 def preprocess_package_files() -> dict[str, FileSource]:
@@ -703,6 +730,122 @@ def add_image_ensemble(
     ens_text = render_config(ens_cfg, template_dir)
     known = _known_models(Path(repo), {pre_name: parse_config_text(render_config(pre_cfg, template_dir), pre_name)})
     validate_config_text(ens_text, f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
-    pre = add_model(repo, pre_cfg, files, version=version, force=force, template_dir=template_dir)
+    pre = add_model(repo, pre_cfg, files, model_files=execution_env_files(options or ModelOptions()), version=version,
+                    force=force, template_dir=template_dir)
     ens = add_model(repo, ens_cfg, {}, version=version, force=force, template_dir=template_dir)
     return pre, ens
+
+
+# --------------------------------------------------------------------------------------------
+# Portability (trtrepo repo check)
+
+
+@dataclass(frozen=True)
+class Finding:
+    """Something in a repository tied to this machine (``host``) or to a GPU/TensorRT (``note``)."""
+
+    path: str  # relative to the repository
+    kind: str  # "host" | "note"
+    message: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "kind": self.kind, "message": self.message}
+
+
+_QUOTED_ABS = re.compile(r"""["'](/[^"'\s]+)["']""")
+_SYSTEM_ROOTS = ("proc", "sys", "dev")
+
+
+def _text_of(path: Path, limit: int = 4 << 20) -> str | None:
+    try:
+        if path.stat().st_size > limit:
+            return None
+        data = path.read_bytes()
+    except OSError:
+        return None
+    if b"\0" in data:
+        return None
+    try:
+        return data.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _host_path(value: str, structured: bool) -> bool:
+    """An absolute path that ties a file to this machine: in a config or JSON value always; in
+    code (model.py) when it names an existing place here other than /proc, /sys, /dev."""
+    parts = Path(value).parts
+    if len(parts) < 2:
+        return False
+    if structured:
+        return True
+    return parts[1] not in _SYSTEM_ROOTS and os.path.exists(value)
+
+
+def host_specific(repo: str | Path) -> list[Finding]:
+    """What keeps ``repo`` from being copied to another machine or container: symlinks, absolute
+    paths in its text files, an ``EXECUTION_ENV_PATH`` outside ``$$TRITON_MODEL_DIRECTORY`` (or
+    an archive missing there); as notes, the TensorRT version and GPU each plan is tied to."""
+    repo = Path(repo)
+    if not repo.is_dir():
+        raise UsageError(f"{repo}: model repository not found")
+    found: list[Finding] = []
+    for root, dirs, files in os.walk(repo):
+        dirs[:] = sorted(d for d in dirs if d != "__pycache__" and d != STAGING_NAME)
+        for name in sorted(dirs + files):
+            path = Path(root) / name
+            rel = str(path.relative_to(repo))
+            if path.is_symlink():
+                found.append(Finding(rel, "host", f"symlink to {os.readlink(path)} (copy the file in instead)"))
+                continue
+            if name not in files or name == LOCK_NAME:
+                continue
+            text = _text_of(path)
+            if text is None:
+                continue
+            structured = name == "config.pbtxt" or name.endswith(".json")
+            for m in dict.fromkeys(_QUOTED_ABS.findall(text)):
+                if _host_path(m, structured):
+                    found.append(Finding(rel, "host", f"absolute path {m}"))
+    for model_dir in sorted(d for d in repo.iterdir() if d.is_dir() and (d / "config.pbtxt").is_file()):
+        found += _env_findings(repo, model_dir)
+        found += _plan_notes(repo, model_dir)
+    return found
+
+
+def _env_findings(repo: Path, model_dir: Path) -> list[Finding]:
+    try:
+        cfg = read_config(model_dir)
+    except UsageError as exc:
+        return [Finding(str((model_dir / "config.pbtxt").relative_to(repo)), "host", f"unreadable config ({exc})")]
+    if "EXECUTION_ENV_PATH" not in cfg.parameters:
+        return []
+    rel = str((model_dir / "config.pbtxt").relative_to(repo))
+    value = cfg.parameters["EXECUTION_ENV_PATH"].string_value
+    prefix = MODEL_DIRECTORY + "/"
+    if not value.startswith(prefix):
+        return [Finding(rel, "host", f"EXECUTION_ENV_PATH {value} is not under {MODEL_DIRECTORY} (ship a packed "
+                                     f"environment in the model folder: --python-env ENV.tar.gz)")]
+    if not (model_dir / value[len(prefix):]).is_file():
+        return [Finding(rel, "host", f"EXECUTION_ENV_PATH {value}: {model_dir.name}/{value[len(prefix):]} is missing")]
+    return []
+
+
+def _plan_notes(repo: Path, model_dir: Path) -> list[Finding]:
+    notes = []
+    for plan in sorted(model_dir.glob("*/*.plan")):
+        rel = str(plan.relative_to(repo))
+        try:
+            meta = read_plan_metadata(plan, missing_ok=True)
+        except UsageError as exc:
+            notes.append(Finding(rel, "note", f"TensorRT plan; its metadata is unreadable ({exc})"))
+            continue
+        if meta is None:
+            notes.append(Finding(rel, "note", "TensorRT plan without model.plan.json: the TensorRT version and GPU it "
+                                              "needs are unknown"))
+            continue
+        gpu = (f"GPUs of compute capability {meta.gpu.compute_capability} ({meta.gpu.name})" if meta.gpu else "an unknown GPU")
+        if meta.hardware_compatibility:
+            gpu = "GPUs of other architectures too (hardware compatibility)"
+        notes.append(Finding(rel, "note", f"TensorRT plan: loads only with TensorRT {meta.tensorrt_version} on {gpu}"))
+    return notes

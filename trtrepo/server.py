@@ -6,6 +6,7 @@ import contextlib
 import json
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -14,7 +15,7 @@ import tempfile
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -47,13 +48,148 @@ def find_server_binary(explicit: str | Path | None) -> Path | None:
 
 
 def find_python_env() -> Path | None:
-    """The venv for Python-backend models (``EXECUTION_ENV_PATH``): ``$TRTREPO_PYTHON_ENV`` or
-    the one the install script made (``.triton/pyenv``, numpy<2 + onnxruntime + pillow)."""
+    """The Python environment the local server's Python-backend models run in: ``$TRTREPO_PYTHON_ENV``
+    or the venv the install script made (``.triton/pyenv``, numpy<2 + onnxruntime + pillow).
+
+    It is not written into the repository: :class:`TritonServer` puts its ``bin`` first on the
+    server's ``PATH`` (what ``source ENV/bin/activate`` does for ``EXECUTION_ENV_PATH``), and the
+    Python backend stub takes its interpreter prefix from the ``python3`` it finds there."""
     env = os.environ.get("TRTREPO_PYTHON_ENV")
     if env:
         return Path(env) if Path(env).is_dir() else None
     local = local_install_dir() / "pyenv"
     return local if (local / ".complete").is_file() else None
+
+
+def python_env_vars(env: Path | None, base: Mapping[str, str] | None = None) -> dict[str, str]:
+    """``base`` (default: this process's environment) with ``env``'s ``bin`` first on ``PATH`` and
+    ``VIRTUAL_ENV`` set, as ``ENV/bin/activate`` would; unchanged when ``env`` is None."""
+    out = dict(os.environ if base is None else base)
+    if env is not None:
+        env = Path(env).absolute()
+        out["PATH"] = os.pathsep.join([str(env / "bin"), *([out["PATH"]] if out.get("PATH") else [])])
+        out["VIRTUAL_ENV"] = str(env)
+        out.pop("PYTHONHOME", None)
+    return out
+
+
+def _wrapper_backend_dir(binary: Path) -> Path | None:
+    """The ``--backend-directory`` a wrapper script (install_tritonserver.sh's) passes, if any."""
+    try:
+        head = binary.read_bytes()[:8192]
+    except OSError:
+        return None
+    if not head.startswith(b"#!"):
+        return None
+    m = re.search(r"""--backend-directory[= ]["']?([^"'\s]+)""", head.decode(errors="replace"))
+    return Path(m.group(1)) if m else None
+
+
+def local_backends(binary: str | Path | None = None) -> set[str] | None:
+    """Backends the local tritonserver has (the sub-folders of its backend directory: the one its
+    wrapper passes, else ``BIN/../backends``, else ``/opt/tritonserver/backends``); None when there
+    is no server here or its backend directory cannot be found."""
+    found = find_server_binary(binary)
+    if found is None:
+        return None
+    candidates = [d for d in (_wrapper_backend_dir(found),) if d is not None]
+    candidates += [found.resolve().parent.parent / "backends", Path("/opt/tritonserver/backends")]
+    for d in candidates:
+        if d.is_dir():
+            return {p.name for p in d.iterdir() if p.is_dir()}
+    return None
+
+
+def missing_backend_warning(backend: str) -> str | None:
+    """A one-line warning when the local tritonserver lacks ``backend`` (None when it has it or
+    when there is no local server to ask)."""
+    have = local_backends()
+    if have is None or backend in have:
+        return None
+    return (f"the tritonserver here has no '{backend}' backend (it has: {', '.join(sorted(have)) or 'none'}): "
+            f"'trtrepo serve' cannot load this model here; serve the repository with a server that has it")
+
+
+def busy_ports(host: str, ports: Mapping[str, int]) -> list[tuple[str, int]]:
+    """The ``(label, port)`` pairs of ``ports`` that cannot be bound on ``host`` (another process
+    listens there). SO_REUSEADDR: a port in TIME_WAIT after a server stopped counts as free."""
+    busy = []
+    for label, port in ports.items():
+        if not port:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                s.bind((host, port))
+            except OSError:
+                busy.append((label, port))
+    return busy
+
+
+def _listening_inodes(port: int) -> set[str] | None:
+    """Socket inodes listening on TCP ``port`` (from /proc/net/tcp{,6}); None without /proc."""
+    inodes: set[str] = set()
+    seen = False
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        try:
+            lines = Path(table).read_text().splitlines()[1:]
+        except OSError:
+            continue
+        seen = True
+        for line in lines:
+            f = line.split()
+            if len(f) > 9 and f[3] == "0A" and int(f[1].rsplit(":", 1)[1], 16) == port:
+                inodes.add(f[9])
+    return inodes if seen else None
+
+
+def _group_pids(pgid: int) -> list[int]:
+    pids = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                if int((d / "stat").read_text().rsplit(")", 1)[1].split()[2]) == pgid:
+                    pids.append(int(d.name))
+    return pids
+
+
+def group_owns_port(pgid: int, port: int) -> bool | None:
+    """Whether a process of process group ``pgid`` holds the listening socket of TCP ``port``
+    (None: cannot tell here, no /proc)."""
+    inodes = _listening_inodes(port)
+    if inodes is None:
+        return None
+    for pid in _group_pids(pgid):
+        with contextlib.suppress(OSError):
+            for fd in os.listdir(f"/proc/{pid}/fd"):
+                with contextlib.suppress(OSError):
+                    link = os.readlink(f"/proc/{pid}/fd/{fd}")
+                    if link.startswith("socket:[") and link[8:-1] in inodes:
+                        return True
+    return False
+
+
+# Lines of Triton's log that say why models did not load or the server did not start.
+_LOG_ERROR = re.compile(r"failed to load|unable to find backend|UNAVAILABLE|failed to start|[Aa]ddress (already )?in use|"
+                        r"error: creating server|[Ii]nvalid argument|Unable to (open|find)|failed to (bind|listen)|unrecognized option|"
+                        r"requires an argument")
+_LOG_NOISE = re.compile(r"CudaDriverHelper|NVML|DCGM|CUDA driver version|unable to create stream|pinned memory")
+
+
+def log_errors(text: str, limit: int = 20) -> list[str]:
+    """The lines of a tritonserver log that explain a failed start (model load errors, the
+    UNAVAILABLE rows of the model table, endpoint errors), without tracebacks; at most ``limit``."""
+    out: list[str] = []
+    for raw in text.splitlines():
+        line = raw.strip()
+        if not line or _LOG_NOISE.search(line) or not _LOG_ERROR.search(line):
+            continue
+        line = line.split("\\n\\nAt:", 1)[0].split("\\n", 1)[0].rstrip()
+        if line.startswith("|"):
+            line = " ".join(c.strip() for c in line.strip("|").split("|"))
+        if line not in out:
+            out.append(line)
+    return out[:limit]
 
 
 def free_port() -> int:
@@ -122,10 +258,18 @@ def container_command(repo: str | Path, *, http_port: int = 8000, grpc_port: int
         notes.append(f"plans built with TensorRT {version}: Triton {rel.release} ships TensorRT {rel.tensorrt}")
     else:
         notes.append(f"no TensorRT plans in the repository: newest known release {rel.release}")
-    envs = sorted({str(c.parent.name) for c in Path(repo).glob("*/config.pbtxt") if "EXECUTION_ENV_PATH" in c.read_text()})
-    if envs:
-        notes.append(f"Python-backend models ({', '.join(envs)}) name an EXECUTION_ENV_PATH on this machine: inside the container "
-                     f"remove that parameter and pip install 'numpy<2' onnxruntime pillow, or mount the environment at the same path")
+    configs = {c.parent.name: c.read_text() for c in sorted(Path(repo).glob("*/config.pbtxt"))}
+    python = [n for n, t in configs.items() if re.search(r'backend:\s*"python"', t)]
+    bundled = [n for n in python if '"$$TRITON_MODEL_DIRECTORY/' in configs[n]]
+    host = [n for n, t in configs.items() if "EXECUTION_ENV_PATH" in t and n not in bundled]
+    if host:
+        notes.append(f"models {', '.join(host)} name an EXECUTION_ENV_PATH of this machine: mount that environment at the "
+                     f"same path, or redeploy with --python-env ENV.tar.gz (a conda-pack archive shipped in the model folder)")
+    plain = [n for n in python if n not in bundled and n not in host]
+    if plain:
+        notes.append(f"Python-backend models ({', '.join(plain)}) run in the container's own Python, which needs numpy, "
+                     f"onnxruntime and pillow: use an image built FROM this one with 'pip install onnxruntime pillow', "
+                     f"or redeploy with --python-env ENV.tar.gz")
     repo_abs = Path(repo).resolve()
     gpu = "--gpus=all " if gpus else ""
     cmd = (f"docker run --rm {gpu}-p{http_port}:8000 -p{grpc_port}:8001 -p{metrics_port}:8002 "
@@ -144,13 +288,21 @@ def copy_repository(repo: Path, dest: Path) -> Path:
     return dest
 
 
+class _StartFailed(Exception):
+    """The server did not become ready (message: why); :meth:`TritonServer.start` reports it."""
+
+
 @dataclass
 class TritonServer:
     """Runs ``tritonserver`` on loopback ports in its own process group; a context manager.
 
-    ``with TritonServer(repo) as s: s.http_url`` -- waits until ``/v2/health/ready`` answers
-    (bounded by ``timeout``), and always stops the server (SIGTERM, then SIGKILL to the group).
-    With ``copy=True`` (default) a temporary copy of the repository is served.
+    ``with TritonServer(repo) as s: s.http_url`` -- refuses ports another process listens on,
+    waits until ``/v2/health/ready`` answers from *this* server (its process alive and holding the
+    HTTP port; bounded by ``timeout``), and always stops the server (SIGTERM, then SIGKILL to the
+    group). With ``copy=True`` (default) a temporary copy of the repository is served. The log is
+    kept (``log_path``, outside the temporary folder); a failed start raises with the model load
+    errors read from it. Python-backend models run in ``python_env`` (default
+    :func:`find_python_env`; ``False``: the server's own Python), put first on the server's PATH.
     """
 
     repo: str | Path
@@ -164,6 +316,7 @@ class TritonServer:
     copy: bool = True
     extra_args: Sequence[str] = ()
     log_path: str | Path | None = None
+    python_env: str | Path | bool | None = None
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False)
     _log_file: Any = field(default=None, init=False)
@@ -190,36 +343,58 @@ class TritonServer:
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
                 "--allow-metrics=true", "--log-verbose=0", f"--exit-timeout-secs={self.exit_timeout}", *self.extra_args]
 
+    def environment(self) -> dict[str, str]:
+        """The server's environment: the Python-backend environment first on PATH (see :func:`python_env_vars`)."""
+        if self.python_env is False:
+            return dict(os.environ)
+        env = find_python_env() if self.python_env in (None, True) else Path(str(self.python_env))
+        return python_env_vars(env)
+
     def start(self) -> TritonServer:
         repo = Path(self.repo)
         if not repo.is_dir():
             raise UsageError(f"{repo}: model repository not found")
+        given = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
+        busy = busy_ports(self.host, {k: v for k, v in given.items() if v})
+        if busy:
+            label, port = busy[0]
+            raise UsageError(f"port {port} ({label}) is in use on {self.host} by another process; stop it or choose "
+                             f"another port ({label} 0 picks a free one)")
         self.http_port = self.http_port or free_port()
         self.grpc_port = self.grpc_port or free_port()
         self.metrics_port = self.metrics_port or free_port()
-        serve_repo = repo
+        cmd = self.command(repo)  # fails (no server binary) before anything is copied
         if self.copy:
             self._tmp = tempfile.TemporaryDirectory(prefix="trtrepo-serve-")
-            serve_repo = copy_repository(repo, Path(self._tmp.name) / "repo")
-        cmd = self.command(serve_repo)
+            cmd = self.command(copy_repository(repo, Path(self._tmp.name) / "repo"))
         if self.log_path is None:
-            base = Path(self._tmp.name) if self._tmp else Path(tempfile.mkdtemp(prefix="trtrepo-serve-log-"))
-            self.log_path = base / "tritonserver.log"
+            fd, name = tempfile.mkstemp(prefix=f"trtrepo-tritonserver-{self.http_port}-", suffix=".log")
+            os.close(fd)
+            self.log_path = name
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True)
+        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
+                                     env=self.environment())
         try:
             self.wait_ready()
+        except _StartFailed as exc:
+            self.stop()
+            errors = log_errors(self.log_text())
+            detail = "\n".join(f"  {e}" for e in errors) if errors else self.log_tail()
+            raise TrtrepoError(f"{exc}; log kept at {self.log_path}:\n{detail}") from None
         except BaseException:
             self.stop()
             raise
         return self
 
-    def log_tail(self, lines: int = 30) -> str:
+    def log_text(self) -> str:
         try:
-            return "\n".join(Path(self.log_path).read_text(errors="replace").splitlines()[-lines:])  # type: ignore[arg-type]
+            return Path(str(self.log_path)).read_text(errors="replace")
         except OSError:
             return ""
+
+    def log_tail(self, lines: int = 30) -> str:
+        return "\n".join(self.log_text().splitlines()[-lines:])
 
     def _get(self, path: str, timeout: float = 2.0) -> tuple[int, bytes]:
         try:
@@ -228,18 +403,34 @@ class TritonServer:
         except urllib.error.HTTPError as exc:
             return int(exc.code), exc.read()
 
+    def _alive(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def _answers_ready(self) -> bool:
+        """``/v2/health/ready`` answers 200 and the answer comes from our process: it is alive and
+        (its process group) holds the HTTP port (where /proc tells), also a moment later (a server that lost its ports
+        to another one exits)."""
+        for settle in (0.0, 0.5):
+            time.sleep(settle)
+            status = 0
+            with contextlib.suppress(OSError):
+                status, _ = self._get("/v2/health/ready", timeout=1.0)
+            if status != 200 or not self._alive():
+                return False
+            assert self.proc is not None and self.http_port is not None
+            if group_owns_port(self.proc.pid, self.http_port) is False:
+                return False
+        return True
+
     def wait_ready(self) -> None:
         deadline = time.monotonic() + self.timeout
         while time.monotonic() < deadline:
             if self.proc is not None and self.proc.poll() is not None:
-                raise TrtrepoError(f"tritonserver exited with code {self.proc.returncode} while starting; "
-                                   f"log {self.log_path}:\n{self.log_tail()}")
-            with contextlib.suppress(OSError):
-                status, _ = self._get("/v2/health/ready", timeout=1.0)
-                if status == 200:
-                    return
+                raise _StartFailed(f"tritonserver exited with code {self.proc.returncode} while starting")
+            if self._answers_ready():
+                return
             time.sleep(0.1)
-        raise TrtrepoError(f"tritonserver not ready after {self.timeout:.0f}s; log {self.log_path}:\n{self.log_tail()}")
+        raise _StartFailed(f"tritonserver not ready after {self.timeout:.0f}s")
 
     def model_config(self, name: str) -> dict[str, Any]:
         status, body = self._get(f"/v2/models/{name}/config")
@@ -277,12 +468,6 @@ class TritonServer:
             self._log_file.close()
             self._log_file = None
         if self._tmp is not None:
-            keep = Path(self._tmp.name) / "tritonserver.log"
-            if self.log_path == keep and keep.is_file():
-                saved = Path(tempfile.gettempdir()) / f"trtrepo-tritonserver-{os.getpid()}-{self.http_port}.log"
-                with contextlib.suppress(OSError):
-                    shutil.copyfile(keep, saved)
-                    self.log_path = saved
             self._tmp.cleanup()
             self._tmp = None
 

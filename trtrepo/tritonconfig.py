@@ -206,7 +206,7 @@ class ModelOptions:
     has_labels: bool = False
     intra_op_threads: int = 1
     inter_op_threads: int = 1
-    execution_env: str | None = None
+    execution_env: str | None = None  # EXECUTION_ENV_PATH: a packed archive (shipped) or a directory of this machine
     cc_model_filenames: tuple[tuple[str, str], ...] = ()
     profiles: tuple[str, ...] = ()
 
@@ -357,7 +357,7 @@ def config_from_io(
     for key, value in spec.parameters(options).items():
         params.setdefault(key, value)
     if spec.runs_python and options.execution_env:
-        params.setdefault("EXECUTION_ENV_PATH", str(options.execution_env))
+        params.setdefault("EXECUTION_ENV_PATH", execution_env_value(options.execution_env))
     cuda = CudaOptimization(graphs=True) if options.cuda_graphs else None
     if options.cuda_graphs and not spec.engine:
         raise UsageError(f"model '{name}': --cuda-graphs applies to the tensorrt backend only (backend is {kind})")
@@ -380,6 +380,39 @@ def config_from_io(
     )
 
 
+ENV_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
+MODEL_DIRECTORY = "$$TRITON_MODEL_DIRECTORY"
+
+
+def is_env_archive(env: str | Path) -> bool:
+    """A packed Python environment (conda-pack's ``.tar.gz``), shipped inside the model folder."""
+    return str(env).endswith(ENV_ARCHIVE_SUFFIXES)
+
+
+def execution_env_value(env: str | Path) -> str:
+    """``EXECUTION_ENV_PATH`` for ``--python-env``: an archive is copied into the model folder and
+    named relative to it (``$$TRITON_MODEL_DIRECTORY/ENV.tar.gz``, portable); a directory stays an
+    absolute path of this machine (the repository is then host-specific)."""
+    if is_env_archive(env):
+        return f"{MODEL_DIRECTORY}/{Path(env).name}"
+    return str(Path(env).absolute())
+
+
+def execution_env_warning(env: str | Path) -> str | None:
+    """The warning for a ``--python-env`` directory: the repository then names a path of this machine."""
+    if is_env_archive(env):
+        return None
+    return (f"--python-env {env}: EXECUTION_ENV_PATH names a directory of this machine, so the repository does not "
+            f"travel ('trtrepo repo check' reports it); pack the environment (conda-pack -o ENV.tar.gz) to ship it "
+            f"with the model")
+
+
+def execution_env_files(options: ModelOptions) -> dict[str, Path]:
+    """The model-folder files ``options.execution_env`` needs (its archive), by file name."""
+    env = options.execution_env
+    return {Path(env).name: Path(env)} if env and is_env_archive(env) else {}
+
+
 def preprocess_config(name: str, image_input: str, model_input: TensorSpec, max_batch_size: int,
                       options: ModelOptions | None = None) -> ModelConfig:
     """Config of the Python preprocessing model: encoded image bytes -> ``model_input``."""
@@ -387,7 +420,7 @@ def preprocess_config(name: str, image_input: str, model_input: TensorSpec, max_
     batching = max_batch_size > 0
     params = {"preprocess_file": "preprocess.json"}
     if options.execution_env:
-        params["EXECUTION_ENV_PATH"] = str(options.execution_env)
+        params["EXECUTION_ENV_PATH"] = execution_env_value(options.execution_env)
     return ModelConfig(
         name=name,
         kind="python_preprocess",

@@ -35,8 +35,11 @@ def model_config_options(f: F) -> F:
         click.option("--parameter", "parameters", multiple=True, metavar="KEY=VALUE", help="Free-form config parameter (repeat)."),
         click.option("--intra-op-threads", type=click.IntRange(min=0), default=1, show_default=True,
                      help="ONNX Runtime intra-op threads in Python-backend models."),
-        click.option("--python-env", "python_env", type=click.Path(file_okay=False), default=None,
-                     help="EXECUTION_ENV_PATH for Python-backend models (default: $TRTREPO_PYTHON_ENV or .triton/pyenv)."),
+        click.option("--python-env", "python_env", type=click.Path(exists=True), default=None, metavar="ENV.tar.gz|DIR",
+                     help="EXECUTION_ENV_PATH of Python-backend models. A packed environment (conda-pack .tar.gz) is "
+                          "copied into the model folder ($$TRITON_MODEL_DIRECTORY/ENV.tar.gz, portable); a directory "
+                          "is named as is (host-specific). Default: none, the server's own Python ('trtrepo serve' "
+                          "gives it $TRTREPO_PYTHON_ENV or .triton/pyenv)."),
         click.option("--template-dir", type=click.Path(file_okay=False, exists=True), default=None,
                      help="Folder whose templates override the shipped ones by file name."),
         click.option("--version", "version", type=click.IntRange(min=1, max=2**63 - 1), default=None,
@@ -50,7 +53,9 @@ def model_config_options(f: F) -> F:
 
 def build_model_options(kw: dict[str, Any]) -> Any:
     """Pop the options of :func:`model_config_options` from ``kw`` into a ``ModelOptions``."""
-    from ..tritonconfig import ModelOptions
+    from pathlib import Path
+
+    from ..tritonconfig import ModelOptions, is_env_archive
 
     params = []
     for p in kw.pop("parameters"):
@@ -63,6 +68,10 @@ def build_model_options(kw: dict[str, Any]) -> Any:
         gpus = tuple(int(g) for g in gpus_text.split(",")) if gpus_text else ()
     except ValueError as exc:
         raise UsageError(f"--gpus {gpus_text!r}: expected comma-separated integers") from exc
+    python_env = kw.pop("python_env")
+    if python_env is not None and Path(python_env).is_file() and not is_env_archive(python_env):
+        raise UsageError(f"--python-env {python_env}: expected a packed environment (.tar.gz, e.g. from conda-pack) "
+                         f"or a directory")
     return ModelOptions(
         max_batch_size=kw.pop("max_batch_size"),
         dynamic_batching=kw.pop("dynamic_batching"),
@@ -77,5 +86,5 @@ def build_model_options(kw: dict[str, Any]) -> Any:
         response_cache=kw.pop("response_cache"),
         parameters=tuple(params),
         intra_op_threads=kw.pop("intra_op_threads"),
-        execution_env=kw.pop("python_env"),
+        execution_env=python_env,
     )

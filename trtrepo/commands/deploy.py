@@ -95,4 +95,6 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
     report = deploy(opts)
     for line in report.summary_lines():
         click.echo(line)
+    for w in report.warnings:
+        click.echo(f"warning: {w}", err=True)
     click.echo(f"serve it with: trtrepo serve {repo}")

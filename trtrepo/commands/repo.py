@@ -16,6 +16,31 @@ def command() -> None:
     """Inspect and write Triton model repositories (REPO/NAME/VERSION/model.<ext> + config.pbtxt)."""
 
 
+@command.command("check")
+@click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
+@click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
+def check_cmd(repo: str, as_json: bool) -> None:
+    """Report what ties REPO to this machine: absolute paths in its files, symlinks, an
+    EXECUTION_ENV_PATH outside the model folder; as notes, the TensorRT version and GPU of each plan.
+
+    Exit code 0 when REPO can be copied to another machine or container, 1 when something
+    host-specific is found, 2 when REPO is not a directory."""
+    import json
+
+    from ..repository import host_specific
+
+    findings = host_specific(repo)
+    host = [f for f in findings if f.kind == "host"]
+    if as_json:
+        click.echo(json.dumps({"repo": repo, "portable": not host, "findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        for f in findings:
+            click.echo(f"{'host-specific' if f.kind == 'host' else 'note'}: {f.path}: {f.message}")
+        click.echo(f"{repo}: {'not portable' if host else 'portable'} ({len(host)} host-specific finding(s))")
+    if host:
+        raise SystemExit(1)
+
+
 @command.command("list")
 @click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
 def list_cmd(repo: str) -> None:
@@ -61,7 +86,8 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
     from ..errors import UsageError
     from ..modelio import ModelIO
     from ..repository import add_onnx_model, add_plan_model
-    from ..server import find_python_env
+    from ..server import missing_backend_warning
+    from ..tritonconfig import execution_env_warning
 
     options = build_model_options(kw)
     if label_output:
@@ -80,11 +106,11 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
     else:
         if path.suffix != ".onnx":
             raise UsageError(f"{path}: --backend {backend} takes an .onnx model")
-        if spec is not None and spec.runs_python and options.execution_env is None:
-            env = find_python_env()
-            options = replace(options, execution_env=str(env) if env else None)
         result, _ = add_onnx_model(repo, name, path, backend=backend, options=options, labels=labels_file, **common)
-    for w in result.warnings:
+    extra = [missing_backend_warning(spec.server_backend) if spec is not None and spec.server_backend else None]
+    if spec is not None and spec.runs_python and options.execution_env:
+        extra.append(execution_env_warning(options.execution_env))
+    for w in [*result.warnings, *(w for w in extra if w)]:
         click.echo(f"warning: {w}", err=True)
     verb = "replaced" if result.replaced else "added"
     click.echo(f"{verb} {result.name} version {result.version}: {result.version_dir} ({', '.join(result.files)})")

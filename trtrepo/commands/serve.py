@@ -21,6 +21,11 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
             timeout: float, in_place: bool, print_command: bool, server_args: tuple[str, ...]) -> None:
     """Start tritonserver on REPO, wait until it is ready and stay in the foreground (Ctrl-C stops it).
 
+    Ports another process listens on are refused (exit 2); "ready" is printed only when this
+    server answers. A failed start prints the model load errors from Triton's log, which is kept.
+    Python-backend models run in $TRTREPO_PYTHON_ENV or .triton/pyenv (first on the server's PATH)
+    unless their config names an EXECUTION_ENV_PATH.
+
     Without a tritonserver binary, print the container command instead, with the Triton release
     whose TensorRT matches the plans in REPO. Arguments after '--' go to tritonserver.
     """
@@ -28,9 +33,9 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
     import time
     from pathlib import Path
 
-    from ..errors import UsageError
+    from ..errors import TrtrepoError, UsageError
     from ..repository import list_repository
-    from ..server import TritonServer, container_command, find_server_binary
+    from ..server import TritonServer, container_command, find_server_binary, log_errors
 
     if not Path(repo).is_dir():
         raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
@@ -59,7 +64,8 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
         while server.proc is not None and server.proc.poll() is None:
             time.sleep(0.5)
         code = server.proc.returncode if server.proc is not None else 0
-        raise click.ClickException(f"tritonserver exited with code {code}; log {server.log_path}:\n{server.log_tail()}")
+        errors = log_errors(server.log_text()) or server.log_tail().splitlines()
+        raise TrtrepoError(f"tritonserver exited with code {code}; log kept at {server.log_path}:\n" + "\n".join(errors))
     except KeyboardInterrupt:
         click.echo("stopping tritonserver")
     finally:
