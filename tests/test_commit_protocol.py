@@ -204,3 +204,16 @@ def test_sigkill_during_the_copy_of_a_large_model_leaves_the_repository_servable
         assert server.model_ready("big")
     add_onnx_model(repo, "big", small, backend="python", options=_options(2))
     assert leftovers(repo) == [] and versions_of(repo / "big") == [1, 2]
+
+
+def test_repo_check_reports_the_leftovers_of_a_killed_write_and_fix_recovers(tmp_path, demo_onnx, run_cli, monkeypatch):
+    repo = tmp_path / "repo"
+    add_onnx_model(repo, "demo", demo_onnx, backend="python", options=_options(0))
+    before = snapshot(repo)
+    monkeypatch.setattr(repository, "_exchange", lambda a, b: False)
+    _kill_at(repo, demo_onnx, "new-version", "swapping")  # the model is moved aside: missing
+    res = run_cli("repo", "check", repo)
+    assert res.exit_code == 1 and "left by an interrupted write" in res.output
+    res = run_cli("repo", "check", repo, "--fix")
+    assert "fixed:" in res.output and "restored" in res.output
+    assert leftovers(repo) == [] and snapshot(repo) == before

@@ -19,17 +19,28 @@ def command() -> None:
 @command.command("check")
 @click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
-def check_cmd(repo: str, as_json: bool) -> None:
+@click.option("--fix", is_flag=True, help="Recover interrupted writes (what the next write would do) before checking.")
+def check_cmd(repo: str, as_json: bool, fix: bool) -> None:
     """Report what ties REPO to this machine: absolute paths in its files, symlinks, an
     EXECUTION_ENV_PATH outside the model folder; as notes, the TensorRT version and GPU of each plan.
+    Also the leftovers of interrupted writes (a killed 'deploy' or 'repo add'), which --fix
+    removes (a model moved aside by an interrupted swap goes back first).
 
     Exit code 0 when REPO can be copied to another machine or container, 1 when something
-    host-specific is found, 2 when REPO is not a directory."""
+    host-specific or left over is found, 2 when REPO is not a directory."""
     import json
+    from pathlib import Path
 
-    from ..repository import host_specific
+    from ..repository import Finding, host_specific, leftovers, recover, repository_lock
 
     findings = host_specific(repo)
+    if fix:
+        with repository_lock(Path(repo)):
+            for line in recover(Path(repo)):
+                if not as_json:
+                    click.echo(f"fixed: {line}")
+    findings += [Finding(str(p), "host", "left by an interrupted write (Triton does not see it; "
+                         "'trtrepo repo check --fix' or the next write removes it)") for p in leftovers(repo)]
     host = [f for f in findings if f.kind == "host"]
     if as_json:
         click.echo(json.dumps({"repo": repo, "portable": not host, "findings": [f.to_dict() for f in findings]}, indent=2))
