@@ -89,3 +89,30 @@ def test_shared_memory_of_a_killed_validate_is_released_by_the_next_one(tmp_path
     res = subprocess.run([*args, "--requests", "10"], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     assert not ours(killed) and not list(Path("/dev/shm").glob(f"trtrepo_{killed}_*"))
+
+
+@requires_tritonserver
+@pytest.mark.triton
+@pytest.mark.slow
+def test_the_python_backend_regions_of_a_server_that_died_are_removed(tmp_path, run_cli):
+    """Each abnormal server exit left a 1 MiB /dev/shm region of the Python backend: the servers
+    trtrepo starts name theirs after the trtrepo process, and remove them when they stop (also
+    after a SIGKILL of the server), or at the next start when the trtrepo process itself was killed."""
+    from trtrepo.server import SHM_PREFIX, TritonServer
+
+    repo = tmp_path / "repo"
+    assert run_cli("deploy", "--repo", repo, "--backend", "python", "--precision", "fp32").exit_code == 0
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    stale = Path("/dev/shm") / f"{SHM_PREFIX}{dead.pid}_8000_0123"
+    stale.write_bytes(b"\0" * 16)
+    server = TritonServer(repo, timeout=120).start()
+    assert not stale.exists(), "the region of a killed trtrepo process is removed at the next start"
+    ours = list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))
+    assert ours, "the Python backend's regions carry this server's prefix"
+    assert server.proc is not None
+    os.killpg(server.proc.pid, signal.SIGKILL)  # the server dies abnormally
+    server.proc.wait(30)
+    assert any(p.exists() for p in ours), "Triton leaves them behind"
+    server.stop()
+    assert not list(Path("/dev/shm").glob(f"{server.shm_prefix}*"))

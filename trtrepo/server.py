@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 _LOCAL_INSTALL = Path(__file__).resolve().parent.parent / ".triton"
 
 
+SHM_PREFIX = "trtrepo_pyb_"  # the Python backend's shared-memory regions of servers trtrepo starts
+
 def local_install_dir() -> Path:
     return Path(os.environ.get("TRTREPO_TRITON_DIR", str(_LOCAL_INSTALL)))
 
@@ -341,7 +343,21 @@ class TritonServer:
             raise UsageError(f"tritonserver not found ({where}); run scripts/install_tritonserver.sh or pass --server-binary")
         return [str(binary), f"--model-repository={repo}", f"--http-address={self.host}", f"--grpc-address={self.host}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
-                "--allow-metrics=true", "--log-verbose=0", f"--exit-timeout-secs={self.exit_timeout}", *self.extra_args]
+                "--allow-metrics=true", "--log-verbose=0", f"--exit-timeout-secs={self.exit_timeout}",
+                *([] if any("shm-region-prefix-name" in a for a in self.extra_args)
+                  else [f"--backend-config=python,shm-region-prefix-name={self.shm_prefix}"]),
+                *self.extra_args]
+
+    @property
+    def shm_prefix(self) -> str:
+        """Name prefix of the Python backend's /dev/shm regions of this server (Triton leaves them
+        behind when it dies abnormally): ``trtrepo_pyb_<our pid>_<http port>_``."""
+        return f"{SHM_PREFIX}{os.getpid()}_{self.http_port}_"
+
+    def _remove_shm(self) -> None:
+        for p in Path("/dev/shm").glob(f"{self.shm_prefix}*"):
+            with contextlib.suppress(OSError):
+                p.unlink()
 
     def environment(self) -> dict[str, str]:
         """The server's environment: the Python-backend environment first on PATH (see :func:`python_env_vars`)."""
@@ -351,6 +367,10 @@ class TritonServer:
         return python_env_vars(env)
 
     def start(self) -> TritonServer:
+        from .fsutil import reap_stale
+
+        if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
+            reap_stale(SHM_PREFIX, "/dev/shm")
         repo = Path(self.repo)
         if not repo.is_dir():
             raise UsageError(f"{repo}: model repository not found")
@@ -464,6 +484,8 @@ class TritonServer:
             # The Python backend stubs are in the same group: make sure none is left behind.
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(proc.pid, signal.SIGKILL)
+        if proc is not None:
+            self._remove_shm()
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
