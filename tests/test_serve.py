@@ -283,6 +283,5 @@ def test_packed_python_env_is_shipped_in_the_model_folder(tmp_path, demo_onnx, r
         logits = _infer(server.http_url, "demo", "input", np.zeros((1, 1, 32, 32), np.float32), "logits")
         assert logits.shape == (1, 10)
         assert re.search(r"Using Python execution env \S+/demo/penv\.tar\.gz", server.log_text()), server.log_tail()
-    Path(str(server.log_path)).unlink()
     r = run_cli("repo", "add", demo_onnx, "--repo", repo, "--name", "bad", "--backend", "python", "--python-env", demo_onnx)
     assert r.exit_code == 2 and "--python-env" in r.output and "expected a packed environment" in r.output

@@ -107,4 +107,26 @@ def diagnose() -> dict[str, Any]:
         "serve": {"available": have["tritonserver"], "detail": "needs a tritonserver binary (or the container)"},
         "validate": {"available": have["tritonclient"], "detail": "needs tritonclient and a running server"},
     }
-    return {"components": components, "stages": stages}
+    return {"components": components, "stages": stages, "leftovers": leftovers()}
+
+
+def leftovers() -> list[str]:
+    """What killed trtrepo processes left on this machine (the next run of the same kind removes
+    it): temporary folders and /dev/shm regions named after a process that is gone."""
+    import tempfile
+    from pathlib import Path
+
+    from .fsutil import pid_alive
+
+    found = []
+    for root, pattern, prefix in ((Path(tempfile.gettempdir()), "trtrepo-*-*", None), (Path("/dev/shm"), "trtrepo_*", "_")):
+        if not root.is_dir():
+            continue
+        for p in sorted(root.glob(pattern)):
+            if p.suffix == ".log":  # server logs are kept on purpose (their path was printed)
+                continue
+            parts = p.name.split(prefix or "-")
+            pid = next((x for x in parts[1:3] if x.isdigit()), None)
+            if pid is not None and not pid_alive(int(pid)):
+                found.append(str(p))
+    return found

@@ -294,6 +294,12 @@ class _StartFailed(Exception):
     """The server did not become ready (message: why); :meth:`TritonServer.start` reports it."""
 
 
+class ServerError(TrtrepoError):
+    """The server failed to start or died: the message lists its load errors, one per line."""
+
+    multiline = True
+
+
 @dataclass
 class TritonServer:
     """Runs ``tritonserver`` on loopback ports in its own process group; a context manager.
@@ -319,7 +325,9 @@ class TritonServer:
     extra_args: Sequence[str] = ()
     log_path: str | Path | None = None
     python_env: str | Path | bool | None = None
+    keep_log: bool = False  # keep the log after a clean stop too (a failed start always keeps it)
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+    _own_log: bool = field(default=False, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False)
     _log_file: Any = field(default=None, init=False)
 
@@ -390,7 +398,7 @@ class TritonServer:
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"trtrepo-tritonserver-{self.http_port}-", suffix=".log")
             os.close(fd)
-            self.log_path = name
+            self.log_path, self._own_log = name, True
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
@@ -398,10 +406,11 @@ class TritonServer:
         try:
             self.wait_ready()
         except _StartFailed as exc:
+            self.keep_log = True
             self.stop()
             errors = log_errors(self.log_text())
             detail = "\n".join(f"  {e}" for e in errors) if errors else self.log_tail()
-            raise TrtrepoError(f"{exc}; log kept at {self.log_path}:\n{detail}") from None
+            raise ServerError(f"{exc}; log kept at {self.log_path}:\n{detail}") from None
         except BaseException:
             self.stop()
             raise
@@ -489,6 +498,9 @@ class TritonServer:
         if self._log_file is not None:
             self._log_file.close()
             self._log_file = None
+            if self._own_log and not self.keep_log:
+                with contextlib.suppress(OSError):
+                    Path(str(self.log_path)).unlink()
         if self._tmp is not None:
             self._tmp.cleanup()
             self._tmp = None

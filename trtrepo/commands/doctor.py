@@ -25,3 +25,7 @@ def command(as_json: bool) -> None:
     for stage, info in report["stages"].items():
         mark = "yes" if info["available"] else "no "
         click.echo(f"{mark} {stage:<10} {info['detail']}")
+    if report["leftovers"]:
+        click.echo("")
+        for path in report["leftovers"]:
+            click.echo(f"left by a killed trtrepo process (the next run of its kind removes it): {path}")

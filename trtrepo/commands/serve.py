@@ -33,9 +33,9 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
     import time
     from pathlib import Path
 
-    from ..errors import TrtrepoError, UsageError
+    from ..errors import UsageError
     from ..repository import list_repository
-    from ..server import TritonServer, container_command, find_server_binary, log_errors
+    from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors
 
     if not Path(repo).is_dir():
         raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
@@ -53,7 +53,8 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
         click.echo(cmd)
         return
     server = TritonServer(repo, binary=binary, host=host, http_port=http_port or None, grpc_port=grpc_port or None,
-                          metrics_port=metrics_port or None, timeout=timeout, copy=not in_place, extra_args=server_args)
+                          metrics_port=metrics_port or None, timeout=timeout, copy=not in_place, extra_args=server_args,
+                          keep_log=True)
     server.start()
     try:
         models = ", ".join(e.name for e in list_repository(repo))
@@ -65,7 +66,7 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
             time.sleep(0.5)
         code = server.proc.returncode if server.proc is not None else 0
         errors = log_errors(server.log_text()) or server.log_tail().splitlines()
-        raise TrtrepoError(f"tritonserver exited with code {code}; log kept at {server.log_path}:\n" + "\n".join(errors))
+        raise ServerError(f"tritonserver exited with code {code}; log kept at {server.log_path}:\n" + "\n".join(errors))
     except KeyboardInterrupt:
         click.echo("stopping tritonserver")
     finally:
