@@ -5,6 +5,7 @@ tritonserver; ``--input-shape`` works too, batch axis excluded."""
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import sys
@@ -114,15 +115,48 @@ def test_input_shape_does_not_apply_to_an_onnx_model(user_project, monkeypatch, 
 @pytest.mark.slow
 @pytest.mark.triton
 def test_validate_the_served_entry_point_and_its_ensemble_against_the_pytorch_reference(user_project, monkeypatch,
-                                                                                      run_cli, triton_server):
-    """The README walkthrough: deploy the entry point with an image ensemble, serve it, validate the
-    model (tensors) and the ensemble (the PNG files as they are, decoded on the server) against the
-    entry point run on the same files through pre.json; results per file."""
+                                                                                      run_cli):
+    """The README walkthrough: deploy the entry point with an image ensemble, 'trtrepo serve' it,
+    validate the model (tensors) and the ensemble (the PNG files as they are, decoded on the
+    server) against the entry point run on the same files through pre.json; results per file."""
     res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
                "--data", "imgs", "--preprocess", "pre.json", "--backend", "python", "--ensemble",
                "--repo", "repo5", "--name", "tiny")
     assert res.exit_code == 0, res.output
-    server = triton_server(user_project / "repo5")
+    with serving(user_project / "repo5") as server:
+        _validate_walkthrough(user_project, monkeypatch, run_cli, server)
+
+
+class _Served:
+    def __init__(self, http: int, grpc: int) -> None:
+        self.http_url, self.grpc_url = f"127.0.0.1:{http}", f"127.0.0.1:{grpc}"
+
+
+@contextlib.contextmanager
+def serving(repo: Path):
+    """``trtrepo serve REPO`` in a child process, as a user runs it; yields once it says ready."""
+    import signal
+    import subprocess
+
+    from trtrepo.server import find_server_binary, free_port
+
+    if find_server_binary(None) is None:
+        pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
+    ports = [free_port() for _ in range(3)]
+    proc = subprocess.Popen([sys.executable, "-m", "trtrepo.cli", "serve", str(repo), "--http-port", str(ports[0]),
+                             "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--timeout", "120"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        assert proc.stdout is not None
+        first = proc.stdout.readline()
+        assert first.startswith("tritonserver ready"), first + proc.stdout.read()
+        yield _Served(ports[0], ports[1])
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+
+
+def _validate_walkthrough(user_project: Path, monkeypatch: pytest.MonkeyPatch, run_cli, server) -> None:
     files = sorted(p.name for p in (user_project / "imgs").iterdir())
     for model in ("tiny", "tiny_ensemble"):
         res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", model,
@@ -166,8 +200,7 @@ class TwoHeads(torch.nn.Module):
 
 @pytest.mark.slow
 @pytest.mark.triton
-def test_torchscript_and_two_output_onnx_sources_deploy_serve_and_validate(user_project, monkeypatch, run_cli,
-                                                                          triton_server):
+def test_torchscript_and_two_output_onnx_sources_deploy_serve_and_validate(user_project, monkeypatch, run_cli):
     """A TorchScript file and a two-output ONNX model, each deployed with shapes from the image
     folder, served from one repository and validated against themselves per file."""
     sys.path.insert(0, str(user_project))
@@ -187,18 +220,19 @@ def test_torchscript_and_two_output_onnx_sources_deploy_serve_and_validate(user_
         res = _cli(user_project, monkeypatch, run_cli, "deploy", source, "--data", "imgs", "--preprocess", "pre.json",
                    "--backend", "python", "--repo", "repo6", "--name", name)
         assert res.exit_code == 0, res.output + res.stderr
-    server = triton_server(user_project / "repo6")
     files = sorted(p.name for p in (user_project / "imgs").iterdir())
-    for source, name, outputs in (("tiny.ts", "tinyts", {"output"}), ("twoheads.onnx", "twoheads", {"logits", "embedding"})):
-        res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", name,
-                   "--reference", source, "--data", "imgs", "--preprocess", "pre.json", "--report", f"report-{name}",
-                   "--no-progress", "--concurrency", "1", "--requests", "10", "--batch-size", "8")
-        assert res.exit_code == 0, res.output + res.stderr
-        report = json.loads((user_project / f"report-{name}" / "validate.json").read_text())
-        assert set(report["accuracy"]["outputs"]) == outputs
-        rows = report["accuracy"]["per_sample"]
-        assert [r["file"] for r in rows] == files and all(set(r["cosine"]) == outputs for r in rows)
-        assert all("top1_agree" in r for r in rows)
+    with serving(user_project / "repo6") as server:
+        for source, name, outputs in (("tiny.ts", "tinyts", {"output"}),
+                                      ("twoheads.onnx", "twoheads", {"logits", "embedding"})):
+            res = _cli(user_project, monkeypatch, run_cli, "validate", "--url", server.grpc_url, "--model", name,
+                       "--reference", source, "--data", "imgs", "--preprocess", "pre.json", "--report", f"report-{name}",
+                       "--no-progress", "--concurrency", "1", "--requests", "10", "--batch-size", "8")
+            assert res.exit_code == 0, res.output + res.stderr
+            report = json.loads((user_project / f"report-{name}" / "validate.json").read_text())
+            assert set(report["accuracy"]["outputs"]) == outputs
+            rows = report["accuracy"]["per_sample"]
+            assert [r["file"] for r in rows] == files and all(set(r["cosine"]) == outputs for r in rows)
+            assert all("top1_agree" in r for r in rows)
 
 
 def test_export_reads_shapes_off_the_data_and_accepts_a_batch_included_input_shape(user_project, monkeypatch, run_cli):
