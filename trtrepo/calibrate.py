@@ -93,6 +93,7 @@ from .data import DataOptions
 from .errors import TrtrepoError, UsageError
 from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, without_weights
+from .progress import bar_disabled
 
 log = logging.getLogger(__name__)
 
@@ -909,7 +910,7 @@ class Calibrator:
 
         source = self.source
         groups = [list(self.tensors)] if self._budget is None else self._output_groups()
-        with tqdm(total=len(source) * len(groups), desc=desc, unit="sample", disable=None if self.progress else True,
+        with tqdm(total=len(source) * len(groups), desc=desc, unit="sample", disable=bar_disabled(None if self.progress else False),
                   leave=False) as bar:
             for names in groups:
                 session = self.session if len(groups) == 1 else self._group_session(names)

@@ -8,6 +8,7 @@ message and exits with its code (1 failure, 2 usage), with a traceback only unde
 
 from __future__ import annotations
 
+import functools
 import importlib
 import logging
 import sys
@@ -50,7 +51,7 @@ class LazyGroup(click.Group):
                 raise
             return _not_available(name, short)
         cmd: click.Command = module.command
-        return cmd
+        return _with_verbosity(cmd)
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -64,6 +65,8 @@ class LazyGroup(click.Group):
             sub = exc.ctx.command_path if exc.ctx is not None else "trtrepo"
             click.echo(f"error: {printable(exc.format_message())} (see '{sub} --help')", err=True)
             ctx.exit(exc.exit_code)
+        except BrokenPipeError:
+            _closed_pipe()
         except (click.ClickException, click.exceptions.Exit, click.Abort, KeyboardInterrupt):
             raise
         except Exception as exc:
@@ -73,6 +76,41 @@ class LazyGroup(click.Group):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             click.echo(f"error: {type(exc).__name__}: {first} (run with --debug for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _with_verbosity(cmd: click.Command) -> click.Command:
+    """``-v/--verbose`` and ``-q/--quiet`` after the subcommand too (``trtrepo deploy -q ...``), on
+    every command and subcommand; they add to the group's."""
+    if isinstance(cmd, click.Group):
+        for sub in cmd.commands.values():
+            _with_verbosity(sub)
+        return cmd
+    if getattr(cmd, "_trtrepo_verbosity", False) or cmd.callback is None:
+        return cmd
+    cmd.params += [click.Option(["-v", "--verbose", "_verbose"], count=True, help="More output (-vv: debug logs)."),
+                   click.Option(["-q", "--quiet", "_quiet"], is_flag=True, help="Only results and errors.")]
+    original = cmd.callback
+
+    @functools.wraps(original)
+    def callback(*args: Any, _verbose: int = 0, _quiet: bool = False, **kwargs: Any) -> Any:
+        root = click.get_current_context().find_root().params
+        _configure(root.get("verbose", 0) + _verbose, bool(root.get("quiet")) or _quiet)
+        return original(*args, **kwargs)
+
+    cmd.callback = callback
+    cmd._trtrepo_verbosity = True  # type: ignore[attr-defined]
+    return cmd
+
+
+def _configure(verbose: int, quiet: bool) -> None:
+    from .errors import UsageError
+    from .progress import configure
+
+    if verbose and quiet:
+        raise UsageError("-v and -q exclude each other")
+    level = logging.ERROR if quiet else logging.WARNING - 10 * min(verbose, 2)
+    logging.getLogger("trtrepo").setLevel(level)
+    configure(verbose, quiet)
 
 
 def _not_available(name: str, short: str) -> click.Command:
@@ -88,15 +126,16 @@ def _not_available(name: str, short: str) -> click.Command:
 @click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="trtrepo")
 @click.option("--debug", is_flag=True, help="Show tracebacks for errors.")
-@click.option("-v", "--verbose", count=True, help="More log output (-vv for debug logs).")
+@click.option("-v", "--verbose", count=True, help="More output: status lines also off a terminal, INFO logs (-vv: debug).")
+@click.option("-q", "--quiet", is_flag=True, help="Only results and errors: no status lines, bars or warnings.")
 @click.pass_context
-def cli(ctx: click.Context, debug: bool, verbose: int) -> None:
+def cli(ctx: click.Context, debug: bool, verbose: int, quiet: bool) -> None:
     """trtrepo: from a trained model and a little data to a validated Triton model repository
     with INT8 TensorRT engines.
 
     Pipeline: export -> calibrate -> quantize -> build -> repo/deploy -> serve -> validate.
     """
-    level = logging.WARNING - 10 * min(verbose, 2)
+    level = logging.ERROR if quiet else logging.WARNING - 10 * min(verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     logging.getLogger("trtrepo").setLevel(level)
     ctx.ensure_object(dict)
@@ -114,6 +153,16 @@ def main() -> None:  # console script entry point
 
     signal.signal(signal.SIGTERM, _terminated)
     cli(prog_name="trtrepo")
+
+
+def _closed_pipe() -> None:
+    """The reader of our stdout went away (``trtrepo ... | head -1``): what it wanted it has; exit 0
+    quietly, with stdout pointed at /dev/null so the interpreter's final flush cannot fail."""
+    import os
+
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    raise SystemExit(0)
 
 
 if __name__ == "__main__":

@@ -25,6 +25,7 @@ from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
+from .progress import status
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
 
@@ -126,12 +127,22 @@ class DeployReport:
 @contextlib.contextmanager
 def _timed(report: DeployReport, step: str) -> Iterator[StepResult]:
     result = StepResult(step, "done", "")
+    number = f"[{len(report.steps) + 1}/{len(DEPLOY_STEPS)}]"
+    status("%s %s ...", number, step)
     t0 = time.perf_counter()
     try:
         yield result
+    except BaseException:
+        result.status = "failed"
+        raise
     finally:
         result.seconds = time.perf_counter() - t0
         report.steps.append(result)
+        status("%s %s %s in %.1fs%s", number, step, result.status, result.seconds,
+               f": {result.detail}" if result.detail else "")
+
+
+DEPLOY_STEPS = ("export", "int8", "build", "repository")
 
 
 def default_name(source: str) -> str:

@@ -9,6 +9,7 @@ import click
 from .. import histogram as H
 from ._inputs import io_paths
 from ._options import data_options
+from ._output import json_option, summary_output
 
 if TYPE_CHECKING:
     from ..calibrate import Ranges
@@ -40,9 +41,10 @@ CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibrat
               help="Bound on the activations fetched per ONNX Runtime run: batches are cut into micro-batches "
                    "(and tensors into groups) to fit; the ranges do not change.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
+@json_option
 @io_paths({"model": "MODEL", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"cache_path": "--cache", "ranges_path": "--ranges", "dynamic_range_path": "--dynamic-range"})
-def command(model: str, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None, seed: int,
+def command(as_json: bool, model: str, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None, seed: int,
             batch_size: int, method: str, percentile: float, num_bins: int, cache_path: str | None, ranges_path: str | None,
             dynamic_range_path: str | None, recalibrate: bool, trt_version: str, cache_algorithm: str | None,
             memory_budget_mb: float, progress: bool) -> None:
@@ -61,19 +63,24 @@ def command(model: str, data_spec: str | None, preprocess: str | None, labels: s
         data=data, method=method, percentile=percentile, num_bins=num_bins, cache=cache_path, ranges=ranges_path,
         dynamic_range=dynamic_range_path, recalibrate=recalibrate, trt_version=trt_version,
         cache_algorithm=cache_algorithm, memory_budget_mb=memory_budget_mb, progress=progress)
-    result = run_calibrate(model, options)
-    ranges = result.ranges
-    if result.reused_cache is not None:
-        click.echo(f"reused calibration cache {result.reused_cache} ({ranges.options['header']}, {len(ranges)} tensors); "
-                   "no data read (--recalibrate to rebuild it)")
-    elif result.statistics is not None:
-        extra = f" {percentile:g}" if "percentile" in H.METHODS[method].options else ""
-        click.echo(f"calibrated {len(ranges)} tensors of {model} on {result.statistics.num_samples} samples with "
-                   f"{method}{extra} ({num_bins} bins) in {result.seconds:.1f}s")
-    for path in result.written:
-        click.echo(f"wrote {path}")
-    if not options.outputs():
-        _print_ranges(ranges)
+    with summary_output(as_json) as emit:
+        result = run_calibrate(model, options)
+        ranges = result.ranges
+        if result.reused_cache is not None:
+            click.echo(f"reused calibration cache {result.reused_cache} ({ranges.options['header']}, {len(ranges)} tensors); "
+                       "no data read (--recalibrate to rebuild it)")
+        elif result.statistics is not None:
+            extra = f" {percentile:g}" if "percentile" in H.METHODS[method].options else ""
+            click.echo(f"calibrated {len(ranges)} tensors of {model} on {result.statistics.num_samples} samples with "
+                       f"{method}{extra} ({num_bins} bins) in {result.seconds:.1f}s")
+        for path in result.written:
+            click.echo(f"wrote {path}")
+        if not options.outputs() and not as_json:
+            _print_ranges(ranges)
+        emit({"command": "calibrate", "model": model, "method": ranges.method, "tensors": len(ranges),
+              "samples": result.statistics.num_samples if result.statistics is not None else None,
+              "reused_cache": result.reused_cache, "written": [str(p) for p in result.written],
+              "seconds": result.seconds, "amax": dict(ranges)})
 
 
 def _print_ranges(ranges: Ranges) -> None:

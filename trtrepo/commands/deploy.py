@@ -11,6 +11,7 @@ from ..contracts import backends
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
 from ._options import data_options
+from ._output import json_option, summary_output
 
 
 @click.command("deploy")
@@ -64,9 +65,10 @@ from ._options import data_options
                    "> 1 point or cosine < 0.99); without it the FP32 model is deployed instead.")
 @data_options(required=False)
 @model_config_options
+@json_option
 @io_paths({"source": "SOURCE", "weights": "--weights", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "class_labels": "--class-labels", "cache_path": "--cache", "ranges_path": "--ranges"},
           {"repo": "--repo", "workdir": "--workdir"})
-def command(source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
+def command(as_json: bool, source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, input_shapes: tuple[str, ...],
@@ -92,9 +94,16 @@ def command(source: str, repo: str, name: str | None, backend: str, python_varia
         ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
         accuracy_target=accuracy_target, target=target,
     )
-    report = deploy(opts)
-    for line in report.summary_lines():
-        click.echo(line)
-    for w in report.warnings:
-        click.echo(f"warning: {w}", err=True)
-    click.echo(f"serve it with: trtrepo serve {repo}")
+    with summary_output(as_json) as emit:
+        report = deploy(opts)
+        for line in report.summary_lines():
+            click.echo(line)
+        for w in report.warnings:
+            click.echo(f"warning: {w}", err=True)
+        click.echo(f"serve it with: trtrepo serve {repo}")
+        from dataclasses import asdict
+
+        emit({"command": "deploy", "source": source, "repo": str(repo),
+              "precision": report.models[0].precision if report.models else None,
+              "steps": [asdict(s) for s in report.steps], "models": [asdict(m) for m in report.models],
+              "notes": list(report.notes), "warnings": list(report.warnings)})

@@ -8,6 +8,7 @@ import click
 
 from ._inputs import io_paths
 from ._options import data_options
+from ._output import json_option, summary_output
 
 
 @click.command("evaluate")
@@ -19,9 +20,15 @@ from ._options import data_options
               help="Write evaluation.json and evaluation.md into DIR.")
 @click.option("--label-output", default=None, metavar="NAME",
               help="The classification output: top-1/top-5 and accuracy are reported for it (default: the first [N, C] output).")
+@json_option
+@click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
+              help="Fail (exit 1) when the label output's top-1 accuracy drop (vs labels, else disagreement with "
+                   "REFERENCE) exceeds this, like 'trtrepo validate'.")
+@click.option("--min-cosine", type=float, default=None,
+              help="Fail (exit 1) when an output's mean cosine similarity is lower.")
 @io_paths({"reference": "REFERENCE", "candidate": "CANDIDATE", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"report_dir": "--report"})
-def command(reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
+def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None, reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
             limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None,
             label_output: str | None) -> None:
     """Run REFERENCE (FP32 ONNX) and CANDIDATE (e.g. the Q/DQ model) with ONNX Runtime on the same
@@ -42,8 +49,30 @@ def command(reference: str, candidate: str, data_spec: str, preprocess: str | No
         raise UsageError(f"{candidate}: inputs/outputs {io_cand.input_names}/{io_cand.output_names} differ from "
                          f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
     source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
-    report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output)
-    click.echo(report.to_markdown().rstrip())
-    if report_dir is not None:
-        j, m = report.write(report_dir)
-        click.echo(f"wrote {j} and {m}")
+    from ..errors import TrtrepoError
+    from ..validate.contract import check_thresholds
+    from ..validate.options import Thresholds
+
+    thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine)  # bad limits fail before any work
+    with summary_output(as_json) as emit:
+        report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output)
+        click.echo(report.to_markdown().rstrip())
+        if report_dir is not None:
+            j, m = report.write(report_dir)
+            click.echo(f"wrote {j} and {m}")
+        summary = report.to_dict()
+        outputs = summary["outputs"]
+        for o in outputs.values():  # validate's key: the drop vs labels, else the disagreement, in points
+            if o.get("top1_agreement") is not None and "top1_drop_points" not in o:
+                o["top1_drop_points"] = (o["accuracy_drop_points"] if o.get("accuracy_drop_points") is not None
+                                         else 100.0 * (1.0 - o["top1_agreement"]))
+        label = summary.get("label_output") or next((n for n, o in outputs.items() if o.get("top1_agreement") is not None),
+                                                    None)
+        results = check_thresholds({"accuracy": {"outputs": outputs, "label_output": label}},
+                                   thresholds)
+        for t in results:
+            click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
+        failed = [t for t in results if not t.passed]
+        emit({"command": "evaluate", **summary, "thresholds": [t.to_dict() for t in results], "passed": not failed})
+    if failed:
+        raise TrtrepoError("evaluation failed: " + "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed))

@@ -10,6 +10,7 @@ import click
 from .. import histogram as H
 from ._inputs import io_paths
 from ._options import data_options
+from ._output import json_option, summary_output
 
 METHODS = H.method_names(auto=True)
 
@@ -54,9 +55,10 @@ METHODS = H.method_names(auto=True)
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
+@json_option
 @io_paths({"model": "MODEL", "ranges_path": "--ranges", "cache_path": "--cache", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "eval_data": "--eval-data"},
           {"output": "-o", "report_dir": "--report"})
-def command(model: str, output: str, ranges_path: str | None, cache_path: str | None, data_spec: str | None,
+def command(as_json: bool, model: str, output: str, ranges_path: str | None, cache_path: str | None, data_spec: str | None,
             preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int, method: str | None,
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
@@ -77,50 +79,56 @@ def command(model: str, output: str, ranges_path: str | None, cache_path: str | 
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
     started = time.perf_counter()
-    result = run_quantize(
-        model, output,
-        ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
-        accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
-        batch_size=batch_size,
-        threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
-        report_dir=report_dir, force=force, progress=progress,
-        smooth_quant=smooth_quant,
-    )
-    report = result.report or {}
-    took = time.perf_counter() - started
-    click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
-               f"{result.activations} activations, {result.weights} weights -> {result.path} in {took:.1f}s")
-    if result.float_tensors:
-        click.echo(f"  kept in float: {len(result.float_tensors)} tensor(s) with unquantizable ranges: "
-                   + ", ".join(result.float_tensors))
-    if result.kept_float:
-        click.echo(f"  kept in float: {len(result.kept_float)} node(s) by the transformer rules "
-                   "(Softmax, LayerNorm, attention MatMuls, mask path; see --report)")
-    metric_output = report.get("metric_output")
-    for row in report.get("methods", []):
-        outs = row.get("outputs", {})
-        m = outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
-        if m:
-            acc = f"accuracy {100 * m['candidate_accuracy']:.2f}%, " if m["candidate_accuracy"] is not None else ""
-            agree = f"top-1 agreement {100 * m['top1_agreement']:.2f}%, " if m["top1_agreement"] is not None else ""
-            mark = "  <- chosen" if row["label"] == result.method else ""
-            click.echo(f"  {row['label']:<10} {acc}{agree}cosine {m['cosine_mean']:.6f}{mark}")
-    if report.get("accuracy_target"):
-        steps = report["steps"]
-        click.echo(f"  accuracy target {report['accuracy_target']}: met with {len(steps[-1]['layers_in_float'])} "
-                   f"layer(s) left in float (value {steps[-1]['value']:.6g})")
-        for name in report["layers_in_float"]:
-            click.echo(f"    float: {name}")
-    sq = report.get("smooth_quant") or {}
-    if sq.get("alpha") is not None:
-        click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s)")
-    if report_dir is not None:
-        click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
-    check = report.get("accuracy_check") or {}
-    if check.get("ok") is True:
-        click.echo(f"  held-out check vs FP32 on '{check['output']}': ok")
-    elif check.get("measured") is False or (check and check.get("ok") is None):
-        click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
-    elif check.get("ok") is False:
-        click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
-                   + " (written anyway; try --accuracy-target, --smooth-quant or --exclude-node)", err=True)
+    with summary_output(as_json) as emit:
+        result = run_quantize(
+            model, output,
+            ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
+            accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
+            batch_size=batch_size,
+            threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
+            report_dir=report_dir, force=force, progress=progress,
+            smooth_quant=smooth_quant,
+        )
+        report = result.report or {}
+        took = time.perf_counter() - started
+        click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
+                   f"{result.activations} activations, {result.weights} weights -> {result.path} in {took:.1f}s")
+        if result.float_tensors:
+            click.echo(f"  kept in float: {len(result.float_tensors)} tensor(s) with unquantizable ranges: "
+                       + ", ".join(result.float_tensors))
+        if result.kept_float:
+            click.echo(f"  kept in float: {len(result.kept_float)} node(s) by the transformer rules "
+                       "(Softmax, LayerNorm, attention MatMuls, mask path; see --report)")
+        metric_output = report.get("metric_output")
+        for row in report.get("methods", []):
+            outs = row.get("outputs", {})
+            m = outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
+            if m:
+                acc = f"accuracy {100 * m['candidate_accuracy']:.2f}%, " if m["candidate_accuracy"] is not None else ""
+                agree = f"top-1 agreement {100 * m['top1_agreement']:.2f}%, " if m["top1_agreement"] is not None else ""
+                mark = "  <- chosen" if row["label"] == result.method else ""
+                click.echo(f"  {row['label']:<10} {acc}{agree}cosine {m['cosine_mean']:.6f}{mark}")
+        if report.get("accuracy_target"):
+            steps = report["steps"]
+            click.echo(f"  accuracy target {report['accuracy_target']}: met with {len(steps[-1]['layers_in_float'])} "
+                       f"layer(s) left in float (value {steps[-1]['value']:.6g})")
+            for name in report["layers_in_float"]:
+                click.echo(f"    float: {name}")
+        sq = report.get("smooth_quant") or {}
+        if sq.get("alpha") is not None:
+            click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s)")
+        if report_dir is not None:
+            click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
+        check = report.get("accuracy_check") or {}
+        if check.get("ok") is True:
+            click.echo(f"  held-out check vs FP32 on '{check['output']}': ok")
+        elif check.get("measured") is False or (check and check.get("ok") is None):
+            click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
+        elif check.get("ok") is False:
+            click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
+                       + " (written anyway; try --accuracy-target, --smooth-quant or --exclude-node)", err=True)
+        emit({"command": "quantize", "model": model, "output": str(result.path), "target": result.target,
+              "method": result.method, "layers": len(result.layers), "activations": result.activations,
+              "weights": result.weights, "kept_float": list(result.kept_float),
+              "float_tensors": list(result.float_tensors), "smooth_quant": sq.get("alpha"),
+              "accuracy_check": check or None, "methods": report.get("methods", []), "seconds": took})

@@ -6,6 +6,7 @@ import click
 
 from ._inputs import io_paths
 from ._options import data_options
+from ._output import json_option, summary_output
 
 
 @click.command("validate")
@@ -55,18 +56,23 @@ from ._options import data_options
 @click.option("--reference-threads", type=click.IntRange(min=1), default=None,
               help="torch.set_num_threads for the timed reference (default: torch's own; reported).")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
-@click.option("--report", "report_dir", type=click.Path(file_okay=False), required=True,
-              help="Folder for validate.json, validate.md and latency.png.")
+@click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
+              help="Write validate.json, validate.md, latency.png and samples.csv into DIR (default: print only).")
+@click.option("--csv", "csv_path", type=click.Path(dir_okay=False), default=None,
+              help="Write the latency table as CSV with perf_analyzer's -f columns, times in microseconds: one row per "
+                   "concurrency; Client Send / Client Recv stay empty (not split client-side), Network+Server Send/Recv "
+                   "is the client mean minus the server's request time.")
+@json_option
 @io_paths({"reference": "--reference", "weights": "--weights", "onnx": "--onnx", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
-          {"report_dir": "--report"})
-def command(url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
+          {"report_dir": "--report", "csv_path": "--csv"})
+def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
             input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
             ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
             speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
-            reference_threads: int | None, progress: bool | None, report_dir: str) -> None:
+            reference_threads: int | None, progress: bool | None, report_dir: str | None) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
     the data, its latency/throughput per concurrency level, and its speed against the PyTorch
     reference per batch size (concurrency 1, the same batches on both sides).
@@ -74,10 +80,13 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
     Exit code 0 when every threshold holds, 1 when the contract or a threshold fails (named in
     the message; the report is written), 2 for usage and connection errors.
     """
-    from ..errors import TrtrepoError
+    from ..errors import TrtrepoError, UsageError
     from ..speed import SpeedOptions, parse_batch_sizes
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
+    from ..validate.report import write_latency_csv
 
+    if csv_path is not None and not latency:
+        raise UsageError("--csv writes the latency table: drop --no-latency")
     if requests is None and duration is None:
         requests = 200
     speed = SpeedOptions(batch_sizes=parse_batch_sizes(speed_batch_sizes), iterations=speed_iterations, warmup=speed_warmup,
@@ -88,35 +97,43 @@ def command(url: str, protocol: str, model: str, model_version: str, reference: 
                               ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
                               speed=speed)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
-    report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
-                      preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
-                      input_shapes=input_shapes)
-    s = report.server
-    click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
-    if report.accuracy:
-        for name, m in report.accuracy["outputs"].items():
-            top1 = m.get("top1_agreement")
-            agree = f"top-1 agreement {100 * top1:.2f}%, " if top1 is not None else ""
-            click.echo(f"  {name}: {agree}cosine {m['cosine_mean']:.6f}, max abs err {m['max_abs_error']:.3g}")
-    if report.latency:
-        for lv in report.latency["levels"]:
-            c = lv["client_ms"]
-            ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
-            click.echo(f"  c={lv['concurrency']}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
-                       f"client overhead {ov} ms")
-    sp = report.speed_vs_reference
-    if sp:
-        r = sp["reference"]
-        click.echo(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
-        for row in sp["rows"]:
-            a, b = row["reference"], row["served"]
-            x = "-" if row["speedup_median"] is None else f"{row['speedup_median']:.2f}x"
-            click.echo(f"    batch {row['batch_size']}: reference median {a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f}), "
-                       f"served median {b['median_ms']:.2f} ms (p99 {b['p99_ms']:.2f}), speedup {x}")
-    for t in report.thresholds:
-        click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
-    click.echo(f"report: {report.files.get('markdown')}")
-    if not report.passed:
-        failed = [t for t in report.thresholds if not t.passed]
-        detail = "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed)
-        raise TrtrepoError(f"validation failed: {detail} (report {report.files.get('markdown')})")
+    with summary_output(as_json) as emit:
+        report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
+                          preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
+                          input_shapes=input_shapes)
+        s = report.server
+        click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
+        if report.accuracy:
+            for name, m in report.accuracy["outputs"].items():
+                top1 = m.get("top1_agreement")
+                agree = f"top-1 agreement {100 * top1:.2f}%, " if top1 is not None else ""
+                click.echo(f"  {name}: {agree}cosine {m['cosine_mean']:.6f}, max abs err {m['max_abs_error']:.3g}")
+        if report.latency:
+            for lv in report.latency["levels"]:
+                c = lv["client_ms"]
+                ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
+                click.echo(f"  c={lv['concurrency']}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
+                           f"client overhead {ov} ms")
+        sp = report.speed_vs_reference
+        if sp:
+            r = sp["reference"]
+            click.echo(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
+            for row in sp["rows"]:
+                a, b = row["reference"], row["served"]
+                x = "-" if row["speedup_median"] is None else f"{row['speedup_median']:.2f}x"
+                click.echo(f"    batch {row['batch_size']}: reference median {a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f}), "
+                           f"served median {b['median_ms']:.2f} ms (p99 {b['p99_ms']:.2f}), speedup {x}")
+        for t in report.thresholds:
+            click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
+        if csv_path is not None:
+            if not report.latency:
+                raise UsageError("--csv writes the latency table: drop --no-latency")
+            click.echo(f"wrote {write_latency_csv(report.latency, csv_path)}")
+        if report_dir is not None:
+            click.echo(f"report: {report.files.get('markdown')}")
+        emit({"command": "validate", **report.to_dict()})
+        if not report.passed:
+            failed = [t for t in report.thresholds if not t.passed]
+            detail = "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed)
+            where = f" (report {report.files.get('markdown')})" if report_dir is not None else ""
+            raise TrtrepoError(f"validation failed: {detail}{where}")

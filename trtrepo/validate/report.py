@@ -146,6 +146,39 @@ class ValidationReport:
         return paths
 
 
+# perf_analyzer's -f CSV header (its report writer), times in microseconds
+PERF_ANALYZER_COLUMNS = ("Concurrency", "Inferences/Second", "Client Send", "Network+Server Send/Recv", "Server Queue",
+                         "Server Compute Input", "Server Compute Infer", "Server Compute Output", "Client Recv",
+                         "p50 latency", "p90 latency", "p95 latency", "p99 latency")
+
+
+def latency_csv(latency: dict[str, Any]) -> str:
+    """The latency table in perf_analyzer's CSV layout: one row per concurrency level. Client Send
+    and Client Recv are empty (validate does not split the client's time); Network+Server
+    Send/Recv is the client mean minus the server's request time."""
+    import csv
+    import io
+
+    def us(ms: float | None) -> str:
+        return "" if ms is None else str(int(round(ms * 1000)))
+
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(PERF_ANALYZER_COLUMNS)
+    for lv in latency["levels"]:
+        c, sv = lv["client_ms"], lv["server"]
+        w.writerow([lv["concurrency"], f"{lv['throughput']:.2f}", "", us(lv["overhead_ms"]), us(sv["queue_ms"]),
+                    us(sv["compute_input_ms"]), us(sv["compute_infer_ms"]), us(sv["compute_output_ms"]), "",
+                    us(c["p50"]), us(c["p90"]), us(c["p95"]), us(c["p99"])])
+    return buf.getvalue()
+
+
+def write_latency_csv(latency: dict[str, Any], path: str | Path) -> Path:
+    from ..fsutil import atomic_write_text
+
+    return atomic_write_text(path, latency_csv(latency))
+
+
 def write_samples_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """``samples.csv``: one row per sample (position, file, label, top-1 of both sides and their
     agreement, cosine per output), written atomically."""

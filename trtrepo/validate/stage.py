@@ -66,7 +66,9 @@ def encoded_payloads(payloads: Sequence[Payload], files: Sequence[Path], image_i
 def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="req", disable=True if enabled is False else None, leave=False)
+    from ..progress import bar_disabled
+
+    return tqdm(total=total, desc=desc, unit="req", disable=bar_disabled(enabled), leave=False)
 
 
 def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir: str | Path | None = None,
