@@ -460,3 +460,33 @@ def test_a_two_output_model_with_nothing_to_quantize_deploys_fp32_naming_the_rea
     res = run_cli("quantize", model, "--data", tmp_path / "x.npy", "--target", "tensorrt", "--exclude-op", "Conv",
                   "-o", tmp_path / "q.onnx")
     assert res.exit_code == 2 and "1 excluded by --exclude-op/--exclude-node" in res.stderr
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_validate_fails_an_int8_embedding_below_the_default_floor(tmp_path, monkeypatch, run_cli):
+    """Issue 17 item 4: an INT8 model whose embedding output lost accuracy passed validate (no
+    default threshold for outputs without classes). Deploy's check gates the first output, so
+    the fragile embedding ships (named in deploy's notes); validate now fails it, exit 1, naming it."""
+    torch.manual_seed(0)
+    model = tmp_path / "two.onnx"
+    torch.onnx.export(FragileSecondOutput().eval(), (torch.zeros(1, 3, 32, 32),), str(model), input_names=["input"],
+                      output_names=["logits", "embedding"], dynamo=False,
+                      dynamic_axes={n: {0: "batch"} for n in ("input", "logits", "embedding")})
+    x = np.random.default_rng(0).standard_normal((96, 3, 32, 32)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    res = run_cli("deploy", model, "--data", tmp_path / "x.npy", "--backend", "python", "--name", "two", "--method",
+                  "minmax", "--smooth-quant", "off", "--repo", tmp_path / "repo")
+    assert res.exit_code == 0 and "int8" in res.output and "not gated" in res.output, res.output
+    with serving(tmp_path / "repo") as server:
+        common = ("validate", "--url", server.grpc_url, "--model", "two", "--reference", model, "--data",
+                  tmp_path / "x.npy", "--limit", "32", "--no-latency", "--no-progress")
+        res = run_cli(*common, "--json")
+        assert res.exit_code == 1, res.output
+        assert "validation failed: embedding_cosine[embedding]" in res.stderr
+        summary = json.loads(res.stdout)
+        gate = next(t for t in summary["thresholds"] if t["name"] == "embedding_cosine[embedding]")
+        assert gate["limit"] == 0.99 and gate["value"] < 0.99 and not gate["passed"]
+        assert gate["value"] == pytest.approx(summary["accuracy"]["outputs"]["embedding"]["cosine_mean"])
+        res = run_cli(*common, "--min-embedding-cosine", "-1")  # turned off: the old behaviour
+        assert res.exit_code == 0, res.output + res.stderr

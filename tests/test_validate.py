@@ -135,7 +135,12 @@ def _report_dict(top1_drop=0.0, cosine=1.0, p99=(3.0, 8.0)):
 def test_check_thresholds_names_each_failing_value():
     res = check_thresholds(_report_dict(), Thresholds(max_top1_drop=0.5, max_p99_ms=10, min_cosine=0.99))
     assert all(r.passed for r in res)
-    assert [r.name for r in res] == ["top1_drop[logits]", "cosine[logits]", "cosine[embedding]", "p99_ms[c=1]", "p99_ms[c=4]"]
+    assert [r.name for r in res] == ["top1_drop[logits]", "cosine[logits]", "cosine[embedding]",
+                                     "embedding_cosine[embedding]", "p99_ms[c=1]", "p99_ms[c=4]"]
+    # the embedding gate is on by default (0.99) and applies to outputs without classes only
+    res = check_thresholds(_report_dict(cosine=0.95), Thresholds())
+    assert [(r.name, r.passed) for r in res] == [("embedding_cosine[embedding]", False)]
+    assert check_thresholds(_report_dict(cosine=0.95), Thresholds(min_embedding_cosine=None)) == []
     res = check_thresholds(_report_dict(top1_drop=1.0, p99=(3.0, 12.0)), Thresholds(max_top1_drop=0.5, max_p99_ms=10))
     assert [r.name for r in res if not r.passed] == ["top1_drop[logits]", "p99_ms[c=4]"]
     with pytest.raises(UsageError, match="--max-p99-ms needs the latency phase"):

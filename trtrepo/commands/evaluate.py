@@ -53,7 +53,8 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
     from ..validate.contract import check_thresholds
     from ..validate.options import Thresholds
 
-    thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine)  # bad limits fail before any work
+    # bad limits fail before any work; no default gate: evaluate reports, its thresholds are opt-in
+    thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine, min_embedding_cosine=None)
     with summary_output(as_json) as emit:
         report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output)
         click.echo(report.to_markdown().rstrip())

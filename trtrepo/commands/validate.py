@@ -33,6 +33,9 @@ from ._output import json_option, summary_output
 @click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
               help="Fail when the top-1 accuracy drop (vs labels, else disagreement with the reference) exceeds this.")
 @click.option("--min-cosine", type=float, default=None, help="Fail when an output's mean cosine similarity is lower.")
+@click.option("--min-embedding-cosine", type=float, default=0.99, show_default=True,
+              help="Fail when an output without classes (an embedding) has a lower mean cosine similarity: on by "
+                   "default; -1 turns it off.")
 @click.option("--max-p99-ms", type=float, default=None, help="Fail when the client p99 latency exceeds this at any level.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds each request (and each server call) may take.")
@@ -69,7 +72,8 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
             input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
-            max_top1_drop: float | None, min_cosine: float | None, max_p99_ms: float | None, timeout: float,
+            max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float,
+            max_p99_ms: float | None, timeout: float,
             ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
             speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
             reference_threads: int | None, progress: bool | None, report_dir: str | None) -> None:
@@ -96,7 +100,8 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
                               ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
                               speed=speed)
-    thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine)
+    thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
+                            min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine)
     with summary_output(as_json) as emit:
         report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                           preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,

@@ -201,6 +201,14 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
             v = float(m["cosine_mean"])
             results.append(ThresholdResult(f"cosine[{name}]", thresholds.min_cosine, v,
                                            v >= thresholds.min_cosine - 1e-9, "mean cosine similarity"))
+    if thresholds.min_embedding_cosine is not None and acc:
+        for name, m in outputs.items():
+            if name == acc.get("label_output") or m.get("top1_agreement") is not None:
+                continue  # a classifier output: top-1 and --min-cosine judge it
+            v = float(m["cosine_mean"])
+            results.append(ThresholdResult(f"embedding_cosine[{name}]", thresholds.min_embedding_cosine, v,
+                                           v >= thresholds.min_embedding_cosine - 1e-9,
+                                           "mean cosine similarity of an output without classes (default gate)"))
     if thresholds.max_p99_ms is not None:
         lat = report.get("latency") or {}
         if not lat:

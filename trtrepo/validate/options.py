@@ -84,6 +84,9 @@ class ValidateOptions:
         object.__setattr__(self, "url", parse_url(self.url, self.protocol))
 
 
+DEFAULT_MIN_EMBEDDING_COSINE = 0.99  # the same floor as the held-out check of quantize/deploy
+
+
 @dataclass(frozen=True)
 class Thresholds:
     """Deployment-gate limits; ``None`` disables one."""
@@ -91,6 +94,9 @@ class Thresholds:
     max_top1_drop: float | None = None  # percentage points (accuracy drop vs labels, else disagreement)
     max_p99_ms: float | None = None  # at every concurrency level
     min_cosine: float | None = None  # mean cosine similarity, every output
+    # mean cosine of every output without classes (embeddings, pooled features): on by default so a
+    # badly quantized encoder cannot pass silently; None disables it
+    min_embedding_cosine: float | None = DEFAULT_MIN_EMBEDDING_COSINE
 
     def __post_init__(self) -> None:
         if self.max_top1_drop is not None and not (0 <= self.max_top1_drop <= 100):
@@ -99,6 +105,8 @@ class Thresholds:
             raise UsageError(f"--max-p99-ms {self.max_p99_ms}: must be > 0")
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
             raise UsageError(f"--min-cosine {self.min_cosine}: between -1 and 1")
+        if self.min_embedding_cosine is not None and not -1 <= self.min_embedding_cosine <= 1:
+            raise UsageError(f"--min-embedding-cosine {self.min_embedding_cosine}: between -1 and 1")
 
 
 def parse_url(url: str, protocol: str) -> str:
