@@ -143,3 +143,24 @@ if __name__ == "__main__":
     if sys.argv[1:] != ["--update-golden"]:
         raise SystemExit("usage: python tests/test_templates.py --update-golden")
     update_golden()
+
+
+def test_python_onnx_threads_default_to_the_cores_shared_by_the_instances(caplog):
+    """Issue 17 item 2: intra-op threads were 1 whatever the machine; now cores // instances (at
+    least 1), with a warning when an explicit choice oversubscribes the cores."""
+    from trtrepo.contracts.backends import available_cores, machine_threads
+
+    cores = available_cores()
+    assert machine_threads(1, 2) == 2 and machine_threads(3, 8) == 2 and machine_threads(4, 2) == 1
+
+    def threads(**kw):
+        msg = parse_config_text(render_config(config_from_io("m", demo_io(), "python_onnx", ModelOptions(**kw))), "m")
+        return int(msg.parameters["intra_op_threads"].string_value)
+
+    assert threads() == cores
+    assert threads(instance_count=2) == max(1, cores // 2)
+    assert threads(intra_op_threads=1) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="trtrepo.tritonconfig"):
+        threads(instance_count=2, intra_op_threads=cores)
+    assert "oversubscribed" in caplog.text

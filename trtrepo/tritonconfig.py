@@ -204,7 +204,7 @@ class ModelOptions:
     label_output: str | None = None
     label_filename: str = "labels.txt"
     has_labels: bool = False
-    intra_op_threads: int = 1
+    intra_op_threads: int | None = None  # None: cores available / instances (machine_threads)
     inter_op_threads: int = 1
     execution_env: str | None = None  # EXECUTION_ENV_PATH: a packed archive (shipped) or a directory of this machine
     cc_model_filenames: tuple[tuple[str, str], ...] = ()
@@ -225,7 +225,7 @@ class ModelOptions:
             raise UsageError(f"--gpus {list(self.gpus)}: GPU ids must be >= 0")
         if any(b < 1 for b in self.preferred_batch_sizes):
             raise UsageError(f"--preferred-batch-size {list(self.preferred_batch_sizes)}: sizes must be >= 1")
-        if self.intra_op_threads < 0 or self.inter_op_threads < 0:
+        if (self.intra_op_threads is not None and self.intra_op_threads < 0) or self.inter_op_threads < 0:
             raise UsageError("--intra-op-threads/--inter-op-threads must be >= 0 (0: ONNX Runtime's default)")
         for key, _ in self.parameters:
             if not key:

@@ -33,8 +33,9 @@ def model_config_options(f: F) -> F:
         click.option("--version-policy", default=None, metavar="POLICY", help="latest[:N], all or specific:V1,V2."),
         click.option("--response-cache", is_flag=True, help="response_cache { enable: true } (server needs --cache-config)."),
         click.option("--parameter", "parameters", multiple=True, metavar="KEY=VALUE", help="Free-form config parameter (repeat)."),
-        click.option("--intra-op-threads", type=click.IntRange(min=0), default=1, show_default=True,
-                     help="ONNX Runtime intra-op threads in Python-backend models."),
+        click.option("--intra-op-threads", type=click.IntRange(min=0), default=None,
+                     help="ONNX Runtime intra-op threads in Python-backend models (default: the cores available "
+                          "here divided by --instance-count, at least 1; 0: ONNX Runtime's own default)."),
         click.option("--python-env", "python_env", type=click.Path(exists=True), default=None, metavar="ENV.tar.gz|DIR",
                      help="EXECUTION_ENV_PATH of Python-backend models. A packed environment (conda-pack .tar.gz) is "
                           "copied into the model folder ($$TRITON_MODEL_DIRECTORY/ENV.tar.gz, portable); a directory "

@@ -84,8 +84,36 @@ def options(source: str | None = None) -> tuple[str, ...]:
     return tuple(s.option for s in BACKENDS.values() if s.option is not None and (source is None or s.source == source))
 
 
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    import os
+
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+def machine_threads(instance_count: int, cores: int | None = None) -> int:
+    """The default ONNX Runtime intra-op threads of a CPU model: the cores available here shared by
+    its instances, at least 1 (``cores // instances``): one instance on a 2-core machine gets 2."""
+    return max(1, (cores or available_cores()) // max(1, instance_count))
+
+
 def _python_onnx_parameters(options: Any) -> dict[str, str]:
-    return {"onnx_filename": "model.onnx", "intra_op_threads": str(options.intra_op_threads),
+    """ONNX Runtime's thread pools in the Python backend: ``--intra-op-threads``, else the cores of
+    this machine shared by the model's instances (:func:`machine_threads`)."""
+    import logging
+
+    cores = available_cores()
+    instances = max(1, int(options.instance_count))
+    threads = options.intra_op_threads if options.intra_op_threads is not None else machine_threads(instances, cores)
+    if threads and threads * instances > cores:
+        logging.getLogger("trtrepo.tritonconfig").warning(
+            "%d instance(s) x %d intra-op thread(s) = %d threads on %d core(s): the instances will compete for "
+            "the cores (oversubscribed); lower --instance-count or --intra-op-threads", instances, threads,
+            threads * instances, cores)
+    return {"onnx_filename": "model.onnx", "intra_op_threads": str(threads),
             "inter_op_threads": str(options.inter_op_threads)}
 
 
