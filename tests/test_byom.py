@@ -490,3 +490,39 @@ def test_validate_fails_an_int8_embedding_below_the_default_floor(tmp_path, monk
         assert gate["value"] == pytest.approx(summary["accuracy"]["outputs"]["embedding"]["cosine_mean"])
         res = run_cli(*common, "--min-embedding-cosine", "-1")  # turned off: the old behaviour
         assert res.exit_code == 0, res.output + res.stderr
+
+
+class EmbeddingFirst(torch.nn.Module):
+    """A sentence-encoder-like head first (L2-normalised rows), class logits second."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv, self.emb, self.cls = torch.nn.Conv2d(3, 8, 3), torch.nn.Linear(8, 16), torch.nn.Linear(8, 5)
+
+    def forward(self, x):
+        f = torch.relu(self.conv(x)).mean((2, 3))
+        return torch.nn.functional.normalize(self.emb(f), dim=1), self.cls(f)
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_validate_takes_a_normalised_embedding_for_an_embedding_not_a_classifier(tmp_path, run_cli):
+    """Found on the trained sentence encoder through the bring-your-own-model path: validate took
+    its unit-norm sentence embedding ([N, 768]) for a classifier (a meaningless 'top-1 agreement',
+    and no embedding gate on it), unlike the held-out check of deploy. Now one rule for both."""
+    torch.manual_seed(0)
+    model = tmp_path / "m.onnx"
+    torch.onnx.export(EmbeddingFirst().eval(), (torch.zeros(1, 3, 16, 16),), str(model), input_names=["input"],
+                      output_names=["sentence", "logits"], dynamo=False,
+                      dynamic_axes={n: {0: "batch"} for n in ("input", "sentence", "logits")})
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((16, 3, 16, 16)).astype(np.float32))
+    assert run_cli("deploy", model, "--backend", "python", "--precision", "fp32", "--repo", tmp_path / "repo",
+                   "--name", "m").exit_code == 0
+    with serving(tmp_path / "repo") as server:
+        res = run_cli("validate", "--url", server.grpc_url, "--model", "m", "--reference", model, "--data",
+                      tmp_path / "x.npy", "--no-latency", "--no-progress", "--json")
+    assert res.exit_code == 0, res.output + res.stderr
+    summary = json.loads(res.stdout)
+    assert summary["accuracy"]["label_output"] == "logits"
+    assert summary["accuracy"]["outputs"]["sentence"]["top1_agreement"] is None
+    assert [t["name"] for t in summary["thresholds"]] == ["embedding_cosine[sentence]"]

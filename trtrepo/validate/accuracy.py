@@ -141,7 +141,12 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     outputs = list(ref_parts[0])
     if label_output is not None and label_output not in outputs:
         raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
-    classifiers = [n for n in outputs if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)]
+    from ..evaluate import looks_like_embedding
+
+    # [N, C] outputs, except what looks like an embedding (unit-norm rows, an embedding-like name):
+    # the same rule as the held-out check of quantize/deploy (trtrepo.evaluate.label_output)
+    classifiers = [n for n in outputs if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)
+                   and (n == label_output or not looks_like_embedding(n, np.concatenate([r[n] for r in ref_parts])))]
     primary = label_output or (classifiers[0] if classifiers else None)
     metrics: dict[str, Any] = {}
     worst_rows: dict[str, list[dict[str, Any]]] = {}
