@@ -526,3 +526,28 @@ def test_validate_takes_a_normalised_embedding_for_an_embedding_not_a_classifier
     assert summary["accuracy"]["label_output"] == "logits"
     assert summary["accuracy"]["outputs"]["sentence"]["top1_agreement"] is None
     assert [t["name"] for t in summary["thresholds"]] == ["embedding_cosine[sentence]"]
+
+
+@pytest.mark.slow
+@pytest.mark.triton
+def test_output_names_of_a_pytorch_source_through_deploy_and_validate(user_project, monkeypatch, run_cli, demo_onnx):
+    """Found with the trained encoder: a PyTorch source's outputs were always output/output0...;
+    deploy and validate now take --output-names (forward()'s order)."""
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--data", "imgs", "--preprocess", "pre.json", "--backend", "python", "--precision", "fp32",
+               "--output-names", "scores", "--repo", "repo8", "--name", "tiny")
+    assert res.exit_code == 0, res.output + res.stderr
+    config = parse_config_text((user_project / "repo8" / "tiny" / "config.pbtxt").read_text(), "config.pbtxt")
+    assert [o.name for o in config.output] == ["scores"]
+    res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
+               "--data", "imgs", "--preprocess", "pre.json", "--output-names", "a,b", "--repo", "repo9")
+    assert res.exit_code == 2 and "--output-names lists 2 names but the model returns 1" in res.stderr
+    res = run_cli("deploy", demo_onnx, "--output-names", "x", "--repo", user_project / "repo10")
+    assert res.exit_code == 2 and "--output-names does not apply" in res.stderr
+    with serving(user_project / "repo8") as server:
+        common = ("validate", "--url", server.grpc_url, "--model", "tiny", "--reference", "mymodels.tinycnn:build",
+                  "--weights", "tiny.pt", "--data", "imgs", "--preprocess", "pre.json", "--no-latency", "--no-progress")
+        res = _cli(user_project, monkeypatch, run_cli, *common, "--output-names", "scores")
+        assert res.exit_code == 0, res.output + res.stderr
+        res = _cli(user_project, monkeypatch, run_cli, *common)
+        assert res.exit_code == 1 and "output 'output'" in res.stderr and "scores" in res.stderr

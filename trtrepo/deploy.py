@@ -63,6 +63,7 @@ class DeployOptions:
     smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
+    output_names: tuple[str, ...] = ()  # --output-names of a PyTorch source (default: output, output0, ...)
     cache: str | None = None  # TensorRT calibration cache (trtrepo calibrate --cache): quantize without calibrating
     ranges: str | None = None  # ranges JSON (trtrepo calibrate --ranges): the same
     exclude_ops: tuple[str, ...] = ()  # op types left in float (trtrepo quantize --exclude-op)
@@ -188,7 +189,10 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
             data = open_data(opts.data, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
                              seed=opts.seed)
         inputs, axes = resolve_inputs(src, opts.input_shapes, data)
-        result = export_onnx(src, work / "model.onnx", inputs=inputs, dynamic_axes=axes or None)
+        if opts.output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
+            raise UsageError(f"--output-names does not apply to {opts.source} (its outputs are named already)")
+        result = export_onnx(src, work / "model.onnx", inputs=inputs, dynamic_axes=axes or None,
+                             output_names=list(opts.output_names) or None)
         checked = f", max abs error vs PyTorch {result.max_abs_error:.2g}" if result.max_abs_error is not None else ""
         step.detail = f"{src.describe()} -> ONNX{checked}"
         report.notes.extend(n for n in result.notes if "--input-shape" in n)

@@ -44,6 +44,9 @@ from ._output import json_option, summary_output
                    "(--data then only serves the check against FP32).")
 @click.option("--ranges", "ranges_path", type=click.Path(dir_okay=False), default=None,
               help="Ranges JSON from 'trtrepo calibrate --ranges', used like --cache.")
+@click.option("--output-names", default=None, metavar="A,B",
+              help="Names of a PyTorch source's outputs, in the order forward() returns them (default: output, or "
+                   "output0, output1, ...); give validate the same.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
               help="Input shape of a PyTorch source without the batch axis, e.g. 3x224x224 or pixels:3x224x224 "
                    "(repeat per input). Default: read off the --data samples.")
@@ -71,7 +74,7 @@ from ._output import json_option, summary_output
 def command(as_json: bool, source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
-            cache_path: str | None, ranges_path: str | None, input_shapes: tuple[str, ...],
+            cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
             data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
@@ -91,6 +94,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
         accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
+        output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else (),
         ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
         accuracy_target=accuracy_target, target=target,
     )

@@ -18,6 +18,8 @@ from ._output import json_option, summary_output
 @click.option("--reference", required=True, metavar="SOURCE",
               help="The model to compare with: demo, demo-text, a TorchScript or .onnx file, package.module:factory.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry-point reference.")
+@click.option("--output-names", default=None, metavar="A,B",
+              help="Names of a PyTorch reference's outputs, as given to 'deploy --output-names'.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
               help="Input shape of a PyTorch reference without the batch axis (repeat per input); default: read "
                    "off the --data samples.")
@@ -69,7 +71,7 @@ from ._output import json_option, summary_output
 @io_paths({"reference": "--reference", "weights": "--weights", "onnx": "--onnx", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"report_dir": "--report", "csv_path": "--csv"})
 def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
-            input_shapes: tuple[str, ...], onnx: str | None,
+            output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float,
@@ -105,7 +107,8 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
     with summary_output(as_json) as emit:
         report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                           preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
-                          input_shapes=input_shapes)
+                          input_shapes=input_shapes,
+                          output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
         s = report.server
         click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
         if report.accuracy:

@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..errors import UsageError
 from ..fsutil import temp_dir
@@ -24,7 +25,8 @@ log = logging.getLogger(__name__)
 
 
 def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str | None = None,
-                 workdir: str | Path | None = None, input_shapes: Sequence[str] = (), data: Any = None) -> ModelIO:
+                 workdir: str | Path | None = None, input_shapes: Sequence[str] = (), data: Any = None,
+                 output_names: Sequence[str] = ()) -> ModelIO:
     """The reference's IO: from ``onnx`` (the model that was deployed) when given, from the
     reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX with
     its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource)."""
@@ -33,6 +35,8 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     if onnx is not None:
         return ModelIO.from_onnx(onnx)
     src = resolve_source(reference, weights)
+    if output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
+        raise UsageError(f"--output-names does not apply to --reference {reference} (its outputs are named already)")
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
 
@@ -41,7 +45,8 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     with temp_dir("validate", dir=workdir) as tmp:
         try:
             inputs, axes = resolve_inputs(src, input_shapes, data)
-            result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None)
+            result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None,
+                                 output_names=list(output_names) or None)
             for note in result.notes:
                 log.warning("--reference %s: %s", reference, note)
         except UsageError as exc:

@@ -74,7 +74,8 @@ def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
 def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir: str | Path | None = None,
              labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
              weights: str | None = None, limit: int | None = None, seed: int | None = 0,
-             thresholds: Thresholds | None = None, input_shapes: Sequence[str] = ()) -> ValidationReport:
+             thresholds: Thresholds | None = None, input_shapes: Sequence[str] = (),
+             output_names: Sequence[str] = ()) -> ValidationReport:
     """Run the deployment check; write the report to ``report_dir`` when given.
 
     Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
@@ -97,7 +98,8 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     src = resolve_source(reference, weights)
     if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
         raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
-    io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw)
+    io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw,
+                      output_names=output_names)
     source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
