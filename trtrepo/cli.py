@@ -8,6 +8,7 @@ message and exits with its code (1 failure, 2 usage), with a traceback only unde
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 import logging
@@ -142,17 +143,30 @@ def cli(ctx: click.Context, debug: bool, verbose: int, quiet: bool) -> None:
     ctx.obj["debug"] = debug
 
 
+class _Terminated(SystemExit):
+    """Raised by the SIGTERM handler; ``main`` ends the process once it has unwound."""
+
+
 def _terminated(signum: int, _frame: Any) -> None:
     """SIGTERM (a CI timeout, ``kill``, a container stop): unwind like Ctrl-C so temporary folders,
     shared-memory regions and the server child are cleaned up by their ``finally`` blocks."""
-    raise SystemExit(128 + signum)
+    raise _Terminated(128 + signum)
 
 
 def main() -> None:  # console script entry point
+    import os
     import signal
 
     signal.signal(signal.SIGTERM, _terminated)
-    cli(prog_name="trtrepo")
+    try:
+        cli(prog_name="trtrepo")
+    except _Terminated as exc:
+        # cleaned up; skip the interpreter's finalization, where the thread pools of ONNX Runtime
+        # or torch, stopped mid-work, can abort the process (SIGABRT) and hide the exit code
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(int(exc.code or 1))
 
 
 def _closed_pipe() -> None:
