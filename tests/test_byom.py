@@ -276,16 +276,21 @@ class FragileSecondOutput(TwoHeads):
         return logits, (self.a(x) - self.b(x)).mean((2, 3))
 
 
-def test_an_output_the_check_does_not_gate_is_still_measured_and_named(tmp_path, run_cli):
-    """Two outputs: the check gates the first; the second, far below the cosine floor after INT8,
-    is named in deploy's notes; gating it (--metric-output) falls back to FP32 naming it."""
+def _fragile_model(tmp_path: Path) -> Path:
+    """two.onnx (FragileSecondOutput, seed 0) and x.npy (96 random samples) in ``tmp_path``."""
     torch.manual_seed(0)
     model = tmp_path / "two.onnx"
     torch.onnx.export(FragileSecondOutput().eval(), (torch.zeros(1, 3, 32, 32),), str(model), input_names=["input"],
                       output_names=["logits", "embedding"], dynamo=False,
                       dynamic_axes={n: {0: "batch"} for n in ("input", "logits", "embedding")})
-    x = np.random.default_rng(0).standard_normal((96, 3, 32, 32)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "x.npy", np.random.default_rng(0).standard_normal((96, 3, 32, 32)).astype(np.float32))
+    return model
+
+
+def test_an_output_the_check_does_not_gate_is_still_measured_and_named(tmp_path, run_cli):
+    """Two outputs: the check gates the first; the second, far below the cosine floor after INT8,
+    is named in deploy's notes; gating it (--metric-output) falls back to FP32 naming it."""
+    model = _fragile_model(tmp_path)
     common = ("--data", tmp_path / "x.npy", "--backend", "onnxruntime", "--name", "two", "--method", "minmax",
               "--smooth-quant", "off")
     res = run_cli("deploy", model, *common, "--repo", tmp_path / "r")
@@ -468,13 +473,7 @@ def test_validate_fails_an_int8_embedding_below_the_default_floor(tmp_path, monk
     """Issue 17 item 4: an INT8 model whose embedding output lost accuracy passed validate (no
     default threshold for outputs without classes). Deploy's check gates the first output, so
     the fragile embedding ships (named in deploy's notes); validate now fails it, exit 1, naming it."""
-    torch.manual_seed(0)
-    model = tmp_path / "two.onnx"
-    torch.onnx.export(FragileSecondOutput().eval(), (torch.zeros(1, 3, 32, 32),), str(model), input_names=["input"],
-                      output_names=["logits", "embedding"], dynamo=False,
-                      dynamic_axes={n: {0: "batch"} for n in ("input", "logits", "embedding")})
-    x = np.random.default_rng(0).standard_normal((96, 3, 32, 32)).astype(np.float32)
-    np.save(tmp_path / "x.npy", x)
+    model = _fragile_model(tmp_path)
     res = run_cli("deploy", model, "--data", tmp_path / "x.npy", "--backend", "python", "--name", "two", "--method",
                   "minmax", "--smooth-quant", "off", "--repo", tmp_path / "repo")
     assert res.exit_code == 0 and "int8" in res.output and "not gated" in res.output, res.output

@@ -353,12 +353,7 @@ def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: 
                 if item.name in replacing or item.name.startswith("."):
                     continue
                 _link_tree(item, new_model / item.name)
-        (new_model / str(version)).mkdir()
-        for rel, src in version_files.items():
-            _place(src, new_model / str(version) / rel)
-        for rel, src in model_files.items():
-            _place(src, new_model / rel)
-        (new_model / "config.pbtxt").write_text(text)
+        _stage_files(new_model, version, text, version_files, model_files)
         _fsync_tree(new_model)
         _hook("staged")
         if not model_dir.exists():
@@ -373,6 +368,17 @@ def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: 
         _remove_stage(stage)
         with contextlib.suppress(OSError):
             root.rmdir()  # only when empty
+
+
+def _stage_files(folder: Path, version: int, text: str, version_files: Mapping[str, FileSource],
+                 model_files: Mapping[str, FileSource]) -> None:
+    """The new version folder, the model-level files and ``config.pbtxt`` under ``folder``."""
+    (folder / str(version)).mkdir()
+    for rel, src in version_files.items():
+        _place(src, folder / str(version) / rel)
+    for rel, src in model_files.items():
+        _place(src, folder / rel)
+    (folder / "config.pbtxt").write_text(text)
 
 
 def _remove_stage(stage: Path) -> None:
@@ -480,12 +486,7 @@ def _write_in_place(model_dir: Path, version: int, text: str, version_files: Map
     stage.mkdir()
     try:
         _hook("staging")
-        (stage / str(version)).mkdir()
-        for rel, src in version_files.items():
-            _place(src, stage / str(version) / rel)
-        for rel, src in model_files.items():
-            _place(src, stage / rel)
-        (stage / "config.pbtxt").write_text(text)
+        _stage_files(stage, version, text, version_files, model_files)
         _hook("staged")
         vdir = model_dir / str(version)
         if vdir.exists() and not _exchange(stage / str(version), vdir):
