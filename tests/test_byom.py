@@ -138,11 +138,11 @@ def serving(repo: Path):
     import signal
     import subprocess
 
-    from trtrepo.server import find_server_binary, free_port
+    from trtrepo.server import find_server_binary, free_ports
 
     if find_server_binary(None) is None:
         pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     proc = subprocess.Popen([sys.executable, "-m", "trtrepo.cli", "serve", str(repo), "--http-port", str(ports[0]),
                              "--grpc-port", str(ports[1]), "--metrics-port", str(ports[2]), "--timeout", "120"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

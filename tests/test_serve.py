@@ -18,7 +18,7 @@ from conftest import requires_tritonserver
 
 from trtrepo.errors import TrtrepoError
 from trtrepo.repository import add_onnx_model, add_plan_model, host_specific
-from trtrepo.server import TritonServer, find_python_env, local_backends
+from trtrepo.server import TritonServer, find_python_env, free_ports, local_backends
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,12 +40,6 @@ def python_repo(tmp_path_factory, demo_onnx):
     return repo
 
 
-def _free() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _infer(url: str, model: str, name: str, data: np.ndarray, output: str) -> np.ndarray:
     import tritonclient.http as httpclient
 
@@ -61,7 +55,7 @@ def _infer(url: str, model: str, name: str, data: np.ndarray, output: str) -> np
 @requires_tritonserver
 @pytest.mark.parametrize("option", ["--http-port", "--grpc-port", "--metrics-port"])
 def test_serve_refuses_a_busy_port_and_never_prints_ready(python_repo, listener, run_cli, option):
-    ports = {"--http-port": _free(), "--grpc-port": _free(), "--metrics-port": _free()}
+    ports = dict(zip(["--http-port", "--grpc-port", "--metrics-port"], free_ports(3), strict=True))
     ports[option] = listener
     r = run_cli("serve", python_repo, *[x for kv in ports.items() for x in map(str, kv)])
     assert r.exit_code == 2, r.output
@@ -285,3 +279,14 @@ def test_packed_python_env_is_shipped_in_the_model_folder(tmp_path, demo_onnx, r
         assert re.search(r"Using Python execution env \S+/demo/penv\.tar\.gz", server.log_text()), server.log_tail()
     r = run_cli("repo", "add", demo_onnx, "--repo", repo, "--name", "bad", "--backend", "python", "--python-env", demo_onnx)
     assert r.exit_code == 2 and "--python-env" in r.output and "expected a packed environment" in r.output
+
+
+def test_free_ports_are_distinct_and_bindable():
+    # tritonserver refuses to start when two of its ports coincide (seen in CI with sequential picks)
+    import socket as _socket
+
+    ports = free_ports(64)
+    assert len(set(ports)) == 64
+    for port in ports[:8]:
+        with _socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -195,9 +195,23 @@ def log_errors(text: str, limit: int = 20) -> list[str]:
 
 
 def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    return free_ports(1)[0]
+
+
+def free_ports(n: int) -> list[int]:
+    """n distinct free ports: every socket stays bound until all are picked, so the kernel cannot hand
+    the same port out twice (sequential free_port() calls could, and tritonserver then refused to
+    start: "cannot listen to HTTP requests and metrics requests at the same address and port")."""
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            socks.append(s)
+            s.bind(("127.0.0.1", 0))
+        return [int(s.getsockname()[1]) for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 # --------------------------------------------------------------------------------------------
@@ -388,9 +402,11 @@ class TritonServer:
             label, port = busy[0]
             raise UsageError(f"port {port} ({label}) is in use on {self.host} by another process; stop it or choose "
                              f"another port ({label} 0 picks a free one)")
-        self.http_port = self.http_port or free_port()
-        self.grpc_port = self.grpc_port or free_port()
-        self.metrics_port = self.metrics_port or free_port()
+        taken = {p for p in (self.http_port, self.grpc_port, self.metrics_port) if p}
+        picked = iter(p for p in free_ports(6) if p not in taken)
+        self.http_port = self.http_port or next(picked)
+        self.grpc_port = self.grpc_port or next(picked)
+        self.metrics_port = self.metrics_port or next(picked)
         cmd = self.command(repo)  # fails (no server binary) before anything is copied
         if self.copy:
             self._tmp = tempfile.TemporaryDirectory(prefix="trtrepo-serve-")
