@@ -17,6 +17,7 @@ import pytest
 
 from trtrepo.contracts.payload import check_shape
 from trtrepo.errors import TrtrepoError, UsageError
+from trtrepo.measure import Stability, parse_rates
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.validate import (
     REPORT_SCHEMA,
@@ -157,8 +158,15 @@ def test_options_and_parsers_reject_bad_values_with_one_line():
             parse_concurrency(bad)
     with pytest.raises(UsageError, match="--url"):
         parse_url("host:99999", "grpc")
-    with pytest.raises(UsageError, match="exclude"):
-        ValidateOptions(model="m", requests=10, duration=1.0)
+    with pytest.raises(UsageError, match="--request-distribution"):
+        ValidateOptions(model="m", distribution="burst")
+    with pytest.raises(UsageError, match="--max-trials"):
+        Stability(max_trials=2)
+    with pytest.raises(UsageError, match="--stability-percentage"):
+        Stability(pct=0)
+    with pytest.raises(UsageError, match="--request-rate"):
+        parse_rates("10,-1")
+    assert ValidateOptions(model="m", requests=7).stability.requests == 7
     with pytest.raises(UsageError, match="--protocol"):
         ValidateOptions(model="m", protocol="tcp")
     with pytest.raises(UsageError, match="--timeout"):
@@ -267,9 +275,11 @@ def _check_latency(data, requests):
         c = lv["client_ms"]
         assert 0 < c["min"] <= c["p50"] <= c["p90"] <= c["p95"] <= c["p99"] <= c["max"]
         assert c["mean"] > 0 and lv["throughput"] > 0
-        assert lv["requests"] == requests
-        # The server saw exactly the measured window's requests.
-        assert lv["server"]["request_count"] == requests
+        # count windows of `requests` requests: the last three merged are reported
+        assert lv["requests"] == 3 * requests and all(w["requests"] == requests for w in lv["windows"])
+        assert 3 <= len(lv["windows"]) <= 10
+        # The server saw exactly the requests answered during the level (windows and the tail).
+        assert lv["server"]["request_count"] == lv["completed"] >= len(lv["windows"]) * requests
         assert lv["server"]["request_ms"] > 0 and lv["overhead_ms"] is not None
     return {lv["concurrency"]: lv for lv in levels}
 
@@ -399,14 +409,15 @@ def test_request_timeout_is_reported_and_nothing_hangs(run_cli, server, models, 
 def test_python_api_mirrors_the_command(server, models):
     from trtrepo.validate import validate
 
-    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), requests=None, duration=0.5, warmup=2,
-                           progress=False, speed=None)
+    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), stability=Stability(interval_s=0.5),
+                           warmup=2, progress=False, speed=None)
     report = validate(opts, reference="demo", data="demo:val", onnx=models["fp32"], limit=50,
                       thresholds=Thresholds(max_top1_drop=0.0))
     assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True
     level = report.latency["levels"][0]
-    assert level["requests"] > 0 and level["server"]["request_count"] == level["requests"]
-    assert 0.5 <= level["wall_s"] < 0.5 + 10
+    # every request answered is booked by the server; the figures are those of the last 3 windows
+    assert level["requests"] > 0 and level["server"]["request_count"] == level["completed"] >= level["requests"]
+    assert len(level["windows"]) >= 3 and 1.5 <= level["wall_s"] < 1.5 + 1
 
 
 @pytest.mark.triton
@@ -428,3 +439,135 @@ def test_throughput_at_concurrency_4_exceeds_concurrency_1_with_dynamic_batching
                 level = run_latency(t, payloads, opts, "1")["levels"][0]
                 thr[c].append(level["throughput"])
     assert np.median(thr[4]) > np.median(thr[1]), thr
+
+
+def _plain_threads(url: str, arrays, concurrency: int, t_mid: float, t_end: float, counts) -> None:
+    import threading
+
+    import tritonclient.grpc as grpcclient
+
+    def loop(k: int) -> None:
+        client = grpcclient.InferenceServerClient(url)
+        i = k
+        while time.time() < t_end:
+            arr = arrays[i % len(arrays)]
+            x = grpcclient.InferInput("input", list(arr.shape), "FP32")
+            x.set_data_from_numpy(arr)
+            out = client.infer("demo", [x], outputs=[grpcclient.InferRequestedOutput("logits")]).as_numpy("logits")
+            assert out.shape == (arr.shape[0], 10)
+            if t_mid <= time.time() < t_end:
+                counts[k] += arr.shape[0]
+            i += concurrency
+        client.close()
+
+    threads = [threading.Thread(target=loop, args=(k,)) for k in range(concurrency)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+
+
+def _plain_process(url: str, arrays, concurrency: int, t_mid: float, t_end: float, queue) -> None:
+    counts = [0] * concurrency
+    _plain_threads(url, arrays, concurrency, t_mid, t_end, counts)
+    queue.put(sum(counts))
+
+
+def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float) -> float:
+    """An independent load generator, written plainly: `concurrency` threads, each with its own
+    synchronous tritonclient gRPC client, sending requests back to back for `seconds` and reading
+    each response as numpy (as validate does); returns inferences per second counted over the
+    second half. Above 4 requests in flight the threads are spread over 4 processes, so that
+    Python's GIL does not make the generator itself the bottleneck."""
+    import multiprocessing
+
+    arrays = [p.inputs["input"] for p in payloads]
+    procs = 1 if concurrency <= 4 else 4
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    start = time.time() + (0.0 if procs == 1 else 3.0)  # spawned processes import first
+    t_mid, t_end = start + seconds / 2, start + seconds
+    if procs == 1:
+        counts = [0] * concurrency
+        _plain_threads(url, arrays, concurrency, t_mid, t_end, counts)
+        return sum(counts) / (t_end - t_mid)
+    workers = [ctx.Process(target=_plain_process, args=(url, arrays, concurrency // procs, t_mid, t_end, queue))
+               for _ in range(procs)]
+    for w in workers:
+        w.start()
+    total = sum(queue.get(timeout=seconds + 60) for _ in workers)
+    for w in workers:
+        w.join(10)
+    return total / (t_end - t_mid)
+
+
+@pytest.mark.triton
+def test_latency_figures_agree_with_an_independent_client(server, models):
+    """Issue 17: validate's figures against a plainly written synchronous client on the same
+    server, each level measured by both, back to back, for three rounds. This shared VM drifts by
+    10-50% from minute to minute (hypervisor steal of 20-37% under load, correlation -0.83 with
+    throughput: bench/measurement.py), so the test holds the median ratio to 0.75-1.33, which a
+    counting or windowing error would break; the 10% figures are measured by bench/measurement.py
+    with more rounds (docs/benchmarks.md)."""
+    from trtrepo.data import open_data
+    from trtrepo.validate import TritonTarget, make_payloads, run_latency
+
+    io = ModelIO.from_onnx(models["fp32"])
+    payloads, _ = make_payloads(open_data("demo:val", io=io, limit=64), io, 1)
+    levels = (1, 4, 16)
+    ours: dict[int, list[float]] = {c: [] for c in levels}
+    plain: dict[int, list[float]] = {c: [] for c in levels}
+    with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
+        t.wait_ready()
+        t.prepare(io)
+        for _ in range(3):
+            for c in levels:
+                opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20, progress=False,
+                                       stability=Stability(interval_s=0.5), speed=None)
+                level = run_latency(t, payloads, opts, "1")["levels"][0]
+                assert 3 <= len(level["windows"]) <= 10
+                assert level["server"]["request_count"] == level["completed"]
+                ours[c].append(level["throughput"])
+                plain[c].append(_plain_client_loop(server.grpc_url, payloads, c, 3.0))
+    for c in levels:
+        ratio = float(np.median([a / b for a, b in zip(ours[c], plain[c], strict=True)]))
+        assert 0.75 <= ratio <= 1.33, (c, ours[c], plain[c])
+
+
+@pytest.mark.triton
+def test_request_rate_mode_holds_the_rate_and_writes_perf_analyzer_csv(run_cli, server, models, tmp_path):
+    csv_path = tmp_path / "rate.csv"
+    r = run_cli("validate", "--url", server.grpc_url, "--model", "demo", "--reference", "demo", "--onnx", models["fp32"],
+                "--data", "demo:val", "--limit", "32", "--no-reference-speed", "--request-rate", "40,80",
+                "--request-distribution", "poisson", "--measurement-interval", "1", "--stability-percentage", "25",
+                "--percentiles", "75", "--csv", csv_path, "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output[r.output.index("{"):])
+    lat = data["latency"]
+    assert lat["mode"] == "request_rate" and lat["distribution"] == "poisson"
+    for lv, rate in zip(lat["levels"], (40.0, 80.0), strict=True):
+        assert lv["request_rate"] == rate and lv["concurrency"] is None
+        # an open loop sends at the rate whatever the answers do: the demo keeps up with 80/s
+        assert 0.8 * rate <= lv["throughput"] <= 1.2 * rate, lv["throughput"]
+        assert set(lv["client_ms"]) >= {"p50", "p75", "p99", "mean"} and lv["sent"] >= lv["completed"] > 0
+    rows = csv_path.read_text().splitlines()
+    assert rows[0].startswith("Request Rate,Inferences/Second,") and rows[1].startswith("40,")
+
+
+@pytest.mark.triton
+def test_shared_memory_is_compared_with_none_and_a_slower_one_is_named(server, models):
+    from trtrepo.data import open_data
+    from trtrepo.validate import TritonTarget, make_payloads, run_latency
+
+    io = ModelIO.from_onnx(models["fp32"])
+    payloads, _ = make_payloads(open_data("demo:val", io=io, limit=16), io, 1)
+    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), shared_memory="system", warmup=5,
+                           progress=False, stability=Stability(interval_s=0.5), speed=None)
+    with TritonTarget(opts) as t:
+        t.wait_ready()
+        t.prepare(io)
+        lat = run_latency(t, payloads, opts, "1")
+    cmp_ = lat["shared_memory_comparison"]
+    assert cmp_["level"] == "concurrency 2" and cmp_["without"] > 0 and cmp_["with_shared_memory"] > 0
+    slower = cmp_["without"] > cmp_["with_shared_memory"] * 1.1
+    assert any("shared memory made it slower" in w for w in lat["warnings"]) == slower

@@ -26,7 +26,7 @@ from trtrepo.speed import (
 )
 from trtrepo.validate import ValidationReport
 
-SPEED_KEYS = ["compared", "reference", "served", "iterations", "warmup", "input_shapes", "samples_of_shape",
+SPEED_KEYS = ["compared", "reference", "served", "iterations", "measurement", "warmup", "input_shapes", "samples_of_shape",
               "samples_total", "distinct_batches", "order", "cpu_count", "load_average", "rows", "skipped_batch_sizes",
               "accuracy_kept"]
 SUMMARY_KEYS = ["iterations", "median_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "throughput"]
@@ -109,7 +109,7 @@ def _speed_dict():
     return {"compared": "x", "reference": {"label": "PyTorch FP32", "engine": "torch", "version": "2", "precision": "fp32",
                                            "device": "cpu", "threads": 2, "threads_requested": None},
             "served": {"model": "m", "version": "1", "protocol": "grpc", "concurrency": 1, "shared_memory": "none"},
-            "iterations": 10, "warmup": 2, "input_shapes": {"input": [1, 32, 32]}, "samples_of_shape": 100,
+            "iterations": 10, "measurement": SpeedOptions(iterations=10).stability.to_dict(), "warmup": 2, "input_shapes": {"input": [1, 32, 32]}, "samples_of_shape": 100,
             "samples_total": 100, "distinct_batches": 8, "order": "o", "cpu_count": 2, "load_average": [1.0, 1.0],
             "rows": rows, "skipped_batch_sizes": [{"batch_size": 64, "reason": "larger than the server's max_batch_size 32"}],
             "accuracy_kept": accuracy_kept(acc)}
@@ -216,7 +216,9 @@ def _check_rows(speed, batch_sizes, iterations):
         assert list(row) == ROW_KEYS
         for side in ("reference", "served"):
             s = row[side]
-            assert list(s) == SUMMARY_KEYS and s["iterations"] == iterations
+            # windows of `iterations` calls until three agree; the last three merged
+            assert list(s) == [*SUMMARY_KEYS, "stability"] and s["iterations"] == 3 * iterations
+            assert 3 <= s["stability"]["windows"] <= 10
             assert 0 < s["min_ms"] <= s["median_ms"] <= s["p99_ms"] <= s["max_ms"]
             assert s["throughput"] > 0
         assert row["speedup_median"] == pytest.approx(row["reference"]["median_ms"] / row["served"]["median_ms"])

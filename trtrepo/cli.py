@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "repo": ("repo", "Inspect and write Triton model repositories."),
     "serve": ("serve", "Start tritonserver on a model repository (or print the container command)."),
     "validate": ("validate", "Check a running Triton server: contract, accuracy against PyTorch, latency."),
+    "tune": ("tune", "Search a model's serving config (instances, threads, batching) on the real server."),
     "preprocess": ("preprocess", "Write a preprocessing spec file shared by calibration, evaluation and the harness."),
     "doctor": ("doctor", "Report which stages can run on this machine."),
 }

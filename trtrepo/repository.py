@@ -279,6 +279,29 @@ def add_model(
     return WriteResult(name, version, model_dir, text, files, list(warnings), replaced)
 
 
+def replace_config(repo: str | Path, name: str, text: str) -> Path:
+    """Write ``text`` as model ``name``'s ``config.pbtxt`` (``trtrepo tune --apply``): checked like
+    every config trtrepo writes, the same inputs and outputs as the live one, versions still
+    served, then one atomic rename under the repository lock -- a server polling the repository
+    reads the old file or the new one, never a mix."""
+    from .fsutil import atomic_write_text
+
+    repo = Path(repo)
+    model_dir = repo / check_model_name(name)
+    where = f"{name}/config.pbtxt"
+    live = read_config(model_dir)
+    msg = validate_config_text(text, where, model_dir_name=name)
+    if _io_of(msg) != _io_of(live):
+        raise UsageError(f"{model_dir / 'config.pbtxt'}: the new config changes the model's inputs or outputs; "
+                         f"not written")
+    with repository_lock(repo):
+        recover(repo)
+        existing = versions_of(model_dir)
+        if existing:
+            _check_kept_versions(model_dir, text, existing, max(existing))
+        return Path(atomic_write_text(model_dir / "config.pbtxt", text))
+
+
 def _io_of(msg: Any) -> tuple[Any, ...]:
     def tensors(ts: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
         return tuple(sorted((t.name, int(t.data_type), tuple(int(d) for d in t.dims)) for t in ts))

@@ -50,11 +50,20 @@ class SpeedOptions:
     """How the reference and the served model are timed against each other."""
 
     batch_sizes: tuple[int, ...] = DEFAULT_BATCH_SIZES
-    iterations: int = 50  # measured calls per batch size and side
+    iterations: int = 20  # timed calls per window, per batch size and side
     warmup: int = 5  # unmeasured calls before them
     device: str = "auto"  # reference device: auto (CUDA when available), cpu, cuda
     threads: int | None = None  # torch.set_num_threads (ONNX Runtime intra-op threads); None: the library's default
     max_batches: int = 8  # distinct batches cycled per batch size
+    # both sides are timed in windows of ``iterations`` calls until three agree (trtrepo.measure)
+    stability_pct: float = 10.0
+    max_trials: int = 10
+
+    @property
+    def stability(self) -> Any:
+        from .measure import Stability
+
+        return Stability(requests=self.iterations, pct=self.stability_pct, max_trials=self.max_trials)
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
@@ -203,7 +212,9 @@ def speed_markdown(speed: Mapping[str, Any]) -> list[str]:
              f"request sent -> numpy response decoded) beside {ref_name}'s latency per forward call on the same batch "
              f"(numpy in -> numpy out, device copies included{', `torch.cuda.synchronize()`' if ref['device'].startswith('cuda') else ''}); "
              f"inferences/s = samples / wall time. Speedup = {ref_name} / served (> 1: the served model is faster). "
-             f"{speed['iterations']} timed calls after {speed['warmup']} warm-up calls per batch size and side; "
+             f"Windows of {speed['iterations']} timed calls after {speed['warmup']} warm-up calls per batch size and "
+             f"side, until three windows agree within {(speed.get('measurement') or {}).get('stability_percentage', '?')}% "
+             f"(the last three merged; rows marked * did not settle); "
              f"reference on {ref['device']}, {ref['engine']} threads {threads if threads is not None else '-'}; "
              f"the reference runs while no Triton request is in flight.",
              "",
@@ -215,7 +226,8 @@ def speed_markdown(speed: Mapping[str, Any]) -> list[str]:
              "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for row in speed["rows"]:
         r, s = row["reference"], row["served"]
-        lines.append(f"| {row['batch_size']} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {_f(r['throughput'], '.1f')} | "
+        unsettled = not all((x.get("stability") or {}).get("stable", True) for x in (r, s))
+        lines.append(f"| {row['batch_size']}{'*' if unsettled else ''} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {_f(r['throughput'], '.1f')} | "
                      f"{s['median_ms']:.2f} | {s['p99_ms']:.2f} | {_f(s['throughput'], '.1f')} | {_x(row['speedup_median'])} | "
                      f"{_x(row['speedup_p99'])} | {_x(row['throughput_ratio'])} |")
     for sk in speed.get("skipped_batch_sizes", []):
@@ -293,6 +305,28 @@ def resolve_reference_device(device: str, kind: str) -> str:
     return device
 
 
+def time_stable(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[dict[str, np.ndarray]], stability: Any,
+                warmup: int, batch_size: int, sync: Callable[[], None] | None = None) -> tuple[np.ndarray, float, dict[str, Any]]:
+    """:func:`time_calls` in windows of ``stability.requests`` calls until the last three agree
+    (perf_analyzer's rule, :mod:`trtrepo.measure`): the merged latencies, their wall time, and the
+    windows' record."""
+    from .measure import is_stable, merged, spread, window_summary
+
+    windows: list[dict[str, Any]] = []
+    lats: list[np.ndarray] = []
+    for i in range(warmup):
+        fn(batches[i % len(batches)])
+    while True:
+        lat, wall = time_calls(fn, batches, stability.requests, 0, sync)
+        windows.append(window_summary(lat, len(lat) * batch_size, wall, stability.percentiles))
+        lats.append(lat)
+        if len(windows) >= stability.max_trials or is_stable(windows, stability.pct, stability.latency_key):
+            break
+    lat, _, seconds = merged(windows, lats)
+    return lat, seconds, {"windows": len(windows), "stable": is_stable(windows, stability.pct, stability.latency_key),
+                          "spread_pct": spread(windows, stability.latency_key)}
+
+
 def time_calls(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[dict[str, np.ndarray]], iterations: int,
                warmup: int, sync: Callable[[], None] | None = None) -> tuple[np.ndarray, float]:
     """Call ``fn`` on ``batches`` cyclically: ``warmup`` times unmeasured, then ``iterations``
@@ -352,11 +386,13 @@ class TimedReference:
             if device.startswith("cuda"):
                 self._sync = torch.cuda.synchronize
 
-    def measure(self, batches: Sequence[dict[str, np.ndarray]], iterations: int, warmup: int) -> tuple[np.ndarray, float, int | None]:
-        """Latencies, wall time, and the thread count in effect (``torch.get_num_threads()``)."""
+    def measure(self, batches: Sequence[dict[str, np.ndarray]], stability: Any, warmup: int,
+                batch_size: int) -> tuple[np.ndarray, float, int | None, dict[str, Any]]:
+        """Latencies and wall time of the stable windows (:func:`time_stable`), the thread count in
+        effect (``torch.get_num_threads()``) and the windows' record."""
         if self.engine != "torch":
-            lat, wall = time_calls(self.fn, batches, iterations, warmup)
-            return lat, wall, self.requested_threads
+            lat, wall, rec = time_stable(self.fn, batches, stability, warmup, batch_size)
+            return lat, wall, self.requested_threads, rec
         import torch
 
         before = torch.get_num_threads()
@@ -364,10 +400,10 @@ class TimedReference:
             torch.set_num_threads(self.requested_threads)
         try:
             used = torch.get_num_threads()
-            lat, wall = time_calls(self.fn, batches, iterations, warmup, self._sync)
+            lat, wall, rec = time_stable(self.fn, batches, stability, warmup, batch_size, self._sync)
         finally:
             torch.set_num_threads(before)
-        return lat, wall, used
+        return lat, wall, used, rec
 
 
 def _ort_version() -> str:
@@ -398,10 +434,13 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         # Served first, then the reference: no Triton request is in flight while the reference runs.
         if options.warmup:
             target.load(payloads, 1, requests=options.warmup)
-        res = target.load(payloads, 1, requests=options.iterations)
-        served = timing_summary(res.latencies_s, b, res.wall_s)
-        lat, wall, threads_used = reference.measure(feeds, options.iterations, options.warmup)
+        m = target.measure(payloads, options.stability, concurrency=1)
+        s_lat, _, s_wall = m.merged()
+        served = timing_summary(s_lat, b, s_wall)
+        served["stability"] = {"windows": len(m.windows), "stable": m.stable, "spread_pct": m.summary()["spread_pct"]}
+        lat, wall, threads_used, record = reference.measure(feeds, options.stability, options.warmup, b)
         ref = timing_summary(lat, b, wall)
+        ref["stability"] = record
         row = speed_row(b, ref, served)
         rows.append(row)
         log.info("batch %d: %s median %.2f ms, served median %.2f ms (%.2fx)", b, reference.label, ref["median_ms"],
@@ -418,6 +457,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         "served": {"model": srv.get("model"), "version": srv.get("version"), "protocol": srv.get("protocol"),
                    "concurrency": 1, "shared_memory": "none"},
         "iterations": options.iterations,
+        "measurement": options.stability.to_dict(),
         "warmup": options.warmup,
         "input_shapes": shapes,
         "samples_of_shape": of_shape,

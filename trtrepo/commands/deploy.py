@@ -66,6 +66,11 @@ from ._output import json_option, summary_output
 @click.option("--accept-accuracy-loss", is_flag=True,
               help="Ship the INT8 model even when the held-out check against FP32 fails (top-1 agreement drop "
                    "> 1 point or cosine < 0.99); without it the FP32 model is deployed instead.")
+@click.option("--tune", "tune_after", is_flag=True,
+              help="Then search the model's serving config on a local tritonserver and write the best one "
+                   "('trtrepo tune --apply' with --data, concurrency 8; the report in REPO/../tune-NAME).")
+@click.option("--tune-budget-s", type=click.FloatRange(min=0, min_open=True), default=300.0, show_default=True,
+              help="Seconds the --tune search may take.")
 @data_options(required=False)
 @model_config_options
 @json_option
@@ -76,7 +81,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
-            data_spec: str | None, preprocess: str | None,
+            tune_after: bool, tune_budget_s: float, data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
     Triton model repository (default model_repository/), then print a summary table.
@@ -104,10 +109,36 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             click.echo(line)
         for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
+        tuned = _tune(report, source, repo, data_spec, preprocess, tune_budget_s) if tune_after else None
         click.echo(f"serve it with: trtrepo serve {repo}")
         from dataclasses import asdict
 
         emit({"command": "deploy", "source": source, "repo": str(repo),
               "precision": report.models[0].precision if report.models else None,
               "steps": [asdict(s) for s in report.steps], "models": [asdict(m) for m in report.models],
-              "notes": list(report.notes), "warnings": list(report.warnings)})
+              "notes": list(report.notes), "warnings": list(report.warnings),
+              "tune": None if tuned is None else tuned.to_dict()})
+
+
+def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: str | None, budget_s: float) -> Any:
+    """``deploy --tune``: the model serving tensors (not the ensemble or its preprocessing step)."""
+    from pathlib import Path
+
+    from ..contracts import builtin
+    from ..errors import UsageError
+    from ..tune import TuneOptions, tune
+
+    model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess")
+                  and not m.name.endswith(("_ensemble", "_preprocess"))), None)
+    if model is None:
+        raise UsageError("--tune: no model to tune was written")
+    data = data_spec or (f"{source}:val" if builtin.builtin(source) is not None else None)
+    if data is None:
+        raise UsageError("--tune needs --data (requests to measure each candidate with)")
+    out = Path(repo).resolve().parent / f"tune-{model.name}"
+    click.echo(f"tuning {model.name} (report in {out})")
+    result = tune(repo, TuneOptions(model=model.name, budget_s=budget_s), data=data, preprocess=preprocess, limit=64,
+                  apply=True, report_dir=out, say=click.echo)
+    gain = "" if result.gain is None else f" ({result.gain:.2f}x the default's throughput)"
+    click.echo(f"tuned {model.name}: {result.chosen.label()}{gain}; wrote {result.applied}")
+    return result

@@ -27,8 +27,24 @@ from ._output import json_option, summary_output
               help="The ONNX model that was deployed: the IO contract is read from it (default: from the reference).")
 @data_options(required=True, batch_size=1)
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Requests in flight, per level.")
-@click.option("--requests", type=click.IntRange(min=1), default=None, help="Measured requests per level (default 200).")
-@click.option("--duration", type=click.FloatRange(min=0, min_open=True), default=None, help="Measured seconds per level.")
+@click.option("--request-rate", "request_rate", default=None, metavar="R1,R2",
+              help="Open loop instead of --concurrency: requests sent per second, per level, whether or not earlier "
+                   "ones returned.")
+@click.option("--request-distribution", type=click.Choice(["constant", "poisson"]), default="constant",
+              show_default=True, help="Gaps between the requests of --request-rate.")
+@click.option("--measurement-interval", "--duration", "measurement_interval", type=click.FloatRange(min=0, min_open=True),
+              default=2.0, show_default=True,
+              help="Seconds per measurement window; each level is measured in windows until three agree.")
+@click.option("--requests", type=click.IntRange(min=1), default=None,
+              help="Windows of this many requests instead of --measurement-interval seconds.")
+@click.option("--stability-percentage", type=click.FloatRange(min=0, max=100, min_open=True), default=10.0,
+              show_default=True, help="Three consecutive windows must agree within this on throughput and latency.")
+@click.option("--max-trials", type=click.IntRange(min=3), default=10, show_default=True,
+              help="Windows per level at most; a level that is not stable by then is reported as such.")
+@click.option("--percentiles", default="50,90,95,99", show_default=True,
+              help="Client latency percentiles reported (p50 and p99 always).")
+@click.option("--stability-percentile", type=click.IntRange(1, 99), default=None,
+              help="Compare this latency percentile across windows instead of the mean.")
 @click.option("--warmup", type=click.IntRange(min=0), default=20, show_default=True, help="Warm-up requests per level.")
 @click.option("--shared-memory", type=click.Choice(["none", "system", "cuda"]), default="none", show_default=True,
               help="Pass tensors through shared memory (cuda: GPU machines only).")
@@ -52,7 +68,7 @@ from ._output import json_option, summary_output
               help="Time the reference beside the served model per batch size (with the latency phase).")
 @click.option("--speed-batch-sizes", default="1,8,32", show_default=True,
               help="Batch sizes of the reference-vs-served comparison (concurrency 1).")
-@click.option("--speed-iterations", type=click.IntRange(min=2), default=50, show_default=True,
+@click.option("--speed-iterations", type=click.IntRange(min=2), default=20, show_default=True,
               help="Timed calls per batch size and side (median and p99 over them).")
 @click.option("--speed-warmup", type=click.IntRange(min=0), default=5, show_default=True,
               help="Warm-up calls per batch size and side.")
@@ -73,7 +89,9 @@ from ._output import json_option, summary_output
 def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
             output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
-            concurrency: str, requests: int | None, duration: float | None, warmup: int, shared_memory: str,
+            concurrency: str, request_rate: str | None, request_distribution: str, measurement_interval: float,
+            requests: int | None, stability_percentage: float, max_trials: int, percentiles: str,
+            stability_percentile: int | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float,
             max_p99_ms: float | None, timeout: float,
             ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
@@ -89,16 +107,21 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
     from ..errors import TrtrepoError, UsageError
     from ..speed import SpeedOptions, parse_batch_sizes
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
-    from ..validate.report import write_latency_csv
+    from ..validate.report import level_label, write_latency_csv
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
-    if requests is None and duration is None:
-        requests = 200
+    from ..measure import Stability, parse_percentiles, parse_rates
+
+    stability = Stability(interval_s=measurement_interval, requests=requests, pct=stability_percentage,
+                          max_trials=max_trials, percentile=stability_percentile, percentiles=parse_percentiles(percentiles))
     speed = SpeedOptions(batch_sizes=parse_batch_sizes(speed_batch_sizes), iterations=speed_iterations, warmup=speed_warmup,
-                         device=reference_device, threads=reference_threads) if reference_speed else None
+                         device=reference_device, threads=reference_threads, stability_pct=stability_percentage,
+                         max_trials=max_trials) if reference_speed else None
     options = ValidateOptions(model=model, url=url, protocol=protocol, version=model_version,
-                              concurrency=parse_concurrency(concurrency), requests=requests, duration=duration,
+                              concurrency=parse_concurrency(concurrency), requests=requests, stability=stability,
+                              request_rates=parse_rates(request_rate) if request_rate else (),
+                              distribution=request_distribution,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
                               ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
                               speed=speed)
@@ -120,8 +143,13 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
             for lv in report.latency["levels"]:
                 c = lv["client_ms"]
                 ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
-                click.echo(f"  c={lv['concurrency']}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
-                           f"client overhead {ov} ms")
+                sp = lv["spread_pct"]["throughput_pct"]
+                steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
+                          else f"NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
+                click.echo(f"  {level_label(lv)}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
+                           f"client overhead {ov} ms, {steady}")
+            for w in report.latency.get("warnings", []):
+                click.echo(f"  warning: {w}")
         sp = report.speed_vs_reference
         if sp:
             r = sp["reference"]

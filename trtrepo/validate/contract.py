@@ -215,7 +215,9 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
             raise UsageError("--max-p99-ms needs the latency phase (drop --no-latency)")
         for level in lat.get("levels", []):
             v = float(level["client_ms"]["p99"])
-            results.append(ThresholdResult(f"p99_ms[c={level['concurrency']}]", thresholds.max_p99_ms, v,
+            where = (f"rate={level['request_rate']:g}/s" if level.get("request_rate") is not None
+                     else f"c={level['concurrency']}")
+            results.append(ThresholdResult(f"p99_ms[{where}]", thresholds.max_p99_ms, v,
                                            v <= thresholds.max_p99_ms, "client p99 latency, ms"))
     return results
 

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import logging
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
+from ..measure import DISTRIBUTIONS, Stability
 from ..speed import SpeedOptions
 
 log = logging.getLogger(__name__)
@@ -36,8 +37,13 @@ class ValidateOptions:
     protocol: str = "grpc"
     version: str = ""
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
-    requests: int | None = 200
-    duration: float | None = None
+    # each level measured in windows until stable (trtrepo.measure): time windows, or count
+    # windows of ``requests`` requests
+    requests: int | None = None
+    stability: Stability = field(default_factory=Stability)
+    # open loop: requests per second per level, instead of the concurrency levels
+    request_rates: tuple[float, ...] = ()
+    distribution: str = "constant"
     warmup: int = 20
     batch_size: int = 1
     shared_memory: str = "none"
@@ -61,19 +67,15 @@ class ValidateOptions:
         if not self.concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
             raise UsageError(f"--concurrency {list(self.concurrency)}: levels must be integers 1..{MAX_CONCURRENCY}")
         if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
-            raise UsageError(f"--requests {self.requests}: expected 1..{MAX_REQUESTS} per level")
-        if self.duration is not None and not 0 < self.duration <= MAX_DURATION_S:
-            raise UsageError(f"--duration {self.duration:g}: expected more than 0 and at most {MAX_DURATION_S:g} s per level")
-        if self.requests is not None and self.duration is not None:
-            raise UsageError("--requests and --duration exclude each other")
-        if self.requests is None and self.duration is None:
-            raise UsageError("give --requests N or --duration S")
-        if self.requests is not None and self.requests < 1:
-            raise UsageError(f"--requests {self.requests}: must be >= 1")
-        if self.duration is not None and not (self.duration > 0 and math.isfinite(self.duration)):
-            raise UsageError(f"--duration {self.duration}: must be a positive number of seconds")
-        if self.warmup < 0:
-            raise UsageError(f"--warmup {self.warmup}: must be >= 0")
+            raise UsageError(f"--requests {self.requests}: expected 1..{MAX_REQUESTS} per window")
+        if self.stability.interval_s > MAX_DURATION_S:
+            raise UsageError(f"--measurement-interval {self.stability.interval_s:g}: at most {MAX_DURATION_S:g} s")
+        if self.requests is not None and self.stability.requests != self.requests:
+            object.__setattr__(self, "stability", replace(self.stability, requests=self.requests))
+        if self.distribution not in DISTRIBUTIONS:
+            raise UsageError(f"--request-distribution {self.distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
+        if any(not (r > 0 and math.isfinite(r)) for r in self.request_rates):
+            raise UsageError(f"--request-rate {list(self.request_rates)}: positive requests per second")
         if self.batch_size < 1:
             raise UsageError(f"--batch-size {self.batch_size}: must be >= 1")
         for what, v in (("--timeout", self.timeout), ("--ready-timeout", self.ready_timeout)):

@@ -97,22 +97,7 @@ class ValidationReport:
                 lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
                           f"sides): `per_sample` in validate.json and samples.csv."]
         if self.latency:
-            lat = self.latency
-            budget = f"{lat['requests_per_level']} requests" if lat.get("requests_per_level") else f"{lat['duration_s']:g} s"
-            lines += ["", f"## Latency and throughput ({budget} per level after {lat['warmup']} warm-up requests, "
-                      f"batch {lat['batch_size']}, shared memory {lat['shared_memory']})", "",
-                      "Client latency in ms; server columns are Triton's statistics for the same window (mean ms per "
-                      "request); overhead = client mean - server request time.", "",
-                      "| concurrency | requests | infer/s | p50 | p90 | p95 | p99 | mean | server request | queue | "
-                      "compute input | compute infer | compute output | avg batch | overhead |",
-                      "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
-            for lv in lat["levels"]:
-                c, sv = lv["client_ms"], lv["server"]
-                avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
-                lines.append(f"| {lv['concurrency']} | {lv['requests']} | {lv['throughput']:.1f} | {c['p50']:.2f} | {c['p90']:.2f} | "
-                             f"{c['p95']:.2f} | {c['p99']:.2f} | {c['mean']:.2f} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
-                             f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
-                             f"{avg} | {_ms(lv['overhead_ms'])} |")
+            lines += latency_markdown(self.latency)
         if self.speed_vs_reference:
             from ..speed import speed_markdown
 
@@ -146,6 +131,49 @@ class ValidationReport:
         return paths
 
 
+def level_label(level: dict[str, Any]) -> str:
+    """``c=4`` for a concurrency level, ``20/s`` for a request rate."""
+    return f"{level['request_rate']:g}/s" if level.get("request_rate") is not None else f"c={level['concurrency']}"
+
+
+def latency_markdown(lat: dict[str, Any]) -> list[str]:
+    """The latency section: how it was measured, one row per level, the warnings."""
+    m = lat.get("measurement") or {}
+    how = (f"windows of {m['requests_per_window']} requests" if m.get("requests_per_window")
+           else f"{m.get('measurement_interval_s', 0):g} s windows")
+    rate_mode = lat.get("mode") == "request_rate"
+    pcts = [f"p{p}" for p in m.get("percentiles", [50, 90, 95, 99])]
+    lines = ["", f"## Latency and throughput (batch {lat['batch_size']}, shared memory {lat['shared_memory']}"
+             + (f", open loop: {lat.get('distribution')} request rate" if rate_mode else "") + ")", "",
+             f"Each level: {lat['warmup']} warm-up requests, then {how} under continuous load until "
+             f"{m.get('stable_windows', 3)} agree within {m.get('stability_percentage', 0):g}% on throughput and "
+             f"{m.get('latency_compared', 'mean')} latency (at most {m.get('max_trials', '?')} windows); the figures are "
+             f"those windows merged. Client latency in ms; server columns are Triton's statistics for the level (mean ms "
+             f"per request); overhead = client mean - server request time.", "",
+             f"| {'request rate' if rate_mode else 'concurrency'} | requests | infer/s | "
+             + " | ".join(pcts) + " | mean | windows | spread infer/s | stable | server request | queue | "
+             "compute input | compute infer | compute output | avg batch | overhead |",
+             "|" + "---|" * (12 + len(pcts))]
+    for lv in lat["levels"]:
+        c, sv = lv["client_ms"], lv["server"]
+        avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
+        level = f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])
+        sp = (lv.get("spread_pct") or {}).get("throughput_pct")
+        lines.append(f"| {level} | {lv['requests']} | {lv['throughput']:.1f} | "
+                     + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
+                     + f" | {c['mean']:.2f} | {len(lv.get('windows', []))} | {_ms(sp)}% | "
+                     f"{'yes' if lv.get('stable', True) else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
+                     f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
+                     f"{avg} | {_ms(lv['overhead_ms'])} |")
+    cmp_ = lat.get("shared_memory_comparison")
+    if cmp_:
+        lines += ["", f"Without shared memory, {cmp_['level']}: {cmp_['without']:.1f} infer/s "
+                      f"(with: {cmp_['with_shared_memory']:.1f})."]
+    if lat.get("warnings"):
+        lines += ["", "Warnings:", ""] + [f"- {w}" for w in lat["warnings"]]
+    return lines
+
+
 # perf_analyzer's -f CSV header (its report writer), times in microseconds
 PERF_ANALYZER_COLUMNS = ("Concurrency", "Inferences/Second", "Client Send", "Network+Server Send/Recv", "Server Queue",
                          "Server Compute Input", "Server Compute Infer", "Server Compute Output", "Client Recv",
@@ -164,12 +192,13 @@ def latency_csv(latency: dict[str, Any]) -> str:
 
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
-    w.writerow(PERF_ANALYZER_COLUMNS)
+    rate_mode = latency.get("mode") == "request_rate"
+    w.writerow(("Request Rate",) + PERF_ANALYZER_COLUMNS[1:] if rate_mode else PERF_ANALYZER_COLUMNS)
     for lv in latency["levels"]:
         c, sv = lv["client_ms"], lv["server"]
-        w.writerow([lv["concurrency"], f"{lv['throughput']:.2f}", "", us(lv["overhead_ms"]), us(sv["queue_ms"]),
+        w.writerow([f"{lv['request_rate']:g}" if rate_mode else lv["concurrency"], f"{lv['throughput']:.2f}", "", us(lv["overhead_ms"]), us(sv["queue_ms"]),
                     us(sv["compute_input_ms"]), us(sv["compute_infer_ms"]), us(sv["compute_output_ms"]), "",
-                    us(c["p50"]), us(c["p90"]), us(c["p95"]), us(c["p99"])])
+                    us(c.get("p50")), us(c.get("p90")), us(c.get("p95")), us(c.get("p99"))])
     return buf.getvalue()
 
 
@@ -236,7 +265,7 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
             if all(v is not None for v in srv):
                 ax.plot(thr, srv, "^:", label="server request (mean)")
             for lv in levels:
-                ax.annotate(f"c={lv['concurrency']}", (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
+                ax.annotate(level_label(lv), (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
                             xytext=(4, 4), fontsize=8)
             ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
             ax.set_xlabel("throughput (inferences/s)")

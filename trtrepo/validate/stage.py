@@ -23,7 +23,6 @@ from .contract import (
     compare_contract,
     encoded_input,
     endpoint_io,
-    latency_summary,
     stats_diff,
 )
 from .options import Thresholds, ValidateOptions
@@ -150,7 +149,7 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
-            report.latency = run_latency(target, payloads, options, version)
+            report.latency = run_latency(target, payloads, options, version, config)
         if speed is not None and image_input is not None:
             log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
                         "the reference); validate the model behind the ensemble for that", options.model)
@@ -185,36 +184,99 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
         bar.close()
 
 
-def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str) -> dict[str, Any]:
-    """Warm-up, then one measured window per concurrency level, with the server's statistics
-    for the same window."""
+def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str,
+                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """Warm-up, then each concurrency level (or request rate) measured in windows until stable
+    (:meth:`TritonTarget.measure`), with the server's statistics for the same run and what the
+    machine did meanwhile; with shared memory, the lowest level again without it, to say when
+    shared memory made it slower."""
+    from ..contracts.backends import available_cores
+    from ..measure import cpu_sample, machine_usage, machine_warnings
+
     use_shm = options.shared_memory != "none"
+    stab = options.stability
+    open_loop = bool(options.request_rates)
+    levels_in = list(options.request_rates) if open_loop else list(options.concurrency)
+    slots = max(options.concurrency) if not open_loop else min(256, max(8, int(max(options.request_rates))))
     if use_shm:
-        target.setup_shared_memory(options.shared_memory, max(options.concurrency), payloads)
+        target.setup_shared_memory(options.shared_memory, slots, payloads)
+    cores = available_cores()
+    local = _local(options.url)
     levels = []
+    warnings: list[str] = []
     try:
-        for c in options.concurrency:
+        for lvl in levels_in:
+            c = None if open_loop else int(lvl)
             if options.warmup:
-                target.load(payloads, c, requests=max(options.warmup, c), use_shm=use_shm)
+                target.load(payloads, c or 1, requests=max(options.warmup, c or 1), use_shm=use_shm)
             before = target.settled_statistics(version)
-            bar = _progress(options.requests, f"c={c}", options.progress)
+            cpu0 = cpu_sample()
+            bar = _progress(None, f"rate={lvl:g}/s" if open_loop else f"c={lvl}", options.progress)
             try:
-                res = target.load(payloads, c, requests=options.requests, duration=options.duration, use_shm=use_shm,
-                                  progress=bar.update)
+                m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
+                                   distribution=options.distribution, use_shm=use_shm, progress=bar.update)
             finally:
                 bar.close()
-            after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + res.requests)
+            usage = machine_usage(cpu0, cpu_sample(), cores)
+            after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + m.completed)
             server = stats_diff(before, after, options.model, version)
-            client = latency_summary(res.latencies_s)
+            row = m.summary()
+            client = row["client_ms"]
             overhead = client["mean"] - server["request_ms"] if server["request_ms"] is not None else None
-            levels.append({"concurrency": c, "requests": res.requests, "inferences": res.inferences,
-                           "wall_s": res.wall_s, "throughput": res.throughput, "client_ms": client,
-                           "server": server, "overhead_ms": overhead})
-            log.info("concurrency %d: %.1f infer/s, p99 %.2f ms", c, res.throughput, client["p99"])
+            level_warnings = machine_warnings(usage, server_local=local)
+            if not row["stable"]:
+                level_warnings.insert(0, f"not stable after {len(m.windows)} windows: throughput spread "
+                                         f"{row['spread_pct']['throughput_pct']:.1f}%, latency spread "
+                                         f"{row['spread_pct']['latency_pct']:.1f}% (limit {stab.pct:g}%)")
+            if open_loop and row.get("late_share", 0) > DELAYED_SHARE:
+                level_warnings.append(f"{100 * row['late_share']:.0f}% of the requests left more than 1 ms late: the "
+                                      f"client could not hold {lvl:g} requests/s")
+            label = f"request rate {lvl:g}/s" if open_loop else f"concurrency {lvl}"
+            warnings += [f"{label}: {w}" for w in level_warnings]
+            levels.append({"concurrency": c, **row, "server": server, "overhead_ms": overhead,
+                           "machine": usage, "warnings": level_warnings})
+            log.info("%s: %.1f infer/s, p99 %.2f ms%s", label, row["throughput"], client.get("p99", client["max"]),
+                     "" if row["stable"] else " (not stable)")
     finally:
         if use_shm:
             target.release_shared_memory()
-    return {"requests_per_level": options.requests, "duration_s": options.duration, "warmup": options.warmup,
-            "batch_size": options.batch_size, "shared_memory": options.shared_memory, "levels": levels}
+    comparison = None
+    if use_shm and levels:
+        shm_warnings, comparison = _shm_comparison(target, payloads, options, levels[0], config or {})
+        warnings += shm_warnings
+    return {"shared_memory_comparison": comparison, "measurement": stab.to_dict(), "mode": "request_rate" if open_loop else "concurrency",
+            "distribution": options.distribution if open_loop else None, "warmup": options.warmup,
+            "batch_size": options.batch_size, "shared_memory": options.shared_memory, "levels": levels,
+            "warnings": warnings,
+            # kept for readers of schema /2
+            "requests_per_level": options.requests, "duration_s": None if options.requests else stab.interval_s}
 
 
+DELAYED_SHARE = 0.10
+
+
+def _local(url: str) -> bool:
+    host = url.rsplit(":", 1)[0].strip("[]")
+    return host in ("127.0.0.1", "localhost", "::1", "0.0.0.0")
+
+
+def _shm_comparison(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions,
+                    first: Mapping[str, Any], config: Mapping[str, Any]) -> tuple[list[str], dict[str, Any]]:
+    """The first level again without shared memory: a warning when shared memory was slower, and
+    when CUDA shared memory feeds a model whose instances run on the CPU."""
+    out = []
+    kinds = {str(g.get("kind", "")) for g in config.get("instance_group", []) or []}
+    if options.shared_memory == "cuda" and kinds and kinds <= {"KIND_CPU"}:
+        out.append("CUDA shared memory feeds a model whose instances run on the CPU (instance_group KIND_CPU): every "
+                   "tensor is copied from the GPU and back; use --shared-memory system or none for this model")
+    c = first.get("concurrency")
+    rate = first.get("request_rate")
+    m = target.measure(payloads, options.stability, concurrency=c, rate=rate, distribution=options.distribution)
+    plain = m.throughput
+    with_shm = float(first["throughput"])
+    first_label = f"request rate {rate:g}/s" if rate else f"concurrency {c}"
+    if plain > with_shm * (1 + options.stability.pct / 100):
+        out.append(f"{options.shared_memory} shared memory made it slower: {with_shm:.1f} infer/s at {first_label} "
+                   f"against {plain:.1f} without shared memory (measured right after)")
+    log.info("%s without shared memory: %.1f infer/s (with: %.1f)", first_label, plain, with_shm)
+    return out, {"level": first_label, "with_shared_memory": with_shm, "without": plain, "stable": m.stable}
