@@ -37,15 +37,11 @@ def models(root: Path) -> dict[str, tuple[Path, Path]]:
     demo = export_onnx("demo", root / "demo.onnx").path
     np.savez(root / "demo.npz", **collect(open_data("demo:val", io=ModelIO.from_onnx(demo), limit=64)))
     out["demo CNN"] = (demo, root / "demo.npz")
-    cache = Path(os.environ.get("TRTREPO_GAUNTLET_CACHE", "/nonexistent"))
-    mpnet = cache / "mpnet" / "model.onnx"
-    feeds = cache / "results" / "work" / "mpnet" / "feeds.npz"
-    if mpnet.is_file() and feeds.is_file():
-        f = np.load(feeds)
-        np.savez(root / "mpnet.npz", input_ids=f["b32:input_ids"], attention_mask=f["b32:attention_mask"])
+    from _common import mpnet_batch
+
+    mpnet = mpnet_batch(root / "mpnet.npz")
+    if mpnet is not None:
         out["all-mpnet-base-v2 (seq 32)"] = (mpnet, root / "mpnet.npz")
-    else:
-        print(f"no mpnet in {cache}: demo only", file=sys.stderr)
     return out
 
 

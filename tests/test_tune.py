@@ -158,3 +158,23 @@ def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run
                 "--measurement-interval", "0.2", "--max-trials", "3", "--budget-s", "5", "--max-p99-ms", "0.001", "--apply")
     assert r.exit_code == 1 and "no candidate met --max-p99-ms 0.001" in r.output, r.output
     assert (repo / "demo" / "config.pbtxt").read_text() == before
+
+
+@pytest.mark.triton
+def test_deploy_tune_writes_the_tuned_config(tmp_path, run_cli):
+    from trtrepo.repository import read_config
+    from trtrepo.server import find_python_env, find_server_binary
+
+    if find_server_binary(None) is None or find_python_env() is None:
+        pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
+    repo = tmp_path / "repo"
+    r = run_cli("deploy", "demo", "--repo", repo, "--precision", "fp32", "--tune", "--tune-budget-s", "4", "--json")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output[r.output.index("{"):])
+    tuned = data["tune"]
+    assert tuned["model"] == "demo" and tuned["applied"] == str(repo / "demo" / "config.pbtxt")
+    text = (repo / "demo" / "config.pbtxt").read_text()
+    assert text.startswith("# Tuned by trtrepo tune: ")
+    chosen = Candidate(**{k: tuned["chosen"][k] for k in ("instance_count", "threads", "max_queue_delay_us", "max_batch_size")})
+    assert start_candidate(read_config(repo / "demo")) == chosen
+    assert (tmp_path / "tune-demo" / "tune.md").is_file()

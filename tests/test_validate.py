@@ -191,9 +191,14 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
                           "speed_vs_reference", "thresholds", "files"]
-    assert REPORT_SCHEMA == "trtrepo.validate/2"  # bumped when speed_vs_reference was added
+    assert REPORT_SCHEMA == "trtrepo.validate/3"  # /2 speed_vs_reference, /3 latency measured in windows
     assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
-    assert "**FAIL**" in paths["markdown"].read_text()
+    md = paths["markdown"].read_text()
+    assert "**FAIL**" in md
+    # every Markdown table row has as many cells as its header
+    for table in [t for t in md.split("\n\n") if t.startswith("|")]:
+        rows = table.strip().splitlines()
+        assert len({r.count("|") for r in rows}) == 1, table
     from PIL import Image
 
     with Image.open(paths["plot"]) as img:
@@ -441,22 +446,28 @@ def test_throughput_at_concurrency_4_exceeds_concurrency_1_with_dynamic_batching
     assert np.median(thr[4]) > np.median(thr[1]), thr
 
 
-def _plain_threads(url: str, arrays, concurrency: int, t_mid: float, t_end: float, counts) -> None:
+def _plain_threads(url: str, feeds, concurrency: int, t_mid: float, t_end: float, counts, model: str = "demo",
+                   output: str = "logits") -> None:
     import threading
 
     import tritonclient.grpc as grpcclient
+    from tritonclient.utils import np_to_triton_dtype
 
     def loop(k: int) -> None:
         client = grpcclient.InferenceServerClient(url)
         i = k
         while time.time() < t_end:
-            arr = arrays[i % len(arrays)]
-            x = grpcclient.InferInput("input", list(arr.shape), "FP32")
-            x.set_data_from_numpy(arr)
-            out = client.infer("demo", [x], outputs=[grpcclient.InferRequestedOutput("logits")]).as_numpy("logits")
-            assert out.shape == (arr.shape[0], 10)
+            feed = feeds[i % len(feeds)]
+            inputs = []
+            for name, arr in feed.items():
+                x = grpcclient.InferInput(name, list(arr.shape), np_to_triton_dtype(arr.dtype))
+                x.set_data_from_numpy(arr)
+                inputs.append(x)
+            batch = next(iter(feed.values())).shape[0]
+            out = client.infer(model, inputs, outputs=[grpcclient.InferRequestedOutput(output)]).as_numpy(output)
+            assert out.shape[0] == batch
             if t_mid <= time.time() < t_end:
-                counts[k] += arr.shape[0]
+                counts[k] += batch
             i += concurrency
         client.close()
 
@@ -467,13 +478,14 @@ def _plain_threads(url: str, arrays, concurrency: int, t_mid: float, t_end: floa
         t.join()
 
 
-def _plain_process(url: str, arrays, concurrency: int, t_mid: float, t_end: float, queue) -> None:
+def _plain_process(url: str, feeds, concurrency: int, t_mid: float, t_end: float, queue, model: str, output: str) -> None:
     counts = [0] * concurrency
-    _plain_threads(url, arrays, concurrency, t_mid, t_end, counts)
+    _plain_threads(url, feeds, concurrency, t_mid, t_end, counts, model, output)
     queue.put(sum(counts))
 
 
-def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float) -> float:
+def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, model: str = "demo",
+                       output: str = "logits") -> float:
     """An independent load generator, written plainly: `concurrency` threads, each with its own
     synchronous tritonclient gRPC client, sending requests back to back for `seconds` and reading
     each response as numpy (as validate does); returns inferences per second counted over the
@@ -481,7 +493,7 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float) -> 
     Python's GIL does not make the generator itself the bottleneck."""
     import multiprocessing
 
-    arrays = [p.inputs["input"] for p in payloads]
+    feeds = [dict(p.inputs) for p in payloads]
     procs = 1 if concurrency <= 4 else 4
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
@@ -489,10 +501,10 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float) -> 
     t_mid, t_end = start + seconds / 2, start + seconds
     if procs == 1:
         counts = [0] * concurrency
-        _plain_threads(url, arrays, concurrency, t_mid, t_end, counts)
+        _plain_threads(url, feeds, concurrency, t_mid, t_end, counts, model, output)
         return sum(counts) / (t_end - t_mid)
-    workers = [ctx.Process(target=_plain_process, args=(url, arrays, concurrency // procs, t_mid, t_end, queue))
-               for _ in range(procs)]
+    workers = [ctx.Process(target=_plain_process, args=(url, feeds, concurrency // procs, t_mid, t_end, queue, model,
+                                                        output)) for _ in range(procs)]
     for w in workers:
         w.start()
     total = sum(queue.get(timeout=seconds + 60) for _ in workers)

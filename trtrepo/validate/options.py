@@ -13,7 +13,7 @@ from ..speed import SpeedOptions
 log = logging.getLogger(__name__)
 
 
-REPORT_SCHEMA = "trtrepo.validate/2"  # /2: speed_vs_reference added
+REPORT_SCHEMA = "trtrepo.validate/3"  # /2: speed_vs_reference added; /3: latency levels measured in windows
 PROTOCOLS = ("grpc", "http")
 SHARED_MEMORY = ("none", "system", "cuda")
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}

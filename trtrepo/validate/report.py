@@ -153,7 +153,7 @@ def latency_markdown(lat: dict[str, Any]) -> list[str]:
              f"| {'request rate' if rate_mode else 'concurrency'} | requests | infer/s | "
              + " | ".join(pcts) + " | mean | windows | spread infer/s | stable | server request | queue | "
              "compute input | compute infer | compute output | avg batch | overhead |",
-             "|" + "---|" * (12 + len(pcts))]
+             "|" + "---|" * (14 + len(pcts))]
     for lv in lat["levels"]:
         c, sv = lv["client_ms"], lv["server"]
         avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"

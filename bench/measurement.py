@@ -1,0 +1,134 @@
+"""Issue 17 item 3: are validate's latency figures trustworthy? Run to run, and against an
+independent client on the same server.
+
+One tritonserver serves the model (FP32 ONNX in the Python backend, the generated default config).
+For ``--rounds`` rounds, each concurrency level is measured by validate's load generator (windows
+until stable, the default 2 s) and right after by the plainly written synchronous client of
+``tests/test_validate.py`` (threads of ``tritonclient.grpc`` clients; above 4 in flight spread
+over 4 processes), ``--plain-seconds`` each. Recorded with every measurement: the hypervisor's
+steal share and the machine's busy share over it (``/proc/stat``).
+
+Reported per model and level: validate's throughput in each round, its spread over the first three
+rounds (max/min - 1), the independent client's, the median ratio validate / independent, and the
+mean steal share.
+
+    TRTREPO_GAUNTLET_CACHE=/work/gauntlet-cache python bench/measurement.py --rounds 5 [--update-docs docs/benchmarks.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+sys.path.insert(0, str(HERE.parent / "tests"))
+
+from _common import cpu_name, publish  # noqa: E402
+
+
+def _steal(before: list[int], after: list[int]) -> tuple[float, float]:
+    d = [b - a for a, b in zip(before, after, strict=False)]
+    total = sum(d[:8]) or 1
+    return d[7] / total, (total - d[3] - d[4]) / total
+
+
+def _stat() -> list[int]:
+    with open("/proc/stat") as f:
+        return [int(v) for v in f.readline().split()[1:]]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--plain-seconds", type=float, default=4.0)
+    ap.add_argument("--models", nargs="+", default=["demo", "mpnet"])
+    ap.add_argument("--json", type=Path, default=None)
+    ap.add_argument("--update-docs", type=Path, default=None)
+    args = ap.parse_args()
+
+    from test_validate import _plain_client_loop  # the independent client, as the test writes it
+    from tune_search import models
+
+    from trtrepo.contracts.backends import available_cores
+    from trtrepo.measure import Stability
+    from trtrepo.repository import add_onnx_model
+    from trtrepo.server import TritonServer
+    from trtrepo.tritonconfig import ModelOptions
+    from trtrepo.validate import TritonTarget, ValidateOptions, make_payloads, run_latency
+
+    t_all = time.time()
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="trtrepo-bench-measure-") as tmp:
+        root = Path(tmp)
+        for label, (onnx_path, data) in models(root, args.models).items():
+            if "demo-text" in label:
+                continue
+            repo = root / f"repo-{len(rows)}"
+            add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions())
+            from trtrepo.data import open_data
+            from trtrepo.modelio import ModelIO
+
+            io = ModelIO.from_onnx(onnx_path)
+            payloads, _ = make_payloads(open_data(data, io=io), io, 1)
+            ours: dict[int, list[dict]] = {c: [] for c in args.concurrency}
+            plain: dict[int, list[dict]] = {c: [] for c in args.concurrency}
+            with TritonServer(repo, timeout=300) as server:
+                with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
+                    t.wait_ready()
+                    t.prepare(io)
+                    for r in range(args.rounds):
+                        for c in args.concurrency:
+                            opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
+                                                   progress=False, stability=Stability(), speed=None)
+                            s0 = _stat()
+                            lv = run_latency(t, payloads, opts, "1")["levels"][0]
+                            steal, busy = _steal(s0, _stat())
+                            ours[c].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
+                                            "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
+                                            "busy": busy})
+                            s0 = _stat()
+                            thr = _plain_client_loop(server.grpc_url, payloads, c, args.plain_seconds, "demo",
+                                                     io.output_names[0])
+                            steal2, busy2 = _steal(s0, _stat())
+                            plain[c].append({"throughput": thr, "steal": steal2, "busy": busy2})
+                            print(f"{label} round {r + 1} c={c}: validate {lv['throughput']:.1f} infer/s "
+                                  f"({len(lv['windows'])} windows, stable {lv['stable']}), independent {thr:.1f}; steal "
+                                  f"{100 * steal:.0f}% / {100 * steal2:.0f}%", file=sys.stderr)
+            for c in args.concurrency:
+                a = [x["throughput"] for x in ours[c]]
+                b = [x["throughput"] for x in plain[c]]
+                rows.append({"model": label, "concurrency": c, "validate": a, "independent": b,
+                             "spread3_validate": max(a[:3]) / min(a[:3]) - 1, "spread3_independent": max(b[:3]) / min(b[:3]) - 1,
+                             "spread_validate": max(a) / min(a) - 1, "spread_independent": max(b) / min(b) - 1,
+                             "ratio_median": statistics.median(x / y for x, y in zip(a, b, strict=True)),
+                             "steal_mean": statistics.mean([x["steal"] for x in ours[c] + plain[c]]),
+                             "stable_share": sum(x["stable"] for x in ours[c]) / len(ours[c])})
+    if args.json:
+        args.json.write_text(json.dumps(rows, indent=2))
+    lines = [f"Command: `TRTREPO_GAUNTLET_CACHE=... python bench/measurement.py --rounds {args.rounds}`. CPU: {cpu_name()}, "
+             f"{available_cores()} cores; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; {time.time() - t_all:.0f} s.", "",
+             "One server, FP32 ONNX in the Python backend (default config), batch-1 gRPC requests. Each round: validate's "
+             "level (2 s windows until three agree within 10%), then the independent synchronous client of the test "
+             f"({args.plain_seconds:g} s, second half counted). Spread = max/min - 1; steal = the hypervisor's share of the "
+             "CPU time during the measurements.", "",
+             "| model | c | validate infer/s per round | spread, first 3 | spread, all | independent infer/s per round | "
+             "its spread, first 3 | median ratio validate / independent | steal | stable levels |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['concurrency']} | {', '.join(f'{x:.0f}' for x in r['validate'])} | "
+                     f"{100 * r['spread3_validate']:.0f}% | {100 * r['spread_validate']:.0f}% | "
+                     f"{', '.join(f'{x:.0f}' for x in r['independent'])} | {100 * r['spread3_independent']:.0f}% | "
+                     f"{r['ratio_median']:.2f} | {100 * r['steal_mean']:.0f}% | {100 * r['stable_share']:.0f}% |")
+    heading = "## Issue 17: validate's figures run to run and against an independent client"
+    publish(heading + "\n\n" + "\n".join(lines) + "\n", heading, args.update_docs)
+
+
+if __name__ == "__main__":
+    main()
