@@ -74,11 +74,13 @@ def test_budget_does_not_change_the_statistics(model: str, data: str, limit: int
             # The position embedding does not depend on the batch: recognised and counted once per batch.
             assert runs[TINY]._independent.get("/pos/Gather_output_0") is True
             assert sum(runs[TINY]._independent.values()) == 1
-        # Across batch sizes the exact maxima agree (pass 1 takes an exact max).
+        # Across batch sizes the maxima agree (pass 1 takes an exact max) up to float32 rounding: ONNX Runtime's
+        # GEMMs block by batch size, and on an AMD EPYC without VNNI demo-text's embedding max moved by 1e-7
+        # relative between batch 1 and 7 (within one batch size, above, the budget changes nothing at all).
         if reference is None:
             reference = whole
         for name in reference.names:
-            assert whole[name].max_abs == reference[name].max_abs, (batch_size, name)
+            assert whole[name].max_abs == pytest.approx(reference[name].max_abs, rel=1e-6, abs=0), (batch_size, name)
         if model == "demo":
             assert_same_statistics(reference, whole, batch_size)
 

@@ -190,8 +190,9 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     paths = report.write(tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
-                          "speed_vs_reference", "thresholds", "files"]
-    assert REPORT_SCHEMA == "trtrepo.validate/3"  # /2 speed_vs_reference, /3 latency measured in windows
+                          "speed_vs_reference", "fleet", "thresholds", "files"]
+    # /2 speed_vs_reference, /3 latency measured in windows, /4 fleet (several servers)
+    assert REPORT_SCHEMA == "trtrepo.validate/4" and data["fleet"] is None
     assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
     md = paths["markdown"].read_text()
     assert "**FAIL**" in md

@@ -32,7 +32,7 @@ SPEED_KEYS = ["compared", "reference", "served", "iterations", "measurement", "w
 SUMMARY_KEYS = ["iterations", "median_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "throughput"]
 ROW_KEYS = ["batch_size", "reference", "served", "speedup_median", "speedup_p99", "throughput_ratio"]
 REPORT_KEYS = ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
-               "speed_vs_reference", "thresholds", "files"]
+               "speed_vs_reference", "fleet", "thresholds", "files"]
 
 # --------------------------------------------------------------------------------------------
 # Pure parts

@@ -31,6 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "deploy": ("deploy", "Export, calibrate, quantize, build and write a Triton model repository in one go."),
     "repo": ("repo", "Inspect and write Triton model repositories."),
     "serve": ("serve", "Start tritonserver on a model repository (or print the container command)."),
+    "manifests": ("manifests", "Write Kubernetes manifests (Deployment, Service, HPA, KServe) for a repository in object storage."),
     "validate": ("validate", "Check a running Triton server: contract, accuracy against PyTorch, latency."),
     "tune": ("tune", "Search a model's serving config (instances, threads, batching) on the real server."),
     "preprocess": ("preprocess", "Write a preprocessing spec file shared by calibration, evaluation and the harness."),

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts import backends, builtin
+from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .errors import UsageError
@@ -70,6 +71,7 @@ class DeployOptions:
     exclude_nodes: tuple[str, ...] = ()  # node names / regexes left in float (--exclude-node)
     accuracy_target: str | None = None  # --accuracy-target: keep INT8 where it is harmless (trtrepo quantize's)
     target: str = "auto"  # Q/DQ placement rules: auto = the backend's (tensorrt for plans, onnxruntime otherwise)
+    s3_endpoint: str | None = None  # --s3-endpoint of an s3:// --repo (trtrepo.objectstore)
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
@@ -101,8 +103,9 @@ class DeployedModel:
     version: int
     backend: str
     precision: str
-    path: Path
+    path: Path | str  # the version folder, or its URL in an s3:// repository
     note: str = ""
+    replaced: bool = False  # --force replaced an existing version
 
 
 @dataclass
@@ -111,7 +114,7 @@ class DeployReport:
     models: list[DeployedModel] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # printed on stderr (a backend the local server lacks, ...)
-    repo: Path = Path("model_repository")
+    repo: Path | str = Path("model_repository")  # a local folder, or an s3:// URL
 
     def summary_lines(self) -> list[str]:
         lines = [f"{'step':<11} {'status':<9} {'time':>7}  detail"]
@@ -402,13 +405,22 @@ def _preprocess_spec(opts: DeployOptions) -> Any:
 
 
 def deploy(opts: DeployOptions) -> DeployReport:
-    report = DeployReport(repo=Path(opts.repo))
+    remote = is_remote(opts.repo)
+    report = DeployReport(repo=opts.repo if remote else Path(opts.repo))
     name = opts.name or default_name(opts.source)
     backend = _resolve_backend(opts, report)
     batch_profile(opts)  # --max-batch-size and --shape agree: fail before any work
     if opts.ensemble:
         preprocess = _preprocess_spec(opts)  # fail early, before any work
     with contextlib.ExitStack() as stack:
+        repo: str | Path = opts.repo
+        store = None
+        if remote:  # written locally against a stand-in of the remote repository, then uploaded
+            from .objectstore import checkout, open_store
+
+            store = open_store(opts.repo, opts.s3_endpoint)
+            repo = Path(stack.enter_context(temp_dir("s3-repo"))) / "repo"
+            checkout(store, repo)  # fails on credentials, endpoint or bucket before any work
         if opts.workdir:
             work = Path(opts.workdir)
             work.mkdir(parents=True, exist_ok=True)
@@ -431,23 +443,28 @@ def deploy(opts: DeployOptions) -> DeployReport:
             mopts = opts.model
             written: list[tuple[WriteResult, ModelConfig, str]] = []
             if plan is not None:
-                res, cfg = add_plan_model(opts.repo, name, plan, io=io, options=mopts, labels=labels, **common)
+                res, cfg = add_plan_model(repo, name, plan, io=io, options=mopts, labels=labels, **common)
                 written.append((res, cfg, cfg.spec.display))
                 report.notes.extend(res.warnings)
             else:
-                res, cfg = add_onnx_model(opts.repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
+                res, cfg = add_onnx_model(repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
                 written.append((res, cfg, cfg.spec.display))
             primary = cfg
             if opts.python_variant and backend != "python":
-                res, cfg = add_onnx_model(opts.repo, f"{name}_python", model_path, backend="python", options=mopts,
+                res, cfg = add_onnx_model(repo, f"{name}_python", model_path, backend="python", options=mopts,
                                           labels=labels, **common)
                 written.append((res, cfg, cfg.spec.display))
             for res, _cfg, kind in written:
-                report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir))
+                report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir,
+                                                   replaced=res.replaced))
             if opts.ensemble:
-                pre, ens = add_image_ensemble(opts.repo, primary, preprocess, options=mopts, **common)
-                report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess"))
-                report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir))
+                pre, ens = add_image_ensemble(repo, primary, preprocess, options=mopts, **common)
+                report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",
+                                                   replaced=pre.replaced))
+                report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir,
+                                                   replaced=ens.replaced))
+            if store is not None:
+                _publish(store, Path(repo), report)
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
             report.warnings.extend(_local_server_warnings(opts, [c for _, c, _ in written]))
     if precision == "fp32":
@@ -455,6 +472,19 @@ def deploy(opts: DeployOptions) -> DeployReport:
     elif plan is None:
         report.notes.extend(_cpu_int8_notes(backend, opts.reduce_range))
     return report
+
+
+def _publish(store: Any, local: Path, report: DeployReport) -> None:
+    """Upload the models written into the local stand-in of an s3:// repository, in the order they
+    were written (an ensemble after its steps), by :mod:`trtrepo.objectstore`'s commit protocol."""
+    from .objectstore import publish
+
+    for m in report.models:
+        pub = publish(store, local, m.name, m.version, replaced=m.replaced, say=status)
+        if pub.version != m.version:
+            report.notes.append(f"{m.name}: version {m.version} exists in {store.loc.url} and object storage has no "
+                                f"rename: written as version {pub.version}, version {m.version} retired")
+        m.version, m.path = pub.version, pub.url
 
 
 def _local_server_warnings(opts: DeployOptions, configs: list[ModelConfig]) -> list[str]:

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contracts.location import is_remote
 from .contracts.plan import read_plan_metadata
 from .errors import TrtrepoError, UsageError
 
@@ -358,7 +359,7 @@ class TritonServer:
         """(http_url, grpc_url)."""
         return self.http_url, self.grpc_url
 
-    def command(self, repo: Path) -> list[str]:
+    def command(self, repo: Path | str) -> list[str]:
         binary = find_server_binary(self.binary)
         if binary is None:
             where = self.binary or "PATH, $TRTREPO_TRITONSERVER or .triton/bin"
@@ -393,8 +394,9 @@ class TritonServer:
 
         if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
             reap_stale(SHM_PREFIX, "/dev/shm")
+        remote = is_remote(self.repo)  # an object-storage URL: tritonserver reads it itself, nothing is copied
         repo = Path(self.repo)
-        if not repo.is_dir():
+        if not remote and not repo.is_dir():
             raise UsageError(f"{repo}: model repository not found")
         given = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
         busy = busy_ports(self.host, {k: v for k, v in given.items() if v})
@@ -407,8 +409,8 @@ class TritonServer:
         self.http_port = self.http_port or next(picked)
         self.grpc_port = self.grpc_port or next(picked)
         self.metrics_port = self.metrics_port or next(picked)
-        cmd = self.command(repo)  # fails (no server binary) before anything is copied
-        if self.copy:
+        cmd = self.command(str(self.repo) if remote else repo)  # fails (no server binary) before anything is copied
+        if self.copy and not remote:
             self._tmp = tempfile.TemporaryDirectory(prefix="trtrepo-serve-")
             cmd = self.command(copy_repository(repo, Path(self._tmp.name) / "repo"))
         if self.log_path is None:

@@ -30,3 +30,9 @@ def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F
         return f
 
     return deco
+
+
+s3_endpoint_option = click.option(
+    "--s3-endpoint", default=None, metavar="URL",
+    help="http(s)://HOST:PORT of an S3-compatible service for an s3:// repository (default: AWS, or "
+         "$AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL). Credentials: boto3's chain (AWS_ACCESS_KEY_ID, ...).")

@@ -10,13 +10,16 @@ from .. import histogram as H
 from ..contracts import backends
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
-from ._options import data_options
+from ._options import data_options, s3_endpoint_option
 from ._output import json_option, summary_output
 
 
 @click.command("deploy")
 @click.argument("source", default="demo")
-@click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False))
+@click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False),
+              help="The repository folder, or s3://BUCKET/PREFIX (written by an upload protocol under which a "
+                   "server never loads a partial version; see 'Serving from a fleet' in README).")
+@s3_endpoint_option
 @click.option("--name", default=None, help="Model name (default: from SOURCE; 'demo' for the demo).")
 @click.option("--backend", type=click.Choice(("auto", *backends.options())), default="auto", show_default=True,
               help="auto: tensorrt with TensorRT and a GPU; else onnxruntime (python when the local tritonserver has no onnxruntime backend).")
@@ -81,7 +84,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
-            tune_after: bool, tune_budget_s: float, data_spec: str | None, preprocess: str | None,
+            tune_after: bool, tune_budget_s: float, s3_endpoint: str | None, data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
     Triton model repository (default model_repository/), then print a summary table.
@@ -89,8 +92,13 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
     Without TensorRT or a GPU the ONNX model is deployed for the ONNX Runtime backend (or the
     Python backend) instead.
     """
+    from ..contracts.location import is_remote
     from ..deploy import DeployOptions, deploy
+    from ..errors import UsageError
 
+    if tune_after and is_remote(repo):
+        raise UsageError(f"--tune: tunes a local repository on the local server; not with --repo {repo} (tune a local "
+                         f"deploy, then deploy it to object storage)")
     model = build_model_options(kw)
     opts = DeployOptions(
         source=source, repo=repo, name=name, backend=backend, python_variant=python_variant, ensemble=ensemble,
@@ -101,7 +109,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
         accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
         output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else (),
         ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
-        accuracy_target=accuracy_target, target=target,
+        accuracy_target=accuracy_target, target=target, s3_endpoint=s3_endpoint,
     )
     with summary_output(as_json) as emit:
         report = deploy(opts)

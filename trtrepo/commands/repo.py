@@ -9,6 +9,7 @@ import click
 from ..contracts import backends
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
+from ._options import s3_endpoint_option
 
 
 @click.group("repo")
@@ -18,9 +19,10 @@ def command() -> None:
 
 @command.command("check")
 @click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
+@s3_endpoint_option
 @click.option("--json", "as_json", is_flag=True, help="Print the findings as JSON.")
 @click.option("--fix", is_flag=True, help="Recover interrupted writes (what the next write would do) before checking.")
-def check_cmd(repo: str, as_json: bool, fix: bool) -> None:
+def check_cmd(repo: str, s3_endpoint: str | None, as_json: bool, fix: bool) -> None:
     """Report what ties REPO to this machine: absolute paths in its files, symlinks, an
     EXECUTION_ENV_PATH outside the model folder; as notes, the TensorRT version and GPU of each plan.
     Also the leftovers of interrupted writes (a killed 'deploy' or 'repo add'), which --fix
@@ -29,6 +31,25 @@ def check_cmd(repo: str, as_json: bool, fix: bool) -> None:
     Exit code 0 when REPO can be copied to another machine or container, 1 when something
     host-specific or left over is found, 2 when REPO is not a directory."""
     import json
+
+    from ..contracts.location import is_remote
+
+    if is_remote(repo):
+        findings = _check_remote(repo, s3_endpoint, fix, as_json)
+    else:
+        findings = _check_local(repo, fix, as_json)
+    host = [f for f in findings if f.kind == "host"]
+    if as_json:
+        click.echo(json.dumps({"repo": repo, "portable": not host, "findings": [f.to_dict() for f in findings]}, indent=2))
+    else:
+        for f in findings:
+            click.echo(f"{'host-specific' if f.kind == 'host' else 'note'}: {f.path}: {f.message}")
+        click.echo(f"{repo}: {'not portable' if host else 'portable'} ({len(host)} host-specific finding(s))")
+    if host:
+        raise SystemExit(1)
+
+
+def _check_local(repo: str, fix: bool, as_json: bool) -> list[Any]:
     from pathlib import Path
 
     from ..repository import Finding, host_specific, leftovers, recover, repository_lock
@@ -41,24 +62,42 @@ def check_cmd(repo: str, as_json: bool, fix: bool) -> None:
                     click.echo(f"fixed: {line}")
     findings += [Finding(str(p), "host", "left by an interrupted write (Triton does not see it; "
                          "'trtrepo repo check --fix' or the next write removes it)") for p in leftovers(repo)]
-    host = [f for f in findings if f.kind == "host"]
-    if as_json:
-        click.echo(json.dumps({"repo": repo, "portable": not host, "findings": [f.to_dict() for f in findings]}, indent=2))
-    else:
-        for f in findings:
-            click.echo(f"{'host-specific' if f.kind == 'host' else 'note'}: {f.path}: {f.message}")
-        click.echo(f"{repo}: {'not portable' if host else 'portable'} ({len(host)} host-specific finding(s))")
-    if host:
-        raise SystemExit(1)
+    return findings
+
+
+def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, as_json: bool) -> list[Any]:
+    """An s3:// repository: its configs' host-specific paths, and the objects of interrupted uploads."""
+    from pathlib import Path
+
+    from ..fsutil import temp_dir
+    from ..objectstore import open_store, remote_leftovers, remove_leftovers, snapshot
+    from ..repository import Finding, host_specific
+
+    store = open_store(repo, s3_endpoint)
+    if fix:
+        for line in remove_leftovers(store):
+            if not as_json:
+                click.echo(f"fixed: {line}")
+    with temp_dir("s3-check") as tmp:
+        local = snapshot(store.loc.url, Path(tmp) / "repo")
+        findings = [Finding(f"{store.loc.url}/{Path(f.path).relative_to(local)}", f.kind, f.message)
+                    for f in host_specific(local)]
+    findings += [Finding(f"{store.loc.url}/{what}", "host", f"{len(keys)} object(s) left by an interrupted upload "
+                         f"(not served; 'trtrepo repo check --fix' or the next write of the model removes them)")
+                 for what, keys in remote_leftovers(store)]
+    return findings
 
 
 @command.command("list")
 @click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
-def list_cmd(repo: str) -> None:
-    """Show the models of REPO, their versions and what each version folder holds."""
+@s3_endpoint_option
+def list_cmd(repo: str, s3_endpoint: str | None) -> None:
+    """Show the models of REPO (a folder or s3://BUCKET/PREFIX), their versions and what each version folder holds."""
+    from ..contracts.location import is_remote
+    from ..objectstore import list_remote
     from ..repository import list_repository
 
-    entries = list_repository(repo)
+    entries = list_remote(repo, s3_endpoint) if is_remote(repo) else list_repository(repo)
     if not entries:
         click.echo(f"{repo}: no models")
         return
@@ -85,15 +124,18 @@ def list_cmd(repo: str) -> None:
 @click.option("--label-output", default=None, help="Output the labels belong to (default: the only 1-D output).")
 @click.option("--target-tensorrt", default=None, metavar="VERSION", help="TensorRT version of the target server (warns on mismatch).")
 @click.option("--target-cc", default=None, metavar="X.Y", help="Compute capability of the target GPU (warns on mismatch).")
+@s3_endpoint_option
 @model_config_options
 @io_paths({"model_file": "MODEL_FILE", "onnx_for_io": "--onnx", "labels_file": "--labels-file"},
           {"repo": "--repo"})
 def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for_io: str | None, labels_file: str | None,
-            label_output: str | None, target_tensorrt: str | None, target_cc: str | None, **kw: Any) -> None:
+            label_output: str | None, target_tensorrt: str | None, target_cc: str | None, s3_endpoint: str | None,
+            **kw: Any) -> None:
     """Add MODEL_FILE (.onnx or TensorRT .plan) to a repository as a new version, with a validated config.pbtxt."""
     from dataclasses import replace
     from pathlib import Path
 
+    from ..contracts.location import is_remote
     from ..errors import UsageError
     from ..modelio import ModelIO
     from ..repository import add_onnx_model, add_plan_model
@@ -110,18 +152,40 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
         backend = backends.options("plan" if path.suffix in (".plan", ".engine") else "onnx")[0]
     common = {"version": kw.pop("version"), "force": kw.pop("force"), "template_dir": kw.pop("template_dir")}
     spec = backends.for_option(backend)
-    if spec is not None and spec.source == "plan":
-        io = ModelIO.from_onnx(onnx_for_io) if onnx_for_io else None
-        result, _ = add_plan_model(repo, name, path, io=io, options=options, labels=labels_file,
-                                   target_tensorrt=target_tensorrt, target_compute_capability=target_cc, **common)
-    else:
+    if spec is None or spec.source != "plan":
         if path.suffix != ".onnx":
             raise UsageError(f"{path}: --backend {backend} takes an .onnx model")
-        result, _ = add_onnx_model(repo, name, path, backend=backend, options=options, labels=labels_file, **common)
+
+    def write(into: str | Path) -> Any:
+        if spec is not None and spec.source == "plan":
+            io = ModelIO.from_onnx(onnx_for_io) if onnx_for_io else None
+            return add_plan_model(into, name, path, io=io, options=options, labels=labels_file,
+                                  target_tensorrt=target_tensorrt, target_compute_capability=target_cc, **common)[0]
+        return add_onnx_model(into, name, path, backend=backend, options=options, labels=labels_file, **common)[0]
+
+    where: str | Path
+    if is_remote(repo):  # written into a local stand-in, then uploaded (trtrepo.objectstore's protocol)
+        from ..fsutil import temp_dir
+        from ..objectstore import checkout, open_store, publish
+        from ..progress import status
+
+        store = open_store(repo, s3_endpoint)
+        with temp_dir("s3-repo") as tmp:
+            local = Path(tmp) / "repo"
+            checkout(store, local)
+            result = write(local)
+            pub = publish(store, local, result.name, result.version, replaced=result.replaced, say=status)
+        if pub.version != result.version:
+            click.echo(f"note: version {result.version} exists and object storage has no rename: written as version "
+                       f"{pub.version}, version {result.version} retired", err=True)
+        version, where = pub.version, pub.url
+    else:
+        result = write(repo)
+        version, where = result.version, result.version_dir
     extra = [missing_backend_warning(spec.server_backend) if spec is not None and spec.server_backend else None]
     if spec is not None and spec.runs_python and options.execution_env:
         extra.append(execution_env_warning(options.execution_env))
     for w in [*result.warnings, *(w for w in extra if w)]:
         click.echo(f"warning: {w}", err=True)
     verb = "replaced" if result.replaced else "added"
-    click.echo(f"{verb} {result.name} version {result.version}: {result.version_dir} ({', '.join(result.files)})")
+    click.echo(f"{verb} {result.name} version {version}: {where} ({', '.join(result.files)})")

@@ -4,9 +4,12 @@ from __future__ import annotations
 
 import click
 
+from ._options import s3_endpoint_option
+
 
 @click.command("serve")
 @click.argument("repo", type=click.Path(file_okay=False), default="model_repository")
+@s3_endpoint_option
 @click.option("--server-binary", type=click.Path(dir_okay=False), default=None,
               help="tritonserver to run (default: $TRTREPO_TRITONSERVER, PATH, then .triton/bin/tritonserver).")
 @click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on (loopback by default).")
@@ -17,7 +20,7 @@ import click
 @click.option("--in-place", is_flag=True, help="Serve REPO itself instead of a temporary copy (the Python backend writes __pycache__).")
 @click.option("--print-command", is_flag=True, help="Only print the container command for REPO.")
 @click.argument("server_args", nargs=-1, type=click.UNPROCESSED)
-def command(repo: str, server_binary: str | None, host: str, http_port: int, grpc_port: int, metrics_port: int,
+def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host: str, http_port: int, grpc_port: int, metrics_port: int,
             timeout: float, in_place: bool, print_command: bool, server_args: tuple[str, ...]) -> None:
     """Start tritonserver on REPO, wait until it is ready and stay in the foreground (Ctrl-C stops it).
 
@@ -28,23 +31,39 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
 
     Without a tritonserver binary, print the container command instead, with the Triton release
     whose TensorRT matches the plans in REPO. Arguments after '--' go to tritonserver.
+
+    REPO may be s3://BUCKET/PREFIX (with --s3-endpoint for an S3-compatible service): the server
+    reads it with the AWS credentials of this environment.
     """
     import signal
     import time
     from pathlib import Path
 
+    from ..contracts.location import is_remote
     from ..errors import UsageError
+    from ..fsutil import temp_dir
+    from ..objectstore import list_remote, parse_url, snapshot
     from ..repository import list_repository
     from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors
 
-    if not Path(repo).is_dir():
+    remote = is_remote(repo)
+    names: list[str] = []
+    if remote:  # tritonserver reads the object storage itself (credentials from this environment)
+        repo = parse_url(repo, s3_endpoint).url
+        names = [e.name for e in list_remote(repo)]  # fails here on credentials, endpoint or bucket
+    elif not Path(repo).is_dir():
         raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
     binary = find_server_binary(server_binary)
     if print_command or binary is None:
         if binary is None and server_binary:
             raise UsageError(f"--server-binary {server_binary}: not a file")
-        cmd, _rel, notes = container_command(repo, http_port=http_port or 8000, grpc_port=grpc_port or 8001,
-                                             metrics_port=metrics_port or 8002)
+        with temp_dir("serve") as tmp:
+            local = snapshot(repo, Path(tmp) / "repo") if remote else Path(repo)
+            cmd, _rel, notes = container_command(local, http_port=http_port or 8000, grpc_port=grpc_port or 8001,
+                                                 metrics_port=metrics_port or 8002)
+            if remote:
+                cmd = cmd.replace(f"-v {local.resolve()}:/models ", "-e AWS_ACCESS_KEY_ID -e AWS_SECRET_ACCESS_KEY "
+                                  "-e AWS_DEFAULT_REGION ").replace("--model-repository=/models", f"--model-repository={repo}")
         if binary is None:
             click.echo("tritonserver not found here (install it with scripts/install_tritonserver.sh, or give "
                        "--server-binary); run the Triton container instead:", err=True)
@@ -57,7 +76,7 @@ def command(repo: str, server_binary: str | None, host: str, http_port: int, grp
                           keep_log=True)
     server.start()
     try:
-        models = ", ".join(e.name for e in list_repository(repo))
+        models = ", ".join(names if remote else [e.name for e in list_repository(repo)])
         click.echo(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {host}:{server.metrics_port}")
         click.echo(f"models: {models}")
         click.echo(f"log: {server.log_path}  (Ctrl-C to stop)")

@@ -10,8 +10,13 @@ from ._output import json_option, summary_output
 
 
 @click.command("validate")
-@click.option("--url", default="", metavar="HOST:PORT",
-              help="Server address (default 127.0.0.1:8001 for grpc, 127.0.0.1:8000 for http).")
+@click.option("--url", default="", metavar="HOST:PORT[,HOST:PORT...]",
+              help="Server address (default 127.0.0.1:8001 for grpc, 127.0.0.1:8000 for http). Several, comma-separated: "
+                   "servers of one repository (a fleet): each gets every request of the accuracy phase (their outputs "
+                   "are compared) and each level's load at the same time; the report has per-server and total figures.")
+@click.option("--max-server-diff", type=click.FloatRange(min=0), default=1e-5, show_default=True,
+              help="Several --url servers: largest absolute difference allowed between two servers' outputs for the "
+                   "same request (exit 1 beyond it, naming server and output).")
 @click.option("--protocol", type=click.Choice(["grpc", "http"]), default="grpc", show_default=True)
 @click.option("--model", required=True, help="Model name on the server.")
 @click.option("--version", "model_version", default="", help="Model version (default: the one the server serves).")
@@ -86,7 +91,7 @@ from ._output import json_option, summary_output
 @json_option
 @io_paths({"reference": "--reference", "weights": "--weights", "onnx": "--onnx", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"report_dir": "--report", "csv_path": "--csv"})
-def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
+def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: float, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
             output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, request_rate: str | None, request_distribution: str, measurement_interval: float,
@@ -124,7 +129,7 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
                               distribution=request_distribution,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
                               ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
-                              speed=speed)
+                              speed=speed, max_server_diff=max_server_diff)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
                             min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine)
     with summary_output(as_json) as emit:
@@ -133,7 +138,13 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
                           input_shapes=input_shapes,
                           output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
         s = report.server
-        click.echo(f"model {s['model']} v{s['version']} at {s['url']} ({s['protocol']}): contract ok")
+        click.echo(f"model {s['model']} v{s['version']} at {', '.join(s.get('servers') or [s['url']])} "
+                   f"({s['protocol']}): contract ok")
+        if report.fleet:
+            a = report.fleet["agreement"]
+            for r in a["outputs"]:
+                click.echo(f"  {r['server']} vs {a['reference_server']}: {r['output']} max abs diff {r['max_abs_diff']:.3g}"
+                           f"{' (identical)' if r['identical'] else ''}")
         if report.accuracy:
             for name, m in report.accuracy["outputs"].items():
                 top1 = m.get("top1_agreement")
@@ -146,8 +157,12 @@ def command(as_json: bool, csv_path: str | None, url: str, protocol: str, model:
                 sp = lv["spread_pct"]["throughput_pct"]
                 steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
                           else f"NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
-                click.echo(f"  {level_label(lv)}: {lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
+                total = f"{len(lv['servers'])} servers together: " if lv.get("servers") else ""
+                click.echo(f"  {level_label(lv)}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
                            f"client overhead {ov} ms, {steady}")
+                for sv in lv.get("servers", []):
+                    click.echo(f"    {sv['url']}: {sv['throughput']:.1f} infer/s, p50 {sv['client_ms']['p50']:.2f} ms, "
+                               f"p99 {sv['client_ms']['p99']:.2f} ms")
             for w in report.latency.get("warnings", []):
                 click.echo(f"  warning: {w}")
         sp = report.speed_vs_reference

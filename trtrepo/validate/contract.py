@@ -219,6 +219,12 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
                      else f"c={level['concurrency']}")
             results.append(ThresholdResult(f"p99_ms[{where}]", thresholds.max_p99_ms, v,
                                            v <= thresholds.max_p99_ms, "client p99 latency, ms"))
+    agree = (report.get("fleet") or {}).get("agreement") or {}
+    for row in agree.get("outputs", []):  # several servers (--url A,B): their outputs for the same requests
+        v = float(row["max_abs_diff"])
+        results.append(ThresholdResult(f"server_diff[{row['server']}:{row['output']}]", float(agree["limit"]), v,
+                                       bool(row["within_limit"]),
+                                       f"largest |difference| from {agree['reference_server']}'s output"))
     return results
 
 

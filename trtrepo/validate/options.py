@@ -13,7 +13,7 @@ from ..speed import SpeedOptions
 log = logging.getLogger(__name__)
 
 
-REPORT_SCHEMA = "trtrepo.validate/3"  # /2: speed_vs_reference added; /3: latency levels measured in windows
+REPORT_SCHEMA = "trtrepo.validate/4"  # /2: speed_vs_reference added; /3: latency levels measured in windows; /4: fleet
 PROTOCOLS = ("grpc", "http")
 SHARED_MEMORY = ("none", "system", "cuda")
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
@@ -33,7 +33,7 @@ class ValidateOptions:
     """How to reach the model and how much traffic to send."""
 
     model: str
-    url: str = ""
+    url: str = ""  # HOST:PORT, or several comma-separated: servers of one repository (a fleet)
     protocol: str = "grpc"
     version: str = ""
     concurrency: tuple[int, ...] = (1, 2, 4, 8, 16)
@@ -56,6 +56,9 @@ class ValidateOptions:
     progress: bool | None = None
     # Speed against the reference (runs with the latency phase); None skips it.
     speed: SpeedOptions | None = field(default_factory=SpeedOptions)
+    # the largest absolute difference allowed between two servers' outputs for one request (a fleet)
+    max_server_diff: float = 1e-5
+    urls: tuple[str, ...] = field(default=(), init=False)  # every server; ``url`` is the first
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
@@ -83,7 +86,21 @@ class ValidateOptions:
                 raise UsageError(f"{what} {v}: must be a positive number of seconds")
         if self.version and not str(self.version).isdigit():
             raise UsageError(f"--version {self.version!r}: a model version is a positive integer")
-        object.__setattr__(self, "url", parse_url(self.url, self.protocol))
+        if not (self.max_server_diff >= 0 and math.isfinite(self.max_server_diff)):
+            raise UsageError(f"--max-server-diff {self.max_server_diff}: a non-negative number")
+        parts = (self.url or "").split(",")
+        if len(parts) > 1 and any(not u.strip() for u in parts):
+            raise UsageError(f"--url {self.url!r}: an empty address in the list")
+        urls = tuple(parse_url(u, self.protocol) for u in parts)
+        dup = sorted({u for u in urls if urls.count(u) > 1})
+        if dup:
+            raise UsageError(f"--url {self.url}: {dup[0]} given twice")
+        object.__setattr__(self, "urls", urls)
+        object.__setattr__(self, "url", urls[0])
+
+    def server(self, url: str) -> ValidateOptions:
+        """These options for one server of the fleet."""
+        return replace(self, url=url)
 
 
 DEFAULT_MIN_EMBEDDING_COSINE = 0.99  # the same floor as the held-out check of quantize/deploy

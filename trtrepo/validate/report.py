@@ -28,6 +28,7 @@ class ValidationReport:
     thresholds: list[ThresholdResult] = field(default_factory=list)
     files: dict[str, str] = field(default_factory=dict)
     speed_vs_reference: dict[str, Any] | None = None
+    fleet: dict[str, Any] | None = None  # several servers (--url A,B,...): their agreement
 
     @property
     def passed(self) -> bool:
@@ -51,6 +52,7 @@ class ValidationReport:
             "accuracy": self.accuracy,
             "latency": self.latency,
             "speed_vs_reference": self.speed_vs_reference,
+            "fleet": self.fleet,
             "thresholds": [t.to_dict() for t in self.thresholds],
             "files": self.files,
         }
@@ -96,6 +98,8 @@ class ValidationReport:
             if a.get("per_sample"):
                 lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
                           f"sides): `per_sample` in validate.json and samples.csv."]
+        if self.fleet:
+            lines += fleet_markdown(self.fleet)
         if self.latency:
             lines += latency_markdown(self.latency)
         if self.speed_vs_reference:
@@ -165,12 +169,37 @@ def latency_markdown(lat: dict[str, Any]) -> list[str]:
                      f"{'yes' if lv.get('stable', True) else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
                      f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
                      f"{avg} | {_ms(lv['overhead_ms'])} |")
+    per_server = [(lv, sv) for lv in lat["levels"] for sv in lv.get("servers", [])]
+    if per_server:
+        lines += ["", "Per server (each level ran on every server at once, each with the level's concurrency or rate "
+                  "of its own; the rows above are the totals: throughputs added, latencies of all servers together):",
+                  "", f"| {'request rate' if rate_mode else 'concurrency'} | server | requests | infer/s | "
+                  + " | ".join(pcts) + " | stable | server request |", "|" + "---|" * (6 + len(pcts))]
+        for lv, sv in per_server:
+            level = f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])
+            c = sv["client_ms"]
+            lines.append(f"| {level} | {sv['url']} | {sv['requests']} | {sv['throughput']:.1f} | "
+                         + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
+                         + f" | {'yes' if sv.get('stable', True) else '**no**'} | {_ms(sv['server']['request_ms'])} |")
     cmp_ = lat.get("shared_memory_comparison")
     if cmp_:
         lines += ["", f"Without shared memory, {cmp_['level']}: {cmp_['without']:.1f} infer/s "
                       f"(with: {cmp_['with_shared_memory']:.1f})."]
     if lat.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in lat["warnings"]]
+    return lines
+
+
+def fleet_markdown(fleet: dict[str, Any]) -> list[str]:
+    """Several servers: the outputs of each against the first server's, for the same requests."""
+    a = fleet["agreement"]
+    lines = ["", f"## Servers ({len(fleet['servers'])}: {', '.join(fleet['servers'])})", "",
+             f"Every request ({a['requests']}) went to every server; largest absolute difference from "
+             f"{a['reference_server']}'s outputs (limit {a['limit']:g}): "
+             f"{'identical' if a['identical'] else 'agree within the limit' if a['agree'] else '**they disagree**'}.", "",
+             "| server | output | max abs diff | identical |", "|---|---|---|---|"]
+    lines += [f"| {r['server']} | {r['output']} | {r['max_abs_diff']:.4g} | {'yes' if r['identical'] else 'no'} |"
+              for r in a["outputs"]]
     return lines
 
 

@@ -3,6 +3,7 @@ against the reference, latency per concurrency."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -18,6 +19,7 @@ from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget, _cuda_shm
 from .contract import (
     ContractError,
+    Mismatch,
     _booked,
     check_thresholds,
     compare_contract,
@@ -25,6 +27,7 @@ from .contract import (
     endpoint_io,
     stats_diff,
 )
+from .fleet import agreement, measure_together, total_row
 from .options import Thresholds, ValidateOptions
 from .report import ValidationReport
 
@@ -103,10 +106,16 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
         _cuda_shm()  # fail before any traffic on a machine without a GPU
-    with TritonTarget(options) as target:
+    if len(options.urls) > 1 and options.shared_memory != "none":
+        raise UsageError(f"--shared-memory {options.shared_memory}: one server only (--url names {len(options.urls)})")
+    with contextlib.ExitStack() as stack:
+        target = stack.enter_context(TritonTarget(options))
+        fleet = [stack.enter_context(TritonTarget(options.server(u))) for u in options.urls[1:]]
         info = target.wait_ready()
         metadata, config = target.metadata(), target.config()
         version = target.resolve_version(metadata)
+        for other in fleet:
+            other.wait_ready()
         served_io, image_input = io, encoded_input(io, metadata)
         if image_input is not None:  # an image ensemble: the files themselves go to the server
             files = source.sample_files()
@@ -117,6 +126,12 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
             served_io = endpoint_io(io, image_input)
             payloads = encoded_payloads(payloads, files, image_input)
         mismatches = compare_contract(served_io, metadata, config, batch_size=options.batch_size)
+        for other in fleet:  # every server of a fleet serves the same model
+            om, oc = other.metadata(), other.config()
+            mismatches += [Mismatch(f"{other.url}: {m.field}", m.expected, m.actual)
+                           for m in compare_contract(served_io, om, oc, batch_size=options.batch_size)]
+            if other.resolve_version(om) != version:
+                mismatches.append(Mismatch(f"{other.url}: version", version, other.resolve_version(om)))
         server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
                   "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
                   "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data)),
@@ -133,6 +148,12 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
                 report.write(report_dir)
             raise ContractError(options.model, mismatches)
         target.prepare(served_io)
+        for other in fleet:
+            other.prepare(served_io)
+        if fleet:
+            server["servers"] = list(options.urls)
+            report.fleet = {"servers": list(options.urls),
+                            "agreement": agreement([target, *fleet], payloads, options.max_server_diff)}
         if options.accuracy:
             ref = make_reference(reference, io, weights=weights)
             bar = _progress(len(source), "reference", options.progress)
@@ -149,7 +170,7 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
-            report.latency = run_latency(target, payloads, options, version, config)
+            report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
         if speed is not None and image_input is not None:
             log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
                         "the reference); validate the model behind the ensemble for that", options.model)
@@ -185,11 +206,16 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
 
 
 def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str,
-                config: Mapping[str, Any] | None = None) -> dict[str, Any]:
+                config: Mapping[str, Any] | None = None, fleet: Sequence[TritonTarget] = ()) -> dict[str, Any]:
     """Warm-up, then each concurrency level (or request rate) measured in windows until stable
     (:meth:`TritonTarget.measure`), with the server's statistics for the same run and what the
     machine did meanwhile; with shared memory, the lowest level again without it, to say when
-    shared memory made it slower."""
+    shared memory made it slower.
+
+    With ``fleet`` (more servers of the same repository) every level runs on all servers at once,
+    each with the level's concurrency (or rate) of its own: the level's row holds the totals
+    (throughputs added, every server's latencies together; ``server`` statistics and windows of
+    the first server) and ``servers`` one row per server."""
     from ..contracts.backends import available_cores
     from ..measure import cpu_sample, machine_usage, machine_warnings
 
@@ -208,19 +234,32 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
         for lvl in levels_in:
             c = None if open_loop else int(lvl)
             if options.warmup:
-                target.load(payloads, c or 1, requests=max(options.warmup, c or 1), use_shm=use_shm)
+                for t in (target, *fleet):
+                    t.load(payloads, c or 1, requests=max(options.warmup, c or 1), use_shm=use_shm)
+            befores = [t.settled_statistics(version) for t in fleet]
             before = target.settled_statistics(version)
             cpu0 = cpu_sample()
             bar = _progress(None, f"rate={lvl:g}/s" if open_loop else f"c={lvl}", options.progress)
             try:
-                m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
-                                   distribution=options.distribution, use_shm=use_shm, progress=bar.update)
+                if fleet:
+                    ms = measure_together([target, *fleet], payloads, stab, concurrency=c, rate=None if c else float(lvl),
+                                          distribution=options.distribution)
+                    m = ms[0]
+                else:
+                    m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
+                                       distribution=options.distribution, use_shm=use_shm, progress=bar.update)
             finally:
                 bar.close()
             usage = machine_usage(cpu0, cpu_sample(), cores)
             after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + m.completed)
             server = stats_diff(before, after, options.model, version)
             row = m.summary()
+            if fleet:
+                per_server = [{"url": target.url, **row, "server": server}]
+                for t, b, mt in zip(fleet, befores, ms[1:], strict=True):
+                    a = t.settled_statistics(version, at_least=_booked(b, options.model, version) + mt.completed)
+                    per_server.append({"url": t.url, **mt.summary(), "server": stats_diff(b, a, options.model, version)})
+                row = {**row, **total_row(ms, stab.percentiles), "servers": per_server}
             client = row["client_ms"]
             overhead = client["mean"] - server["request_ms"] if server["request_ms"] is not None else None
             level_warnings = machine_warnings(usage, server_local=local)

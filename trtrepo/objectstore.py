@@ -1,0 +1,464 @@
+"""Model repositories on S3-compatible object storage (``--repo s3://BUCKET/PREFIX``).
+
+tritonserver reads such a repository itself (``--model-repository=s3://...``; for an
+S3-compatible endpoint Triton's form is ``s3://http://HOST:PORT/BUCKET/PREFIX``, which
+``--s3-endpoint`` builds). trtrepo writes one by writing the model locally first, with every
+check of a local write (:mod:`trtrepo.repository`), against a local stand-in of the remote
+repository (:func:`checkout`: the live configs and the version numbers), then uploading it
+(:func:`publish`). Credentials come from boto3's standard chain (``AWS_ACCESS_KEY_ID`` /
+``AWS_SECRET_ACCESS_KEY``, ``~/.aws``, instance roles); the region from ``AWS_DEFAULT_REGION``
+(default us-east-1).
+
+Commit protocol. S3 has no rename, but each PUT of one object is atomic: a reader sees the old
+object or the new one. So the one object that decides what Triton serves, ``config.pbtxt``, is
+written last, and it always names the versions it serves:
+
+1. Every ``config.pbtxt`` trtrepo writes to object storage pins its versions
+   (``version_policy: { specific: { versions: [...] } }``): the versions the model's own policy
+   (``--version-policy``, default the latest one) serves among the *complete* versions. A version
+   still being uploaded is never in that list, so a server that loads or polls the repository
+   during an upload does not see it.
+2. Before the first object of a new version is uploaded, a live config whose policy would pick up
+   the new number (one not written by trtrepo, e.g. ``latest``) is rewritten pinned to the
+   versions it serves now: one PUT, and the server serves the same versions as before.
+3. The new version's objects are uploaded (smallest first), then the model-level files
+   (``labels.txt``, ...). For a model's *first* upload there is no config yet, and tritonserver
+   takes any folder under the repository for a model (filling its config in itself): a half
+   uploaded version there would fail to load and stop a starting server. So a first upload goes
+   to ``PREFIX.trtrepo-staging/<id>/`` beside the repository (where Triton does not look), and
+   then into place by server-side copies (no data through this machine; milliseconds per object
+   against minutes of upload), the config last.
+4. ``config.pbtxt`` is written (one PUT): from then on the new version is served.
+5. A version is never overwritten in place: ``--force`` on an existing number writes the next
+   free number and retires the old one (left out of the config of step 4, deleted after it).
+   Leftovers of interrupted uploads of the model are deleted after step 4 too.
+
+A kill at any point leaves the old config and its complete versions, plus unserved leftovers: a
+version newer than every version the config names, staged objects beside the repository, or --
+only when the kill falls within the server-side copies of a first upload -- a model folder
+without ``config.pbtxt`` (a server starting then fails on that model: the one window left).
+``trtrepo repo check`` reports them; ``--fix`` and the next write of that model delete them. Two trtrepo processes must not write the same model at the same time (S3 has no
+lock; the last config wins).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .errors import TrtrepoError, UsageError
+from .repository import ModelEntry, served_versions, versions_of
+from .tritonconfig import parse_config_text
+
+log = logging.getLogger("trtrepo.objectstore")
+
+_ENDPOINT = re.compile(r"^https?://[^/\s]+$")
+STAGING_SUFFIX = ".trtrepo-staging"  # PREFIX.trtrepo-staging/<id>/...: a model's first upload, outside the repository
+
+
+@dataclass(frozen=True)
+class S3Location:
+    bucket: str
+    prefix: str  # without leading or trailing "/"; "" for the bucket's root
+    endpoint: str | None = None  # http(s)://HOST[:PORT] of an S3-compatible service; None: AWS
+
+    @property
+    def url(self) -> str:
+        """The URL tritonserver's ``--model-repository`` takes."""
+        root = self.bucket
+        if self.endpoint:  # Triton takes an endpoint only with its port written out
+            scheme, _, host = self.endpoint.partition("://")
+            port = "" if re.search(r":\d+$", host) else (":443" if scheme == "https" else ":80")
+            root = f"{self.endpoint}{port}/{self.bucket}"
+        return f"s3://{root}/{self.prefix}" if self.prefix else f"s3://{root}"
+
+
+def parse_url(url: str, endpoint: str | None = None) -> S3Location:
+    """``s3://BUCKET[/PREFIX]`` (+ ``endpoint``, else ``$AWS_ENDPOINT_URL_S3`` / ``$AWS_ENDPOINT_URL``)
+    or Triton's ``s3://http(s)://HOST:PORT/BUCKET[/PREFIX]``."""
+    if url.startswith(("gs://", "as://")):
+        raise UsageError(f"{url}: trtrepo writes and reads s3:// repositories only (tritonserver itself also reads "
+                         f"gs:// and as://)")
+    if not url.startswith("s3://"):
+        raise UsageError(f"{url}: not an s3:// URL")
+    rest = url[len("s3://"):]
+    m = re.match(r"(https?://[^/]+)/?(.*)$", rest)
+    if m:
+        if endpoint and endpoint.rstrip("/") != m.group(1):
+            raise UsageError(f"--s3-endpoint {endpoint}: the URL {url} names another endpoint ({m.group(1)})")
+        endpoint, rest = m.group(1), m.group(2)
+    else:
+        endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    if endpoint is not None:
+        endpoint = endpoint.rstrip("/")
+        if not _ENDPOINT.match(endpoint):
+            raise UsageError(f"--s3-endpoint {endpoint}: expected http(s)://HOST[:PORT]")
+    bucket, _, prefix = rest.partition("/")
+    if not bucket or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
+        raise UsageError(f"{url}: no valid bucket name (s3://BUCKET/PREFIX)")
+    prefix = prefix.strip("/")
+    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
+        raise UsageError(f"{url}: the prefix has an empty, '.' or '..' component")
+    if endpoint is not None and not re.fullmatch(r"[0-9a-zA-Z.\-_/]*", prefix):
+        # Triton's S3 URL pattern with an endpoint: other characters make it fall back to AWS silently
+        raise UsageError(f"{url}: with an S3 endpoint, tritonserver reads only prefixes of letters, digits, '.', '-', "
+                         f"'_' and '/'")
+    return S3Location(bucket, prefix, endpoint)
+
+
+# --------------------------------------------------------------------------------------------
+# Config texts
+
+
+def pin_versions(text: str, versions: Sequence[int]) -> str:
+    """``text`` with its ``version_policy`` replaced by ``specific: { versions: [...] }`` (appended
+    when it has none). Pure; the result is parsed by the caller's checks."""
+    if not versions:
+        raise ValueError("pin_versions: no version")
+    start = text.find("version_policy")
+    if start >= 0:
+        brace = text.find("{", start)
+        depth, end = 0, brace
+        for end in range(brace, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[end], 0)
+            if depth == 0:
+                break
+        text = text[:start].rstrip(" \t") + text[end + 1:].lstrip(" \t")
+        text = re.sub(r"\n{3,}", "\n\n", text)
+    pinned = f"version_policy: {{ specific: {{ versions: [ {', '.join(str(v) for v in sorted(versions))} ] }} }}\n"
+    return text.rstrip("\n") + "\n" + pinned
+
+
+def pinned_versions(msg: Any) -> list[int] | None:
+    """The versions a config names (``specific``), None for ``latest``/``all`` policies."""
+    if msg.HasField("version_policy") and msg.version_policy.WhichOneof("policy_choice") == "specific":
+        return sorted(int(v) for v in msg.version_policy.specific.versions)
+    return None
+
+
+def complete_versions(msg: Any | None, versions: Sequence[int]) -> list[int]:
+    """The versions of a remote model that are whole: with a pinned config, those up to its newest
+    pinned version (a newer one can only be an interrupted upload); with another policy, all
+    (trtrepo cannot tell); with no config, none."""
+    if msg is None:
+        return []
+    pins = pinned_versions(msg)
+    if pins is None:
+        return sorted(versions)
+    return sorted(v for v in versions if v <= max(pins))
+
+
+# --------------------------------------------------------------------------------------------
+# The store
+
+
+class S3Store:
+    """A thin adapter over boto3's S3 client for one repository location (keys relative to it)."""
+
+    def __init__(self, loc: S3Location) -> None:
+        self.loc = loc
+        try:
+            import boto3
+            from botocore.config import Config
+        except ImportError:
+            raise UsageError(f"{loc.url}: s3:// repositories need boto3 (pip install boto3)") from None
+        region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
+        self.client = boto3.client("s3", endpoint_url=loc.endpoint, region_name=region,
+                                   config=Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
+                                                 read_timeout=120))
+
+    def key(self, rel: str) -> str:
+        return f"{self.loc.prefix}/{rel}" if self.loc.prefix else rel
+
+    def staging(self) -> S3Store:
+        """The store of :data:`STAGING_SUFFIX` beside the repository (same bucket and client),
+        where a model's first upload goes before it is copied in."""
+        if not self.loc.prefix:
+            raise UsageError(f"{self.loc.url}: trtrepo writes into s3://BUCKET/PREFIX, not a bucket's root (uploads are "
+                             f"staged beside the repository, where tritonserver does not look)")
+        other = object.__new__(S3Store)
+        other.loc = S3Location(self.loc.bucket, self.loc.prefix + STAGING_SUFFIX, self.loc.endpoint)
+        other.client = self.client
+        return other
+
+    def copy_from(self, source: S3Store, src_rel: str, rel: str) -> None:
+        """A server-side copy (no data through this machine; multipart for large objects)."""
+        self._call(f"copy {rel}", self.client.copy, CopySource={"Bucket": source.loc.bucket, "Key": source.key(src_rel)},
+                   Bucket=self.loc.bucket, Key=self.key(rel))
+
+    def _call(self, what: str, fn: Callable[..., Any], **kw: Any) -> Any:
+        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+
+        try:
+            return fn(**kw)
+        except NoCredentialsError:
+            raise UsageError(f"{self.loc.url}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
+                             f"or configure ~/.aws)") from None
+        except EndpointConnectionError:
+            raise UsageError(f"{self.loc.url}: cannot reach the S3 endpoint {self.loc.endpoint or 'of AWS'}") from None
+        except ClientError as exc:
+            err = exc.response.get("Error", {})
+            code = err.get("Code", "?")
+            if code in ("NoSuchBucket", "404") and what.startswith("list"):
+                raise UsageError(f"{self.loc.url}: bucket {self.loc.bucket} not found") from None
+            raise TrtrepoError(f"{self.loc.url}: {what}: {code} {err.get('Message', '')}".rstrip()) from None
+        except BotoCoreError as exc:
+            raise TrtrepoError(f"{self.loc.url}: {what}: {exc}") from None
+
+    def keys(self, rel: str = "", *, folders: bool = False) -> list[str]:
+        """Keys under ``rel`` (relative to the repository), or with ``folders`` the names of the
+        "folders" directly under it."""
+        base = self.key(rel).rstrip("/") + "/" if (self.loc.prefix or rel) else ""
+        out: list[str] = []
+        kw: dict[str, Any] = {"Bucket": self.loc.bucket, "Prefix": base}
+        if folders:
+            kw["Delimiter"] = "/"
+        while True:
+            page = self._call(f"list {base or '/'}", self.client.list_objects_v2, **kw)
+            if folders:
+                out += [p["Prefix"][len(base):].rstrip("/") for p in page.get("CommonPrefixes", [])]
+            else:
+                out += [o["Key"][len(base):] for o in page.get("Contents", [])]
+            if not page.get("IsTruncated"):
+                return out
+            kw["ContinuationToken"] = page["NextContinuationToken"]
+
+    def read(self, rel: str) -> bytes | None:
+        """The object's bytes, None when there is none."""
+        try:
+            obj = self._call(f"read {rel}", self.client.get_object, Bucket=self.loc.bucket, Key=self.key(rel))
+        except TrtrepoError as exc:
+            if re.search(r": read [^:]*: (NoSuchKey|404)\b", str(exc)):
+                return None
+            raise
+        body: bytes = obj["Body"].read()
+        return body
+
+    def put_bytes(self, rel: str, data: bytes) -> None:
+        self._call(f"write {rel}", self.client.put_object, Bucket=self.loc.bucket, Key=self.key(rel), Body=data)
+
+    def put_file(self, rel: str, path: Path) -> None:
+        self._call(f"upload {rel}", self.client.upload_file, Filename=str(path), Bucket=self.loc.bucket, Key=self.key(rel))
+
+    def delete(self, rels: Iterable[str]) -> None:
+        keys = [{"Key": self.key(r)} for r in rels]
+        if not keys:
+            return
+        for i in range(0, len(keys), 1000):
+            self._call("delete", self.client.delete_objects, Bucket=self.loc.bucket,
+                       Delete={"Objects": keys[i:i + 1000], "Quiet": True})
+
+    # the repository's layout
+
+    def models(self) -> list[str]:
+        return sorted(n for n in self.keys(folders=True) if n and not n.startswith("."))
+
+    def versions(self, name: str) -> list[int]:
+        return sorted(int(v) for v in self.keys(name, folders=True) if v.isdigit() and int(v) > 0)
+
+    def config(self, name: str) -> tuple[str | None, Any | None]:
+        """The model's config.pbtxt text and parsed message (None, None when it has none)."""
+        data = self.read(f"{name}/config.pbtxt")
+        if data is None:
+            return None, None
+        text = data.decode()
+        return text, parse_config_text(text, f"{self.loc.url}/{name}/config.pbtxt")
+
+
+def open_store(url: str, endpoint: str | None = None) -> S3Store:
+    return S3Store(parse_url(url, endpoint))
+
+
+# --------------------------------------------------------------------------------------------
+# Reading
+
+
+@dataclass
+class RemoteModel:
+    name: str
+    config_text: str | None
+    versions: dict[int, list[str]]  # version -> its object names (relative to the version folder)
+    complete: list[int] = field(default_factory=list)
+    msg: Any | None = None
+
+    @property
+    def leftovers(self) -> list[int]:
+        return [v for v in self.versions if v not in self.complete]
+
+
+def remote_model(store: S3Store, name: str) -> RemoteModel:
+    keys = store.keys(name)
+    versions: dict[int, list[str]] = {}
+    for k in keys:
+        head, _, rest = k.partition("/")
+        if head.isdigit() and int(head) > 0 and rest:
+            versions.setdefault(int(head), []).append(rest)
+    text, msg = store.config(name)
+    return RemoteModel(name, text, {v: sorted(f) for v, f in sorted(versions.items())},
+                       complete_versions(msg, list(versions)), msg)
+
+
+def list_remote(url: str, endpoint: str | None = None) -> list[ModelEntry]:
+    """``trtrepo repo list`` of an s3:// repository (the same entries as a local listing; a model
+    without config, or versions newer than its config names, get a problem line)."""
+    store = open_store(url, endpoint)
+    entries = []
+    for name in store.models():
+        try:
+            m = remote_model(store, name)
+        except UsageError as exc:
+            entries.append(ModelEntry(name, "?", None, {}, exc.message))
+            continue
+        if m.msg is None:
+            entries.append(ModelEntry(name, "?", None, m.versions, "no config.pbtxt: an interrupted first upload "
+                                      "(not served; 'trtrepo repo check --fix' removes it)"))
+            continue
+        problem = (f"version(s) {', '.join(map(str, m.leftovers))} left by an interrupted upload (not served; "
+                   f"'trtrepo repo check --fix' removes them)") if m.leftovers else None
+        msg = m.msg
+        entries.append(ModelEntry(name, msg.platform or msg.backend or "?", msg.max_batch_size, m.versions, problem,
+                                  [t.name for t in msg.input], [t.name for t in msg.output]))
+    return entries
+
+
+def remote_leftovers(store: S3Store) -> list[tuple[str, list[str]]]:
+    """(what, object names) of every interrupted upload in the repository; staged objects of an
+    interrupted first upload beside it are named ``STAGING:<key>``."""
+    out = []
+    if store.loc.prefix:
+        staged = store.staging().keys()
+        if staged:
+            out.append((f"{store.loc.url}{STAGING_SUFFIX}/ (staged uploads)", [f"STAGING:{k}" for k in staged]))
+    for name in store.models():
+        m = remote_model(store, name)
+        if m.msg is None:
+            out.append((f"{name}/ (no config.pbtxt)", [f"{name}/{k}" for k in store.keys(name)]))
+        for v in m.leftovers:
+            out.append((f"{name}/{v}/", [f"{name}/{v}/{f}" for f in m.versions[v]]))
+    return out
+
+
+def snapshot(url: str, dest: Path, *, endpoint: str | None = None) -> Path:
+    """The repository's ``config.pbtxt`` and ``*.plan.json`` files (same layout) in ``dest``:
+    enough to read its models, IO and plans' TensorRT versions without the model files."""
+    store = open_store(url, endpoint)
+    for key in store.keys():
+        if key.endswith(("/config.pbtxt", ".plan.json")):
+            data = store.read(key)
+            if data is not None:
+                target = dest / key
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+    return dest
+
+
+# --------------------------------------------------------------------------------------------
+# Writing
+
+
+def checkout(store: S3Store, dest: Path) -> dict[str, RemoteModel]:
+    """A local stand-in of the remote repository in ``dest`` for :mod:`trtrepo.repository`'s
+    writers: each model's live config.pbtxt and one empty folder per version number (leftovers
+    included, so a new version gets a number no object uses). Model files are not downloaded."""
+    dest.mkdir(parents=True, exist_ok=True)
+    models = {}
+    for name in store.models():
+        m = remote_model(store, name)
+        models[name] = m
+        (dest / name).mkdir()
+        if m.config_text is not None:
+            (dest / name / "config.pbtxt").write_text(m.config_text)
+        for v in m.versions:
+            (dest / name / str(v)).mkdir()
+    return models
+
+
+@dataclass
+class Published:
+    name: str
+    version: int
+    url: str
+    retired: list[int]
+    removed_leftovers: list[int]
+
+
+def publish(store: S3Store, local_repo: Path, name: str, version: int, *, replaced: bool = False,
+            say: Callable[[str], None] | None = None) -> Published:
+    """Upload version ``version`` of model ``name`` written in ``local_repo`` (a :func:`checkout`
+    plus one write) by the commit protocol of this module."""
+    say = say or (lambda s: None)
+    model_dir = local_repo / name
+    new_text = (model_dir / "config.pbtxt").read_text()
+    new_msg = parse_config_text(new_text, f"{model_dir}/config.pbtxt")
+    remote = remote_model(store, name)
+    numbers = set(remote.versions) | set(versions_of(model_dir))
+    target, retire = version, []
+    if version in remote.versions:
+        if version in remote.complete and not replaced:
+            raise UsageError(f"{store.loc.url}/{name}/{version}: version {version} already exists")
+        # never overwritten in place: the next free number; a replaced complete version is retired
+        target = max(numbers) + 1
+        if version in remote.complete:
+            retire = [version]
+    complete = [v for v in remote.complete if v not in retire]
+    if remote.msg is not None and target in served_versions(remote.msg, [*remote.complete, target]):
+        now = served_versions(remote.msg, remote.complete)
+        if now:  # step 2: the live config would pick up the new number mid-upload: pin what it serves
+            store.put_bytes(f"{name}/config.pbtxt", pin_versions(remote.config_text or "", now).encode())
+            say(f"{name}: pinned the live config to version(s) {', '.join(map(str, now))} before the upload")
+    # small objects first: an interrupted upload has left the small ones and no large one half-way
+    files = sorted((p for p in (model_dir / str(version)).rglob("*") if p.is_file()), key=lambda p: (p.stat().st_size, str(p)))
+    objects = [(f"{name}/{target}/{p.relative_to(model_dir / str(version)).as_posix()}", p) for p in files]
+    objects += [(f"{name}/{p.relative_to(model_dir).as_posix()}", p) for p in sorted(model_dir.rglob("*"))
+                if p.is_file() and p.relative_to(model_dir).parts[0] != "config.pbtxt"
+                and not p.relative_to(model_dir).parts[0].isdigit()]  # model-level files: before the config
+    if remote.msg is None:
+        # a model's first upload: without a config.pbtxt, tritonserver would take any object under NAME/ for a
+        # model (it fills the config in itself) and fail on the half-uploaded version, and a starting server
+        # with it. So the objects go beside the repository first, then into it by server-side copies.
+        left = store.keys(name)  # objects of a first upload interrupted during its copies: never served
+        if left:
+            store.delete([f"{name}/{k}" for k in left])
+        staging = store.staging()
+        tag = f"{uuid.uuid4().hex[:12]}"
+        for i, (key, p) in enumerate(objects, 1):
+            say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB) to {staging.loc.url}")
+            staging.put_file(f"{tag}/{key}", p)
+        for key, _ in objects:
+            store.copy_from(staging, f"{tag}/{key}", key)
+        staged = [f"{tag}/{key}" for key, _ in objects]
+    else:
+        for i, (key, p) in enumerate(objects, 1):
+            say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB)")
+            store.put_file(key, p)
+        staged = []
+    served = served_versions(new_msg, [*complete, target])
+    pinned = pin_versions(new_text, served)
+    parse_config_text(pinned, f"{store.loc.url}/{name}/config.pbtxt")
+    store.put_bytes(f"{name}/config.pbtxt", pinned.encode())  # step 4: the commit
+    say(f"{name}: config.pbtxt written, serving version(s) {', '.join(map(str, served))}")
+    if staged:
+        store.staging().delete(staged)
+    stale = [v for v in remote.leftovers if v != target] if remote.msg is not None else []
+    gone = [f"{name}/{v}/{f}" for v in (*retire, *stale) for f in remote.versions.get(v, [])]
+    if gone:
+        store.delete(gone)
+    return Published(name, target, f"{store.loc.url}/{name}/{target}", retire, stale)
+
+
+def remove_leftovers(store: S3Store) -> list[str]:
+    """``repo check --fix``: delete the objects of interrupted uploads; what was removed."""
+    done = []
+    for what, keys in remote_leftovers(store):
+        staged = [k[len("STAGING:"):] for k in keys if k.startswith("STAGING:")]
+        if staged:
+            store.staging().delete(staged)
+        store.delete([k for k in keys if not k.startswith("STAGING:")])
+        done.append(f"removed {what} ({len(keys)} object(s))")
+    return done

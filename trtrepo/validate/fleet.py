@@ -1,0 +1,69 @@
+"""Several servers of one repository (``validate --url A,B,...``): do they agree, and what do
+they serve together?
+
+- :func:`agreement`: every request sent to every server; per output, the largest absolute
+  difference from the first server's answer (servers running one repository should give the
+  same bits on the same hardware; a different GPU or TensorRT build can change low bits).
+- :func:`measure_together`: one load level on every server at the same time (each server gets
+  the level's concurrency, or request rate, of its own), one thread per server.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import numpy as np
+
+from ..contracts.payload import Payload
+from ..measure import Stability
+from .client import Measurement, TritonTarget
+
+
+def _diff(a: np.ndarray, b: np.ndarray) -> float:
+    if a.shape != b.shape:
+        return float("inf")
+    if a.dtype.kind in "OSUb" or b.dtype.kind in "OSUb":
+        return 0.0 if np.array_equal(a, b) else float("inf")
+    if a.size == 0:
+        return 0.0
+    return float(np.max(np.abs(a.astype(np.float64) - b.astype(np.float64))))
+
+
+def agreement(targets: Sequence[TritonTarget], payloads: Sequence[Payload], limit: float) -> dict[str, Any]:
+    """Each payload to every server; per (server, output) the largest absolute difference from the
+    first server, and whether every one is within ``limit``."""
+    first = targets[0]
+    worst: dict[str, dict[str, float]] = {t.url: {} for t in targets[1:]}
+    for p in payloads:
+        ref = first.infer(p)
+        for t in targets[1:]:
+            got = t.infer(p)
+            for name, arr in ref.items():
+                d = _diff(arr, got[name])
+                worst[t.url][name] = max(worst[t.url].get(name, 0.0), d)
+    rows = [{"server": url, "output": name, "max_abs_diff": d, "identical": d == 0.0, "within_limit": d <= limit}
+            for url, outs in worst.items() for name, d in outs.items()]
+    return {"reference_server": first.url, "requests": len(payloads), "limit": limit, "outputs": rows,
+            "identical": all(r["identical"] for r in rows), "agree": all(r["within_limit"] for r in rows)}
+
+
+def measure_together(targets: Sequence[TritonTarget], payloads: Sequence[Payload], stability: Stability, *,
+                     concurrency: int | None, rate: float | None, distribution: str) -> list[Measurement]:
+    """One level on every server at once (a thread per server; each its own concurrency or rate)."""
+    with ThreadPoolExecutor(len(targets)) as pool:
+        futures = [pool.submit(t.measure, payloads, stability, concurrency=concurrency, rate=rate,
+                               distribution=distribution) for t in targets]
+        return [f.result() for f in futures]
+
+
+def total_row(measurements: Sequence[Measurement], percentiles: Sequence[int]) -> dict[str, Any]:
+    """The fleet's level: throughputs added, latencies of every server's reported windows together."""
+    from ..measure import latency_ms
+
+    lats = [m.merged()[0] for m in measurements]
+    every = np.concatenate(lats) if lats else np.empty(0)
+    return {"throughput": float(sum(m.throughput for m in measurements)),
+            "client_ms": latency_ms(every, percentiles) if every.size else None,
+            "requests": int(every.size), "stable": all(m.stable for m in measurements)}
