@@ -79,6 +79,27 @@ def test_coordinate_descent_finds_a_separable_optimum_with_a_fraction_of_the_gri
     assert len(seen) * 4 < len(grid(axes, start))
 
 
+def test_coordinate_descent_does_not_follow_gains_below_min_gain():
+    """Noise of a few percent does not move the search off the start (nor start a second pass);
+    a real gain does."""
+    start = Candidate(1, 2, 100, 32)
+    axes = search_space(start, cores=2, backend="python", gpu=False, batching=True)
+    bumps = {Candidate(2, 2, 100, 32): 1030.0, Candidate(1, 2, 0, 32): 1040.0}  # +3%, +4%: noise
+
+    def evaluate(c: Candidate) -> float:
+        seen.append(c)
+        return bumps.get(c, 1000.0)
+
+    seen: list[Candidate] = []
+    assert coordinate_descent(start, axes, evaluate, min_gain=0.05) == start
+    one_pass = len(seen)
+    seen.clear()
+    assert coordinate_descent(start, axes, evaluate) in bumps  # min_gain 0: follows the noise
+    assert len(seen) > one_pass  # and pays a second pass for it
+    bumps[Candidate(4, 2, 100, 32)] = 1200.0  # +20%: real
+    assert coordinate_descent(start, axes, evaluate, min_gain=0.05) == Candidate(4, 2, 100, 32)
+
+
 def test_score_respects_the_p99_budget_and_the_objective():
     r = {"throughput": 100.0, "p99_ms": 20.0}
     assert score(r, "throughput", None) == 100.0 and score(r, "latency", None) == -20.0

@@ -16,7 +16,8 @@ candidate is loaded through Triton's model-control API with its config as an ove
 (``load_model(name, config=...)``), so nothing restarts and the repository is not touched. Each
 candidate is measured with the stability rule of ``validate`` (:mod:`trtrepo.measure`) at the
 given concurrency. The quick search (:func:`coordinate_descent`) starts from the model's current
-config and sweeps one knob at a time, keeping the best, until a pass changes nothing;
+config and sweeps one knob at a time, keeping the best (a move must gain more than half of
+``--stability-percentage``, the noise two runs of one config show), until a pass changes nothing;
 ``--exhaustive`` measures the whole grid. Both stop at ``--budget-s``.
 
 Objective: the highest throughput whose p99 is within ``--max-p99-ms`` (``throughput``), or the
@@ -121,11 +122,14 @@ def score(result: Mapping[str, Any], objective: str, max_p99_ms: float | None) -
 
 
 def coordinate_descent(start: Candidate, axes: Mapping[str, Sequence[Any]],
-                       evaluate: Callable[[Candidate], float], *, passes: int = 2,
+                       evaluate: Callable[[Candidate], float], *, passes: int = 2, min_gain: float = 0.0,
                        out_of_time: Callable[[], bool] = lambda: False) -> Candidate:
     """From ``start``, one knob at a time (in ``axes`` order): measure each of its values with the
     other knobs at the best so far and keep the best; repeat while a pass improves (at most
-    ``passes``). ``evaluate`` returns the score (higher is better) and is expected to cache."""
+    ``passes``). ``evaluate`` returns the score (higher is better) and is expected to cache.
+    A candidate replaces the best only when it beats it by more than ``min_gain`` (a fraction of
+    the best score): measurements on a busy machine differ by a few percent between two runs of
+    one config, and following that noise costs a second pass and finds nothing."""
     best, best_score = start, evaluate(start)
     for _ in range(passes):
         improved = False
@@ -137,7 +141,7 @@ def coordinate_descent(start: Candidate, axes: Mapping[str, Sequence[Any]],
                     return best
                 c = normalise(replace(best, **{axis: v}), start)
                 s = evaluate(c)
-                if s > best_score:
+                if s > best_score + min_gain * abs(best_score):
                     best, best_score, improved = c, s, True
         if not improved:
             break
@@ -452,7 +456,8 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
                         break
                     evaluate(c)
             else:
-                coordinate_descent(start, axes, evaluate, out_of_time=out_of_time)
+                # a move must beat the best by more than half the stability tolerance (5% by default)
+                coordinate_descent(start, axes, evaluate, min_gain=options.stability_pct / 200, out_of_time=out_of_time)
             # Confirmation: the starting config and the best ones measured once more, one after the
             # other, so one lucky window on a noisy machine does not decide (the mean of both rounds).
             ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)

@@ -118,7 +118,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
         for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
         tuned = _tune(report, source, repo, data_spec, preprocess, tune_budget_s) if tune_after else None
-        click.echo(f"serve it with: trtrepo serve {repo}")
+        click.echo(f"serve it with: trtrepo serve {repo}" + (f" --s3-endpoint {s3_endpoint}" if s3_endpoint else ""))
         from dataclasses import asdict
 
         emit({"command": "deploy", "source": source, "repo": str(repo),

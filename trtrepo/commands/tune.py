@@ -46,8 +46,13 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
     Prints the chosen config and its gain over the current one; --apply writes it into REPO.
     Exit 0 on success, 1 when no candidate meets --max-p99-ms, 2 for usage errors.
     """
+    from ..contracts.location import is_remote
+    from ..errors import UsageError
     from ..tune import TuneOptions, tune
 
+    if is_remote(repo):
+        raise UsageError(f"REPO {repo}: tune loads candidates into a tritonserver started here from a local folder; tune "
+                         f"a local copy, then 'trtrepo repo add' the model to object storage")
     options = TuneOptions(model=model, concurrency=concurrency, objective=objective, max_p99_ms=max_p99_ms,
                           exhaustive=exhaustive, budget_s=budget_s, interval_s=measurement_interval,
                           stability_pct=stability_percentage, max_trials=max_trials, batch_size=batch_size,
