@@ -517,11 +517,13 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, mod
 @pytest.mark.triton
 def test_latency_figures_agree_with_an_independent_client(server, models):
     """Issue 17: validate's figures against a plainly written synchronous client on the same
-    server, each level measured by both, back to back, for three rounds. This shared VM drifts by
-    10-50% from minute to minute (hypervisor steal of 20-37% under load, correlation -0.83 with
-    throughput: bench/measurement.py), so the test holds the median ratio to 0.75-1.33, which a
-    counting or windowing error would break; the 10% figures are measured by bench/measurement.py
-    with more rounds (docs/benchmarks.md)."""
+    server, each level measured by both, back to back, for three rounds. On the demo's ~1 ms
+    requests these 2-core VMs drift by 18-66% from minute to minute, for both clients (Intel: with
+    20-37% hypervisor steal; AMD EPYC: with none), and at c=16 the independent client runs four
+    processes on the server's two cores (median ratios 0.80 / 1.08 / 1.31 at c=1/4/16 over five
+    rounds, bench/measurement.py). So the test holds the median ratio to 0.67-1.5, which a counting
+    or windowing error (a factor of 2 or more) would break; the 10% agreement is measured on the
+    trained encoder by bench/measurement.py (docs/benchmarks.md)."""
     from trtrepo.data import open_data
     from trtrepo.validate import TritonTarget, make_payloads, run_latency
 
@@ -544,7 +546,7 @@ def test_latency_figures_agree_with_an_independent_client(server, models):
                 plain[c].append(_plain_client_loop(server.grpc_url, payloads, c, 3.0))
     for c in levels:
         ratio = float(np.median([a / b for a, b in zip(ours[c], plain[c], strict=True)]))
-        assert 0.75 <= ratio <= 1.33, (c, ours[c], plain[c])
+        assert 0.67 <= ratio <= 1.5, (c, ours[c], plain[c])
 
 
 @pytest.mark.triton
