@@ -32,17 +32,6 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import cpu_name, publish  # noqa: E402
 
 
-def _steal(before: list[int], after: list[int]) -> tuple[float, float]:
-    d = [b - a for a, b in zip(before, after, strict=False)]
-    total = sum(d[:8]) or 1
-    return d[7] / total, (total - d[3] - d[4]) / total
-
-
-def _stat() -> list[int]:
-    with open("/proc/stat") as f:
-        return [int(v) for v in f.readline().split()[1:]]
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -57,7 +46,7 @@ def main() -> None:
     from tune_search import models
 
     from trtrepo.contracts.backends import available_cores
-    from trtrepo.measure import Stability
+    from trtrepo.measure import Stability, cpu_sample, machine_usage
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import TritonServer
     from trtrepo.tritonconfig import ModelOptions
@@ -87,17 +76,17 @@ def main() -> None:
                         for c in args.concurrency:
                             opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
                                                    progress=False, stability=Stability(), speed=None)
-                            s0 = _stat()
-                            lv = run_latency(t, payloads, opts, "1")["levels"][0]
-                            steal, busy = _steal(s0, _stat())
+                            lv = run_latency(t, payloads, opts, "1")["levels"][0]  # records the machine's usage
+                            steal = lv["machine"]["steal_share"] or 0.0
                             ours[c].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
                                             "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
-                                            "busy": busy})
-                            s0 = _stat()
+                                            "busy": lv["machine"]["busy_share"]})
+                            s0 = cpu_sample()
                             thr = _plain_client_loop(server.grpc_url, payloads, c, args.plain_seconds, "demo",
                                                      io.output_names[0])
-                            steal2, busy2 = _steal(s0, _stat())
-                            plain[c].append({"throughput": thr, "steal": steal2, "busy": busy2})
+                            usage = machine_usage(s0, cpu_sample(), available_cores())
+                            steal2 = usage["steal_share"] or 0.0
+                            plain[c].append({"throughput": thr, "steal": steal2, "busy": usage["busy_share"]})
                             print(f"{label} round {r + 1} c={c}: validate {lv['throughput']:.1f} infer/s "
                                   f"({len(lv['windows'])} windows, stable {lv['stable']}), independent {thr:.1f}; steal "
                                   f"{100 * steal:.0f}% / {100 * steal2:.0f}%", file=sys.stderr)

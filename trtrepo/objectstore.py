@@ -192,7 +192,9 @@ class S3Store:
         self._call(f"copy {rel}", self.client.copy, CopySource={"Bucket": source.loc.bucket, "Key": source.key(src_rel)},
                    Bucket=self.loc.bucket, Key=self.key(rel))
 
-    def _call(self, what: str, fn: Callable[..., Any], **kw: Any) -> Any:
+    def _call(self, what: str, fn: Callable[..., Any], *, absent_ok: bool = False, **kw: Any) -> Any:
+        """``fn(**kw)`` with boto's errors as one-line trtrepo errors; with ``absent_ok`` a missing
+        object gives None."""
         from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
 
         try:
@@ -205,6 +207,8 @@ class S3Store:
         except ClientError as exc:
             err = exc.response.get("Error", {})
             code = err.get("Code", "?")
+            if absent_ok and code in ("NoSuchKey", "404"):
+                return None
             if code in ("NoSuchBucket", "404") and what.startswith("list"):
                 raise UsageError(f"{self.loc.url}: bucket {self.loc.bucket} not found") from None
             raise TrtrepoError(f"{self.loc.url}: {what}: {code} {err.get('Message', '')}".rstrip()) from None
@@ -231,12 +235,9 @@ class S3Store:
 
     def read(self, rel: str) -> bytes | None:
         """The object's bytes, None when there is none."""
-        try:
-            obj = self._call(f"read {rel}", self.client.get_object, Bucket=self.loc.bucket, Key=self.key(rel))
-        except TrtrepoError as exc:
-            if re.search(r": read [^:]*: (NoSuchKey|404)\b", str(exc)):
-                return None
-            raise
+        obj = self._call(f"read {rel}", self.client.get_object, absent_ok=True, Bucket=self.loc.bucket, Key=self.key(rel))
+        if obj is None:
+            return None
         body: bytes = obj["Body"].read()
         return body
 
@@ -286,6 +287,7 @@ class RemoteModel:
     versions: dict[int, list[str]]  # version -> its object names (relative to the version folder)
     complete: list[int] = field(default_factory=list)
     msg: Any | None = None
+    keys: list[str] = field(default_factory=list)  # every object name under the model folder
 
     @property
     def leftovers(self) -> list[int]:
@@ -301,7 +303,7 @@ def remote_model(store: S3Store, name: str) -> RemoteModel:
             versions.setdefault(int(head), []).append(rest)
     text, msg = store.config(name)
     return RemoteModel(name, text, {v: sorted(f) for v, f in sorted(versions.items())},
-                       complete_versions(msg, list(versions)), msg)
+                       complete_versions(msg, list(versions)), msg, keys)
 
 
 def list_remote(url: str, endpoint: str | None = None) -> list[ModelEntry]:
@@ -337,8 +339,9 @@ def remote_leftovers(store: S3Store) -> list[tuple[str, list[str]]]:
             out.append((f"{store.loc.url}{STAGING_SUFFIX}/ (staged uploads)", [f"STAGING:{k}" for k in staged]))
     for name in store.models():
         m = remote_model(store, name)
-        if m.msg is None:
-            out.append((f"{name}/ (no config.pbtxt)", [f"{name}/{k}" for k in store.keys(name)]))
+        if m.msg is None:  # the whole folder (its versions too) is the leftover
+            out.append((f"{name}/ (no config.pbtxt)", [f"{name}/{k}" for k in m.keys]))
+            continue
         for v in m.leftovers:
             out.append((f"{name}/{v}/", [f"{name}/{v}/{f}" for f in m.versions[v]]))
     return out
@@ -422,9 +425,8 @@ def publish(store: S3Store, local_repo: Path, name: str, version: int, *, replac
         # a model's first upload: without a config.pbtxt, tritonserver would take any object under NAME/ for a
         # model (it fills the config in itself) and fail on the half-uploaded version, and a starting server
         # with it. So the objects go beside the repository first, then into it by server-side copies.
-        left = store.keys(name)  # objects of a first upload interrupted during its copies: never served
-        if left:
-            store.delete([f"{name}/{k}" for k in left])
+        # objects of a first upload interrupted during its copies: never served
+        store.delete([f"{name}/{k}" for k in remote.keys])
         staging = store.staging()
         tag = f"{uuid.uuid4().hex[:12]}"
         for i, (key, p) in enumerate(objects, 1):

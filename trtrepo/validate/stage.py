@@ -130,8 +130,9 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
             om, oc = other.metadata(), other.config()
             mismatches += [Mismatch(f"{other.url}: {m.field}", m.expected, m.actual)
                            for m in compare_contract(served_io, om, oc, batch_size=options.batch_size)]
-            if other.resolve_version(om) != version:
-                mismatches.append(Mismatch(f"{other.url}: version", version, other.resolve_version(om)))
+            other_version = other.resolve_version(om)
+            if other_version != version:
+                mismatches.append(Mismatch(f"{other.url}: version", version, other_version))
         server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
                   "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
                   "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data)),
