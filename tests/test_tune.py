@@ -11,6 +11,7 @@ from trtrepo.errors import UsageError
 from trtrepo.tune import (
     Candidate,
     apply_candidate,
+    choose,
     combined,
     config_json,
     coordinate_descent,
@@ -79,6 +80,16 @@ def test_coordinate_descent_finds_a_separable_optimum_with_a_fraction_of_the_gri
     assert len(seen) * 4 < len(grid(axes, start))
 
 
+def test_the_choice_keeps_the_start_unless_a_finalist_beats_it_by_the_margin():
+    start, a, b = Candidate(1, 2, 100, 32), Candidate(2, 1, 0, 32), Candidate(1, 1, 0, 8)
+    assert choose({start: 1000.0, a: 1040.0, b: 1010.0}, start, 0.05) == start  # +4%: noise
+    assert choose({start: 1000.0, a: 1060.0, b: 1010.0}, start, 0.05) == a  # +6%: a gain
+    assert choose({start: 1000.0, a: 1040.0}, start, 0.0) == a
+    assert choose({start: float("-inf"), a: 10.0, b: 20.0}, start, 0.05) == b  # start over the p99 budget
+    assert choose({start: -12.0, a: -10.0}, start, 0.05) == a  # latency: p99 12 -> 10 ms, 17% lower
+    assert choose({start: -12.0, a: -11.8}, start, 0.05) == start
+
+
 def test_coordinate_descent_does_not_follow_gains_below_min_gain():
     """Noise of a few percent does not move the search off the start (nor start a second pass);
     a real gain does."""
@@ -94,8 +105,11 @@ def test_coordinate_descent_does_not_follow_gains_below_min_gain():
     assert coordinate_descent(start, axes, evaluate, min_gain=0.05) == start
     one_pass = len(seen)
     seen.clear()
-    assert coordinate_descent(start, axes, evaluate) in bumps  # min_gain 0: follows the noise
+    assert coordinate_descent(start, axes, evaluate, passes=2) in bumps  # min_gain 0: follows the noise
     assert len(seen) > one_pass  # and pays a second pass for it
+    seen.clear()
+    coordinate_descent(start, axes, evaluate)  # the default: one sweep, each knob's values once
+    assert len(set(seen)) == 1 + sum(len(v) - 1 for v in axes.values())
     bumps[Candidate(4, 2, 100, 32)] = 1200.0  # +20%: real
     assert coordinate_descent(start, axes, evaluate, min_gain=0.05) == Candidate(4, 2, 100, 32)
 

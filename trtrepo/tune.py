@@ -16,9 +16,13 @@ candidate is loaded through Triton's model-control API with its config as an ove
 (``load_model(name, config=...)``), so nothing restarts and the repository is not touched. Each
 candidate is measured with the stability rule of ``validate`` (:mod:`trtrepo.measure`) at the
 given concurrency. The quick search (:func:`coordinate_descent`) starts from the model's current
-config and sweeps one knob at a time, keeping the best (a move must gain more than half of
-``--stability-percentage``, the noise two runs of one config show), until a pass changes nothing;
-``--exhaustive`` measures the whole grid. Both stop at ``--budget-s``.
+config and sweeps each knob once, in the order above, with the other knobs at the best so far
+(a move must gain more than half of ``--stability-percentage``, the noise two runs of one config
+show). One sweep, not a descent to convergence: measured on the demos and a trained encoder
+(docs/benchmarks.md), second passes were taken only when the noise of a 2-core machine crossed
+that margin, and found nothing the head-to-head rounds could tell apart. ``--exhaustive`` measures
+the whole grid. Both stop at ``--budget-s``. Before the first candidate the server is loaded for
+one measurement interval and nothing is recorded: the first seconds after a start are slower.
 
 Objective: the highest throughput whose p99 is within ``--max-p99-ms`` (``throughput``), or the
 lowest p99 (``latency``). The result: the report (``tune.json``, ``tune.md``, ``tune.png``: every
@@ -27,7 +31,7 @@ marked), and with ``--apply`` the chosen config written as the model's ``config.
 (atomically; the old text kept in the report).
 
 Pure parts (:class:`Candidate`, :func:`search_space`, :func:`grid`, :func:`coordinate_descent`,
-:func:`score`, :func:`pareto_front`, :func:`apply_candidate`) have no I/O.
+:func:`score`, :func:`choose`, :func:`pareto_front`, :func:`apply_candidate`) have no I/O.
 """
 
 from __future__ import annotations
@@ -122,14 +126,15 @@ def score(result: Mapping[str, Any], objective: str, max_p99_ms: float | None) -
 
 
 def coordinate_descent(start: Candidate, axes: Mapping[str, Sequence[Any]],
-                       evaluate: Callable[[Candidate], float], *, passes: int = 2, min_gain: float = 0.0,
+                       evaluate: Callable[[Candidate], float], *, passes: int = 1, min_gain: float = 0.0,
                        out_of_time: Callable[[], bool] = lambda: False) -> Candidate:
     """From ``start``, one knob at a time (in ``axes`` order): measure each of its values with the
     other knobs at the best so far and keep the best; repeat while a pass improves (at most
-    ``passes``). ``evaluate`` returns the score (higher is better) and is expected to cache.
-    A candidate replaces the best only when it beats it by more than ``min_gain`` (a fraction of
-    the best score): measurements on a busy machine differ by a few percent between two runs of
-    one config, and following that noise costs a second pass and finds nothing."""
+    ``passes``; ``tune`` makes one). ``evaluate`` returns the score (higher is better) and is
+    expected to cache. A candidate replaces the best only when it beats it by more than
+    ``min_gain`` (a fraction of the best score): measurements on a busy machine differ by a few
+    percent between two runs of one config, and following that noise costs a second pass and
+    finds nothing."""
     best, best_score = start, evaluate(start)
     for _ in range(passes):
         improved = False
@@ -145,6 +150,16 @@ def coordinate_descent(start: Candidate, axes: Mapping[str, Sequence[Any]],
                     best, best_score, improved = c, s, True
         if not improved:
             break
+    return best
+
+
+def choose(final: Mapping[Candidate, float], start: Candidate, min_gain: float) -> Candidate:
+    """The finalist with the best score; the starting config unless that one beats it by more
+    than ``min_gain`` (the margin a move of the search needed)."""
+    best = max(final, key=lambda c: (final[c], c == start))
+    s0 = final.get(start, float("-inf"))
+    if s0 > float("-inf") and final[best] <= s0 + min_gain * abs(s0):
+        return start
     return best
 
 
@@ -426,6 +441,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
         f"candidates ({', '.join(f'{k} {v}' for k, v in axes.items() if len(v) > 1)}), concurrency {options.concurrency}")
     results: list[dict[str, Any]] = []
     cache: dict[Candidate, float] = {}
+    min_gain = options.stability_pct / 200  # a move must gain more than half the stability tolerance (5%)
     t0 = time.monotonic()
     out_of_budget = False
 
@@ -456,8 +472,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
                         break
                     evaluate(c)
             else:
-                # a move must beat the best by more than half the stability tolerance (5% by default)
-                coordinate_descent(start, axes, evaluate, min_gain=options.stability_pct / 200, out_of_time=out_of_time)
+                coordinate_descent(start, axes, evaluate, min_gain=min_gain, out_of_time=out_of_time)
             # Confirmation: the starting config and the best ones measured once more, one after the
             # other, so one lucky window on a noisy machine does not decide (the mean of both rounds).
             ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)
@@ -470,7 +485,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
                     f"{r['throughput']:.1f} infer/s, p99 {r['p99_ms']:.2f} ms"))
             # only the finalists compete: each of them measured twice, in the same stretch of time
             final = {c: score(combined(results, c), options.objective, options.max_p99_ms) for c in finalists}
-            chosen = max(final, key=lambda c: (final[c], c == start))
+            chosen = choose(final, start, min_gain)
             cache.update(final)
         finally:
             runner.close()
@@ -507,6 +522,7 @@ class CandidateRunner:
 
         self.options = options
         self.msg = msg
+        self.warmed = False
         self.admin = grpcclient.InferenceServerClient(url)
         self.target = TritonTarget(ValidateOptions(model=options.model, url=url, timeout=options.timeout,
                                                    progress=False, speed=None))
@@ -533,6 +549,9 @@ class CandidateRunner:
             return row
         row["load_s"] = time.monotonic() - t
         try:
+            if not self.warmed:  # the first seconds after the server starts are slower: not measured
+                self.target.load(self.payloads, self.options.concurrency, duration=self.options.interval_s)
+                self.warmed = True
             if self.options.warmup:
                 self.target.load(self.payloads, self.options.concurrency, requests=max(self.options.warmup, self.options.concurrency))
             version = self.target.resolve_version(self.target.metadata())
