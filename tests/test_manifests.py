@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 import yaml
 
+from trtrepo.contracts.location import parse_storage_url
 from trtrepo.errors import UsageError
 from trtrepo.manifests import (
     FILES,
@@ -22,7 +23,6 @@ from trtrepo.manifests import (
     RepositoryFacts,
     facts_from_folder,
     manifest_values,
-    parse_storage_url,
     render_manifests,
     write_manifests,
 )
@@ -222,7 +222,7 @@ def test_gcs_and_azure_credentials():
 @pytest.mark.parametrize(("tensorrt", "release"), [("10.11.0.33", "25.07"), ("10.3.0.26", "24.08"), ("10.8.0.43", "25.02")])
 def test_plan_gives_one_gpu_and_the_release_of_its_tensorrt(tensorrt, release):
     facts = RepositoryFacts(models=("p",), tensorrt_versions=(tensorrt,), gpu_models=("p",))
-    files = render_manifests("s3://b/r", facts, ManifestOptions())
+    files = render_manifests("s3://models/r", facts, ManifestOptions())
     c = container_of(files)
     assert release_for_tensorrt(tensorrt).release == release
     assert c["image"] == f"nvcr.io/nvidia/tritonserver:{release}-py3"
@@ -239,31 +239,31 @@ def test_tensorrt_10_13_plan_follows_the_release_table():
     rows, _ = release_table()
     matches = sorted((r for r in rows if r.tensorrt.startswith("10.13.")), key=lambda r: tuple(map(int, r.release.split("."))))
     if matches:
-        c = container_of(render_manifests("s3://b/r", facts, ManifestOptions()))
+        c = container_of(render_manifests("s3://models/r", facts, ManifestOptions()))
         assert c["image"] == f"nvcr.io/nvidia/tritonserver:{matches[-1].release}-py3"
         assert c["resources"]["limits"]["nvidia.com/gpu"] == "1"
     else:
         with pytest.raises(UsageError, match=r"no Triton release in trtrepo's table ships TensorRT 10\.13\.3\.9"):
-            render_manifests("s3://b/r", facts, ManifestOptions())
+            render_manifests("s3://models/r", facts, ManifestOptions())
     # an image chosen by hand still gets the GPU
-    c = container_of(render_manifests("s3://b/r", facts, ManifestOptions(image="nvcr.io/nvidia/tritonserver:25.09-py3")))
+    c = container_of(render_manifests("s3://models/r", facts, ManifestOptions(image="nvcr.io/nvidia/tritonserver:25.09-py3")))
     assert c["image"] == "nvcr.io/nvidia/tritonserver:25.09-py3" and c["resources"]["limits"]["nvidia.com/gpu"] == "1"
 
 
 def test_no_plans_gives_no_gpu_and_the_newest_release():
     facts = RepositoryFacts(models=("demo",), python_models=("demo",))
-    files = render_manifests("s3://b/r", facts, ManifestOptions())
+    files = render_manifests("s3://models/r", facts, ManifestOptions())
     c = container_of(files)
     newest = max(release_table()[0], key=lambda r: tuple(map(int, r.release.split("."))))
     assert c["image"] == f"nvcr.io/nvidia/tritonserver:{newest.release}-py3"
     assert "nvidia.com/gpu" not in c["resources"]["limits"] and "nvidia.com/gpu" not in c["resources"]["requests"]
     assert "tolerations" not in docs_of(files["deployment.yaml"])[0]["spec"]["template"]["spec"]
-    notes = manifest_values("s3://b/r", facts, ManifestOptions()).notes
+    notes = manifest_values("s3://models/r", facts, ManifestOptions()).notes
     assert any("Python-backend models (demo)" in n and "onnxruntime" in n for n in notes)
     # KIND_GPU instance groups need a GPU too; --gpus overrides either way
     gpu = RepositoryFacts(models=("ort",), gpu_models=("ort",))
-    assert container_of(render_manifests("s3://b/r", gpu, ManifestOptions()))["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert "nvidia.com/gpu" not in container_of(render_manifests("s3://b/r", gpu, ManifestOptions(gpus=0)))["resources"]["limits"]
+    assert container_of(render_manifests("s3://models/r", gpu, ManifestOptions()))["resources"]["limits"]["nvidia.com/gpu"] == "1"
+    assert "nvidia.com/gpu" not in container_of(render_manifests("s3://models/r", gpu, ManifestOptions(gpus=0)))["resources"]["limits"]
 
 
 # --- errors -----------------------------------------------------------------------------------
@@ -272,7 +272,7 @@ def test_no_plans_gives_no_gpu_and_the_newest_release():
 def test_plans_of_several_tensorrt_versions_are_refused():
     facts = RepositoryFacts(models=("a", "b"), tensorrt_versions=("10.3.0.26", "10.8.0.43"), source="repo")
     with pytest.raises(UsageError, match=r"^repo: plans were built with several TensorRT versions \(10\.3\.0\.26, 10\.8\.0\.43\)"):
-        render_manifests("s3://b/r", facts, ManifestOptions())
+        render_manifests("s3://models/r", facts, ManifestOptions())
 
 
 @pytest.mark.parametrize(("kw", "message"), [
@@ -300,7 +300,14 @@ def test_storage_urls():
         parse_storage_url("as://acct", "REPO_URL")
     # Triton ignores a custom endpoint when the bucket or prefix falls outside its URL pattern
     with pytest.raises(UsageError, match=r"Triton needs a bucket of \[0-9a-z.-\]"):
-        parse_storage_url("s3://My_Bucket/repo", "REPO_URL", "http://minio:9000")
+        parse_storage_url("s3://bucket/my repo", "REPO_URL", "http://minio:9000")
+    with pytest.raises(UsageError, match=r"^REPO_URL s3://My_Bucket/repo: no valid bucket name"):
+        parse_storage_url("s3://My_Bucket/repo", "REPO_URL")
+    # Triton's HOST:PORT form is HTTP; an --s3-endpoint beside an endpoint in the URL must agree
+    assert parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL").triton_url() == "s3://http://minio:9000/b3t/p"
+    assert parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL", "http://minio:9000/").endpoint == ("http", "minio", 9000)
+    with pytest.raises(UsageError, match=r"^--s3-endpoint http://minio:9001: REPO_URL .* names another endpoint"):
+        parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL", "http://minio:9001")
     with pytest.raises(UsageError, match=r"^--s3-endpoint http://minio:9000: only for s3:// repositories, not gs://"):
         parse_storage_url("gs://b/p", "REPO_URL", "http://minio:9000")
 
@@ -356,8 +363,8 @@ def test_cli_writes_what_the_renderer_renders(tmp_path, run_cli, python_repo):
 @pytest.mark.parametrize(("extra", "message"), [
     ((), "REPO_URL {repo}: a local folder is not reachable from the cluster; upload it and give --repository-url"),
     (("--repository-url", "/srv/models"), "--repository-url /srv/models: not an object-storage URL"),
-    (("--repository-url", "s3://b/r", "--max-replicas", "0"), "--max-replicas 0: below --min-replicas 1"),
-    (("--repository-url", "s3://b/r", "-o", "{repo}/k8s"), "-o {repo}/k8s: lies inside REPO_URL {repo}"),
+    (("--repository-url", "s3://models/r", "--max-replicas", "0"), "--max-replicas 0: below --min-replicas 1"),
+    (("--repository-url", "s3://models/r", "-o", "{repo}/k8s"), "-o {repo}/k8s: lies inside REPO_URL {repo}"),
 ])
 def test_cli_usage_errors_exit_2_with_one_line(tmp_path, run_cli, python_repo, extra, message):
     extra = tuple(str(x).format(repo=python_repo) for x in extra)

@@ -40,9 +40,9 @@ def test_urls_in_trtreps_and_tritons_forms(monkeypatch):
     assert parse_url(loc.url) == loc and parse_url(loc.url, "http://127.0.0.1:9000") == loc
     assert parse_url("s3://models/repo").url == "s3://models/repo"
     monkeypatch.setenv("AWS_ENDPOINT_URL", "https://s3.example.com")
-    assert parse_url("s3://models/repo").endpoint == "https://s3.example.com"
+    assert parse_url("s3://models/repo").endpoint == "https://s3.example.com:443"
     assert parse_url("s3://models/repo").url == "s3://https://s3.example.com:443/models/repo"  # Triton needs the port
-    with pytest.raises(UsageError, match="tritonserver reads only prefixes"):
+    with pytest.raises(UsageError, match="with a custom S3 endpoint Triton needs a bucket"):
         parse_url("s3://models/my repo")
     bad = [("s3://http://127.0.0.1:9000/models/repo", "http://127.0.0.1:9001", "--s3-endpoint http://127.0.0.1:9001"),
            ("s3://models/repo", "127.0.0.1:9000", "--s3-endpoint 127.0.0.1:9000"),

@@ -26,10 +26,10 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from .contracts.location import parse_endpoint, parse_storage_url
 from .errors import UsageError
 
 FILES = ("deployment.yaml", "service.yaml", "hpa.yaml", "secret.example.yaml", "kserve-inferenceservice.yaml")
-SCHEMES = ("s3", "gs", "as")
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver"
 PLACEHOLDER = "REPLACE_ME"
 # KServe's names (pkg/credentials/gcs): the key of the service-account JSON in the secret.
@@ -46,7 +46,6 @@ _SUFFIX = {"": Decimal(1), "m": Decimal("0.001"), "k": Decimal(10) ** 3, "M": De
            "Ei": Decimal(2) ** 60}
 # Triton applies a custom S3 endpoint only when the whole path matches this (core's s3.h, s3_regex_);
 # otherwise it silently talks to AWS with the host taken for the bucket.
-_TRITON_S3 = re.compile(r"^s3://(http://|https://|)([0-9a-zA-Z\-.]+):([0-9]+)/([0-9a-z.\-]+)((/[0-9a-zA-Z.\-_]+)*)?$")
 
 
 # --------------------------------------------------------------------------------------------
@@ -144,82 +143,6 @@ def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryF
         snapshot(url, dest, endpoint=s3_endpoint)
         facts = facts_from_folder(dest, snapshot=True)
     return replace(facts, source=url)
-
-
-# --------------------------------------------------------------------------------------------
-# Storage URLs
-
-
-@dataclass(frozen=True)
-class StorageLocation:
-    """``scheme`` s3 | gs | as; ``bucket`` (the Azure account for as://); ``path`` (for as://
-    ``CONTAINER/PREFIX``); ``endpoint`` (protocol, host, port) of a custom S3 endpoint."""
-
-    scheme: str
-    bucket: str
-    path: str
-    endpoint: tuple[str, str, int] | None = None
-
-    def triton_url(self) -> str:
-        """The ``--model-repository`` value (Triton's form for a custom S3 endpoint:
-        ``s3://http://HOST:PORT/BUCKET/PREFIX``)."""
-        tail = f"{self.bucket}/{self.path}" if self.path else self.bucket
-        if self.endpoint is not None:
-            proto, host, port = self.endpoint
-            return f"s3://{proto}://{host}:{port}/{tail}"
-        return f"{self.scheme}://{tail}"
-
-    def kserve_uri(self) -> str:
-        """KServe's ``storageUri``: plain ``s3://BUCKET/PREFIX`` (the endpoint goes in the secret's
-        annotations), and ``https://ACCOUNT.blob.core.windows.net/CONTAINER/PREFIX`` for Azure."""
-        if self.scheme == "as":
-            return f"https://{self.bucket}.blob.core.windows.net/{self.path}"
-        return f"{self.scheme}://{self.bucket}/{self.path}" if self.path else f"{self.scheme}://{self.bucket}"
-
-
-def parse_endpoint(value: str, option: str = "--s3-endpoint") -> tuple[str, str, int]:
-    """``http(s)://HOST[:PORT]`` -> (protocol, host, port); the port defaults to 80 / 443 (Triton
-    needs it written out)."""
-    m = re.fullmatch(r"(https?)://([^/:\s]+)(?::([0-9]{1,5}))?/?", value)
-    if not m:
-        raise UsageError(f"{option} {value}: expected http://HOST[:PORT] or https://HOST[:PORT]")
-    proto, host, port = m.group(1), m.group(2), int(m.group(3) or (443 if m.group(1) == "https" else 80))
-    if not re.fullmatch(r"[0-9a-zA-Z\-.]+", host) or not 0 < port < 65536:
-        raise UsageError(f"{option} {value}: Triton takes a host of letters, digits, '-' and '.' and a port 1-65535")
-    return proto, host, port
-
-
-def parse_storage_url(url: str, option: str, s3_endpoint: str | None = None) -> StorageLocation | None:
-    """The location of an object-storage URL; None for a local path (``s3_endpoint`` is then the
-    caller's to judge). ``option`` names the value in messages. An ``s3://`` URL may already be in
-    Triton's endpoint form (``s3://http://HOST:PORT/...``)."""
-    if "://" not in url:
-        return None
-    scheme, rest = url.split("://", 1)
-    if scheme not in SCHEMES:
-        raise UsageError(f"{option} {url}: not an object-storage URL Triton reads (s3://, gs://, as://)")
-    endpoint = None
-    if scheme == "s3":
-        # Triton's endpoint forms: s3://http(s)://HOST[:PORT]/BUCKET/..., s3://HOST:PORT/BUCKET/... (HTTP)
-        m = re.match(r"(https?)://([^/]*)/?(.*)$", rest) or re.match(r"()([^/]+:[0-9]+)/?(.*)$", rest)
-        if m:
-            endpoint = parse_endpoint(f"{m.group(1) or 'http'}://{m.group(2)}", option)
-            rest = m.group(3)
-            if s3_endpoint:
-                raise UsageError(f"--s3-endpoint {s3_endpoint}: {option} {url} names an endpoint already")
-        elif s3_endpoint:
-            endpoint = parse_endpoint(s3_endpoint)
-    elif s3_endpoint:
-        raise UsageError(f"--s3-endpoint {s3_endpoint}: only for s3:// repositories, not {scheme}://")
-    parts = [p for p in rest.split("/") if p]
-    if not parts or (scheme == "as" and len(parts) < 2):
-        need = "as://ACCOUNT/CONTAINER[/PREFIX]" if scheme == "as" else f"{scheme}://BUCKET[/PREFIX]"
-        raise UsageError(f"{option} {url}: expected {need}")
-    location = StorageLocation(scheme, parts[0], "/".join(parts[1:]), endpoint)
-    if endpoint is not None and not _TRITON_S3.match(location.triton_url()):
-        raise UsageError(f"{option} {url}: with a custom S3 endpoint Triton needs a bucket of [0-9a-z.-] and a prefix of "
-                         f"[0-9A-Za-z._-] path segments (else it ignores the endpoint); rename the bucket or prefix")
-    return location
 
 
 # --------------------------------------------------------------------------------------------

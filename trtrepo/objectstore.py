@@ -52,31 +52,32 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from .contracts.location import StorageLocation, parse_endpoint, parse_storage_url
 from .errors import TrtrepoError, UsageError
 from .repository import ModelEntry, served_versions, versions_of
 from .tritonconfig import parse_config_text
 
 log = logging.getLogger("trtrepo.objectstore")
 
-_ENDPOINT = re.compile(r"^https?://[^/\s]+$")
 STAGING_SUFFIX = ".trtrepo-staging"  # PREFIX.trtrepo-staging/<id>/...: a model's first upload, outside the repository
 
 
 @dataclass(frozen=True)
 class S3Location:
+    """An ``s3://`` repository as the writer and reader here use it (parsed by
+    :func:`trtrepo.contracts.location.parse_storage_url`, the one owner of the URL rules)."""
+
     bucket: str
     prefix: str  # without leading or trailing "/"; "" for the bucket's root
-    endpoint: str | None = None  # http(s)://HOST[:PORT] of an S3-compatible service; None: AWS
+    endpoint: str | None = None  # http(s)://HOST:PORT of an S3-compatible service; None: AWS
 
     @property
     def url(self) -> str:
         """The URL tritonserver's ``--model-repository`` takes."""
-        root = self.bucket
-        if self.endpoint:  # Triton takes an endpoint only with its port written out
-            scheme, _, host = self.endpoint.partition("://")
-            port = "" if re.search(r":\d+$", host) else (":443" if scheme == "https" else ":80")
-            root = f"{self.endpoint}{port}/{self.bucket}"
-        return f"s3://{root}/{self.prefix}" if self.prefix else f"s3://{root}"
+        return self.storage().triton_url()
+
+    def storage(self) -> StorageLocation:
+        return StorageLocation("s3", self.bucket, self.prefix, None if self.endpoint is None else parse_endpoint(self.endpoint))
 
 
 def parse_url(url: str, endpoint: str | None = None) -> S3Location:
@@ -87,29 +88,12 @@ def parse_url(url: str, endpoint: str | None = None) -> S3Location:
                          f"gs:// and as://)")
     if not url.startswith("s3://"):
         raise UsageError(f"{url}: not an s3:// URL")
-    rest = url[len("s3://"):]
-    m = re.match(r"(https?://[^/]+)/?(.*)$", rest)
-    if m:
-        if endpoint and endpoint.rstrip("/") != m.group(1):
-            raise UsageError(f"--s3-endpoint {endpoint}: the URL {url} names another endpoint ({m.group(1)})")
-        endpoint, rest = m.group(1), m.group(2)
-    else:
-        endpoint = endpoint or os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    if endpoint is not None:
-        endpoint = endpoint.rstrip("/")
-        if not _ENDPOINT.match(endpoint):
-            raise UsageError(f"--s3-endpoint {endpoint}: expected http(s)://HOST[:PORT]")
-    bucket, _, prefix = rest.partition("/")
-    if not bucket or not re.fullmatch(r"[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]", bucket):
-        raise UsageError(f"{url}: no valid bucket name (s3://BUCKET/PREFIX)")
-    prefix = prefix.strip("/")
-    if any(part in ("", ".", "..") for part in prefix.split("/")) and prefix:
-        raise UsageError(f"{url}: the prefix has an empty, '.' or '..' component")
-    if endpoint is not None and not re.fullmatch(r"[0-9a-zA-Z.\-_/]*", prefix):
-        # Triton's S3 URL pattern with an endpoint: other characters make it fall back to AWS silently
-        raise UsageError(f"{url}: with an S3 endpoint, tritonserver reads only prefixes of letters, digits, '.', '-', "
-                         f"'_' and '/'")
-    return S3Location(bucket, prefix, endpoint)
+    names_endpoint = re.match(r"s3://(https?://|[^/]+:[0-9]+/)", url) is not None
+    if endpoint is None and not names_endpoint:
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
+    loc = parse_storage_url(url, "REPO", endpoint)
+    assert loc is not None
+    return S3Location(loc.bucket, loc.path, loc.endpoint_url)
 
 
 # --------------------------------------------------------------------------------------------
