@@ -14,6 +14,7 @@ from trtrepo.tune import (
     choose,
     combined,
     config_json,
+    confirmed,
     coordinate_descent,
     grid,
     pareto_front,
@@ -132,6 +133,9 @@ def test_pareto_front_and_combined_rounds():
     assert m["throughput"] == pytest.approx(90.0) and m["p99_ms"] == pytest.approx(12.0) and m["measurements"] == 2
     assert m["stable"] is False
     assert combined(rows, Candidate(4, 1, None, 8))["error"] == "not measured"
+    # the choice is made on the confirmation round alone: a's lucky first figure does not count
+    assert confirmed(rows, a)["throughput"] == 80.0
+    assert confirmed(rows, b)["error"] == "not confirmed"
 
 
 def test_options_name_the_option_at_fault():
