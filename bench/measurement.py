@@ -10,7 +10,9 @@ steal share and the machine's busy share over it (``/proc/stat``).
 
 Reported per model and level: validate's throughput in each round, its spread over the first three
 rounds (max/min - 1), the independent client's, the median ratio validate / independent, and the
-mean steal share.
+mean steal share. Before each level a probe of the machine's own speed: the same ONNX file run
+in this process by ONNX Runtime (one thread, batch 1, no server, no client) for ``--probe-seconds``;
+its spread over the rounds tells a machine that drifts from a serving stack that does.
 
     TRTREPO_GAUNTLET_CACHE=/work/gauntlet-cache python bench/measurement.py --rounds 5 [--update-docs docs/benchmarks.md]
 """
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -38,6 +41,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--plain-seconds", type=float, default=4.0)
     ap.add_argument("--models", nargs="+", default=["demo", "mpnet"])
+    ap.add_argument("--probe-seconds", type=float, default=1.0)
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args()
@@ -60,12 +64,16 @@ def main() -> None:
             if "demo-text" in label:
                 continue
             repo = root / f"repo-{len(rows)}"
-            add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions())
+            # the GPU machine's script names the Python backend's environment (scripts/gpu_measurement.sh)
+            env = os.environ.get("TRTREPO_BENCH_PYTHON_ENV") or None
+            add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions(execution_env=env))
             from trtrepo.data import open_data
             from trtrepo.modelio import ModelIO
 
             io = ModelIO.from_onnx(onnx_path)
             payloads, _ = make_payloads(open_data(data, io=io), io, 1)
+            probe = _probe(onnx_path, payloads[0].inputs, args.probe_seconds)
+            probes: dict[int, list[float]] = {c: [] for c in args.concurrency}
             ours: dict[int, list[dict]] = {c: [] for c in args.concurrency}
             plain: dict[int, list[dict]] = {c: [] for c in args.concurrency}
             with TritonServer(repo, timeout=300) as server:
@@ -74,6 +82,7 @@ def main() -> None:
                     t.prepare(io)
                     for r in range(args.rounds):
                         for c in args.concurrency:
+                            probes[c].append(probe())
                             opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
                                                    progress=False, stability=Stability(), speed=None)
                             lv = run_latency(t, payloads, opts, "1")["levels"][0]  # records the machine's usage
@@ -89,11 +98,13 @@ def main() -> None:
                             plain[c].append({"throughput": thr, "steal": steal2, "busy": usage["busy_share"]})
                             print(f"{label} round {r + 1} c={c}: validate {lv['throughput']:.1f} infer/s "
                                   f"({len(lv['windows'])} windows, stable {lv['stable']}), independent {thr:.1f}; steal "
-                                  f"{100 * steal:.0f}% / {100 * steal2:.0f}%", file=sys.stderr)
+                                  f"{100 * steal:.0f}% / {100 * steal2:.0f}%; probe {probes[c][-1]:.0f} runs/s", file=sys.stderr)
             for c in args.concurrency:
                 a = [x["throughput"] for x in ours[c]]
                 b = [x["throughput"] for x in plain[c]]
-                rows.append({"model": label, "concurrency": c, "validate": a, "independent": b,
+                pr = probes[c]
+                rows.append({"model": label, "concurrency": c, "validate": a, "independent": b, "probe": pr,
+                             "spread3_probe": max(pr[:3]) / min(pr[:3]) - 1, "spread_probe": max(pr) / min(pr) - 1,
                              "spread3_validate": max(a[:3]) / min(a[:3]) - 1, "spread3_independent": max(b[:3]) / min(b[:3]) - 1,
                              "spread_validate": max(a) / min(a) - 1, "spread_independent": max(b) / min(b) - 1,
                              "ratio_median": statistics.median(x / y for x, y in zip(a, b, strict=True)),
@@ -106,17 +117,43 @@ def main() -> None:
              "One server, FP32 ONNX in the Python backend (default config), batch-1 gRPC requests. Each round: validate's "
              "level (2 s windows until three agree within 10%), then the independent synchronous client of the test "
              f"({args.plain_seconds:g} s, second half counted). Spread = max/min - 1; steal = the hypervisor's share of the "
-             "CPU time during the measurements.", "",
+             "CPU time during the measurements; probe = the same ONNX file run in the bench's own process by ONNX Runtime "
+             f"(1 thread, batch 1, no server) for {args.probe_seconds:g} s before each level, its spread over all rounds.", "",
              "| model | c | validate infer/s per round | spread, first 3 | spread, all | independent infer/s per round | "
-             "its spread, first 3 | median ratio validate / independent | steal | stable levels |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|"]
+             "its spread, first 3 | median ratio validate / independent | steal | stable levels | probe runs/s per round | "
+             "probe spread |",
+             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['concurrency']} | {', '.join(f'{x:.0f}' for x in r['validate'])} | "
                      f"{100 * r['spread3_validate']:.0f}% | {100 * r['spread_validate']:.0f}% | "
                      f"{', '.join(f'{x:.0f}' for x in r['independent'])} | {100 * r['spread3_independent']:.0f}% | "
-                     f"{r['ratio_median']:.2f} | {100 * r['steal_mean']:.0f}% | {100 * r['stable_share']:.0f}% |")
+                     f"{r['ratio_median']:.2f} | {100 * r['steal_mean']:.0f}% | {100 * r['stable_share']:.0f}% | "
+                     f"{', '.join(f'{x:.0f}' for x in r['probe'])} | {100 * r['spread_probe']:.0f}% |")
     heading = "## Issue 17: validate's figures run to run and against an independent client"
     publish(heading + "\n\n" + "\n".join(lines) + "\n", heading, args.update_docs)
+
+
+def _probe(onnx_path: Path, feed: dict, seconds: float):
+    """A function timing ``onnx_path`` run in this process (ONNX Runtime, one thread, no
+    spinning) on ``feed`` for ``seconds``: runs per second, the machine's own speed."""
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = 1
+    so.inter_op_num_threads = 1
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    feed = dict(feed)
+    sess.run(None, feed)
+
+    def run() -> float:
+        n, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            sess.run(None, feed)
+            n += 1
+        return n / (time.perf_counter() - t0)
+
+    return run
 
 
 if __name__ == "__main__":
