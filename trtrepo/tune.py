@@ -52,7 +52,7 @@ OBJECTIVES = ("throughput", "latency")
 SCHEMA = "trtrepo.tune/1"
 THREAD_PARAMETERS = {"python": "intra_op_threads", "onnxruntime": "intra_op_thread_count"}
 QUEUE_DELAYS_US = (0, 500, 2000)
-CONFIRM = 2  # best candidates measured a second time, beside the starting config
+CONFIRM = 3  # best candidates measured a second time, beside the starting config
 
 
 # --------------------------------------------------------------------------------------------
@@ -488,7 +488,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
             # search, 1103 in confirmation, against the start's 1155).
             ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)
             finalists = [start, *[c for c in ranked if c != start][:CONFIRM]]
-            for c in finalists:  # after the budget too: three measurements at most
+            for c in finalists:  # after the budget too: CONFIRM + 1 measurements at most
                 r = runner.measure(c)
                 r["round"] = 2
                 results.append(r)
