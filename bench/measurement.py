@@ -42,6 +42,8 @@ def main() -> None:
     ap.add_argument("--plain-seconds", type=float, default=4.0)
     ap.add_argument("--models", nargs="+", default=["demo", "mpnet"])
     ap.add_argument("--probe-seconds", type=float, default=1.0)
+    ap.add_argument("--interval", type=float, nargs="+", default=[2.0],
+                    help="validate's window(s), seconds (its default 2); several are measured in turn each round")
     ap.add_argument("--json", type=Path, default=None)
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args()
@@ -74,7 +76,7 @@ def main() -> None:
             payloads, _ = make_payloads(open_data(data, io=io), io, 1)
             probe = _probe(onnx_path, payloads[0].inputs, args.probe_seconds)
             probes: dict[int, list[float]] = {c: [] for c in args.concurrency}
-            ours: dict[int, list[dict]] = {c: [] for c in args.concurrency}
+            ours: dict[tuple[float, int], list[dict]] = {(w, c): [] for w in args.interval for c in args.concurrency}
             plain: dict[int, list[dict]] = {c: [] for c in args.concurrency}
             with TritonServer(repo, timeout=300) as server:
                 with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
@@ -83,48 +85,56 @@ def main() -> None:
                     for r in range(args.rounds):
                         for c in args.concurrency:
                             probes[c].append(probe())
-                            opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
-                                                   progress=False, stability=Stability(), speed=None)
-                            lv = run_latency(t, payloads, opts, "1")["levels"][0]  # records the machine's usage
-                            steal = lv["machine"]["steal_share"] or 0.0
-                            ours[c].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
-                                            "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
-                                            "busy": lv["machine"]["busy_share"]})
+                            for w in args.interval[r % len(args.interval):] + args.interval[:r % len(args.interval)]:
+                                opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
+                                                       progress=False, stability=Stability(interval_s=w), speed=None)
+                                lv = run_latency(t, payloads, opts, "1")["levels"][0]  # records the machine's usage
+                                steal = lv["machine"]["steal_share"] or 0.0
+                                ours[(w, c)].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
+                                                     "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
+                                                     "busy": lv["machine"]["busy_share"]})
+                                print(f"{label} round {r + 1} c={c} {w:g} s windows: validate {lv['throughput']:.1f} "
+                                      f"infer/s ({len(lv['windows'])} windows, stable {lv['stable']}); steal "
+                                      f"{100 * steal:.0f}%", file=sys.stderr)
                             s0 = cpu_sample()
                             thr = _plain_client_loop(server.grpc_url, payloads, c, args.plain_seconds, "demo",
                                                      io.output_names[0])
                             usage = machine_usage(s0, cpu_sample(), available_cores())
                             steal2 = usage["steal_share"] or 0.0
                             plain[c].append({"throughput": thr, "steal": steal2, "busy": usage["busy_share"]})
-                            print(f"{label} round {r + 1} c={c}: validate {lv['throughput']:.1f} infer/s "
-                                  f"({len(lv['windows'])} windows, stable {lv['stable']}), independent {thr:.1f}; steal "
-                                  f"{100 * steal:.0f}% / {100 * steal2:.0f}%; probe {probes[c][-1]:.0f} runs/s", file=sys.stderr)
-            for c in args.concurrency:
-                a = [x["throughput"] for x in ours[c]]
+                            print(f"{label} round {r + 1} c={c}: independent {thr:.1f} infer/s; steal "
+                                  f"{100 * steal2:.0f}%; probe {probes[c][-1]:.0f} runs/s", file=sys.stderr)
+            for w, c in ours:
+                a = [x["throughput"] for x in ours[(w, c)]]
                 b = [x["throughput"] for x in plain[c]]
                 pr = probes[c]
-                rows.append({"model": label, "concurrency": c, "validate": a, "independent": b, "probe": pr,
+                rows.append({"model": label, "window_s": w, "concurrency": c, "validate": a, "independent": b, "probe": pr,
                              "spread3_probe": max(pr[:3]) / min(pr[:3]) - 1, "spread_probe": max(pr) / min(pr) - 1,
                              "spread3_validate": max(a[:3]) / min(a[:3]) - 1, "spread3_independent": max(b[:3]) / min(b[:3]) - 1,
                              "spread_validate": max(a) / min(a) - 1, "spread_independent": max(b) / min(b) - 1,
                              "ratio_median": statistics.median(x / y for x, y in zip(a, b, strict=True)),
-                             "steal_mean": statistics.mean([x["steal"] for x in ours[c] + plain[c]]),
-                             "stable_share": sum(x["stable"] for x in ours[c]) / len(ours[c])})
+                             "steal_mean": statistics.mean([x["steal"] for x in ours[(w, c)] + plain[c]]),
+                             "stable_share": sum(x["stable"] for x in ours[(w, c)]) / len(ours[(w, c)])})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    lines = [f"Command: `TRTREPO_GAUNTLET_CACHE=... python bench/measurement.py --rounds {args.rounds}`. CPU: {cpu_name()}, "
+    cmd = f"--rounds {args.rounds}" + (f" --interval {' '.join(f'{w:g}' for w in args.interval)}"
+                                        if args.interval != [2.0] else "") + (
+        f" --plain-seconds {args.plain_seconds:g}" if args.plain_seconds != 4.0 else "") + (
+        f" --models {' '.join(args.models)}" if args.models != ["demo", "mpnet"] else "")
+    lines = [f"Command: `TRTREPO_GAUNTLET_CACHE=... python bench/measurement.py {cmd}`. CPU: {cpu_name()}, "
              f"{available_cores()} cores; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; {time.time() - t_all:.0f} s.", "",
              "One server, FP32 ONNX in the Python backend (default config), batch-1 gRPC requests. Each round: validate's "
-             "level (2 s windows until three agree within 10%), then the independent synchronous client of the test "
+             "level (windows of the row's length until three agree within 10%; with several lengths, each in turn, in "
+             "rotating order), then the independent synchronous client of the test "
              f"({args.plain_seconds:g} s, second half counted). Spread = max/min - 1; steal = the hypervisor's share of the "
              "CPU time during the measurements; probe = the same ONNX file run in the bench's own process by ONNX Runtime "
              f"(1 thread, batch 1, no server) for {args.probe_seconds:g} s before each level, its spread over all rounds.", "",
-             "| model | c | validate infer/s per round | spread, first 3 | spread, all | independent infer/s per round | "
+             "| model | window | c | validate infer/s per round | spread, first 3 | spread, all | independent infer/s per round | "
              "its spread, first 3 | median ratio validate / independent | steal | stable levels | probe runs/s per round | "
              "probe spread |",
-             "|---|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
+             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|---:|---|---:|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['concurrency']} | {', '.join(f'{x:.0f}' for x in r['validate'])} | "
+        lines.append(f"| {r['model']} | {r['window_s']:g} s | {r['concurrency']} | {', '.join(f'{x:.0f}' for x in r['validate'])} | "
                      f"{100 * r['spread3_validate']:.0f}% | {100 * r['spread_validate']:.0f}% | "
                      f"{', '.join(f'{x:.0f}' for x in r['independent'])} | {100 * r['spread3_independent']:.0f}% | "
                      f"{r['ratio_median']:.2f} | {100 * r['steal_mean']:.0f}% | {100 * r['stable_share']:.0f}% | "
