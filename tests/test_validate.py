@@ -486,16 +486,16 @@ def _plain_process(url: str, feeds, concurrency: int, t_mid: float, t_end: float
 
 
 def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, model: str = "demo",
-                       output: str = "logits") -> float:
+                       output: str = "logits", processes: int | None = None) -> float:
     """An independent load generator, written plainly: `concurrency` threads, each with its own
     synchronous tritonclient gRPC client, sending requests back to back for `seconds` and reading
     each response as numpy (as validate does); returns inferences per second counted over the
     second half. Above 4 requests in flight the threads are spread over 4 processes, so that
-    Python's GIL does not make the generator itself the bottleneck."""
+    Python's GIL does not make the generator itself the bottleneck (``processes`` overrides)."""
     import multiprocessing
 
     feeds = [dict(p.inputs) for p in payloads]
-    procs = 1 if concurrency <= 4 else 4
+    procs = processes or (1 if concurrency <= 4 else 4)
     ctx = multiprocessing.get_context("spawn")
     queue = ctx.Queue()
     start = time.time() + (0.0 if procs == 1 else 3.0)  # spawned processes import first
@@ -518,12 +518,13 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, mod
 def test_latency_figures_agree_with_an_independent_client(server, models):
     """Issue 17: validate's figures against a plainly written synchronous client on the same
     server, each level measured by both, back to back, for three rounds. On the demo's ~1 ms
-    requests these 2-core VMs drift by 18-66% from minute to minute, for both clients (Intel: with
-    20-37% hypervisor steal; AMD EPYC: with none), and at c=16 the independent client runs four
-    processes on the server's two cores (median ratios 0.80 / 1.08 / 1.31 at c=1/4/16 over five
-    rounds, bench/measurement.py). So the test holds the median ratio to 0.67-1.5, which a counting
-    or windowing error (a factor of 2 or more) would break; the 10% agreement is measured on the
-    trained encoder by bench/measurement.py (docs/benchmarks.md)."""
+    requests these 2-core VMs drift by 2-66% from minute to minute, for both clients (Intel: with
+    20-37% hypervisor steal; AMD EPYC: with none), and at c=16 the synchronous client reads
+    1.13-1.21x less than validate's asyncio one in 1, 2 or 4 processes alike (median ratios
+    0.80-0.99 / 0.98-1.08 / 1.13-1.31 at c=1/4/16, four runs of five rounds,
+    bench/measurement.py, bench/independent_layout.py). So the test holds the median ratio to
+    0.67-1.5, which a counting or windowing error (a factor of 2 or more) would break; the 10%
+    agreement is measured by the benches (docs/benchmarks.md)."""
     from trtrepo.data import open_data
     from trtrepo.validate import TritonTarget, make_payloads, run_latency
 
