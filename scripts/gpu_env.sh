@@ -8,13 +8,8 @@ rm -rf "$W"; mkdir -p "$W" "$OUTDIR"
 tar -xJf "$B/triton.tar.xz" -C "$W"
 S=$W/pytriton/tritonserver
 cp "$S/python_backend_stubs/3.12/triton_python_backend_stub" "$S/backends/python/"
-mkdir -p "$W/bin"
-cat > "$W/bin/tritonserver" <<EOS
-#!/usr/bin/env bash
-export LD_LIBRARY_PATH="$W/nvidia_pytriton.libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
-exec "$S/bin/tritonserver" --backend-directory="$S/backends" "\$@"
-EOS
-chmod +x "$W/bin/tritonserver"
+source scripts/tritonserver_wrapper.sh
+write_tritonserver_wrapper "$W/bin/tritonserver" "$S" "$W/nvidia_pytriton.libs"
 export TRTREPO_TRITONSERVER=$W/bin/tritonserver
 
 # The Python backend's environment: numpy 1.26 first, then the machine's packages (onnxruntime).
