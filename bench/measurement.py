@@ -117,10 +117,7 @@ def main() -> None:
                              "stable_share": sum(x["stable"] for x in ours[(w, c)]) / len(ours[(w, c)])})
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2))
-    cmd = f"--rounds {args.rounds}" + (f" --interval {' '.join(f'{w:g}' for w in args.interval)}"
-                                        if args.interval != [2.0] else "") + (
-        f" --plain-seconds {args.plain_seconds:g}" if args.plain_seconds != 4.0 else "") + (
-        f" --models {' '.join(args.models)}" if args.models != ["demo", "mpnet"] else "")
+    cmd = " ".join([f"--rounds {args.rounds}", *_changed(ap, args, "interval", "plain_seconds", "models")])
     lines = [f"Command: `TRTREPO_GAUNTLET_CACHE=... python bench/measurement.py {cmd}`. CPU: {cpu_name()}, "
              f"{available_cores()} cores; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; {time.time() - t_all:.0f} s.", "",
              "One server, FP32 ONNX in the Python backend (default config), batch-1 gRPC requests. Each round: validate's "
@@ -143,16 +140,23 @@ def main() -> None:
     publish(heading + "\n\n" + "\n".join(lines) + "\n", heading, args.update_docs)
 
 
+def _changed(ap: argparse.ArgumentParser, args: argparse.Namespace, *names: str) -> list[str]:
+    """The named options as given on the command line, those left at their defaults omitted."""
+    out = []
+    for name in names:
+        value = getattr(args, name)
+        if value != ap.get_default(name):
+            values = value if isinstance(value, list) else [value]
+            out.append(f"--{name.replace('_', '-')} " + " ".join(f"{v:g}" if isinstance(v, float) else str(v) for v in values))
+    return out
+
+
 def _probe(onnx_path: Path, feed: dict, seconds: float):
     """A function timing ``onnx_path`` run in this process (ONNX Runtime, one thread, no
     spinning) on ``feed`` for ``seconds``: runs per second, the machine's own speed."""
-    import onnxruntime as ort
+    from trtrepo.evaluate import make_session
 
-    so = ort.SessionOptions()
-    so.intra_op_num_threads = 1
-    so.inter_op_num_threads = 1
-    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    sess = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
+    sess = make_session(onnx_path, threads=1)
     feed = dict(feed)
     sess.run(None, feed)
 
