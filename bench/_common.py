@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 
 def status_mb(key: str) -> float:
@@ -72,3 +77,48 @@ def update_docs(path: Path, heading: str, section: str) -> None:
     else:
         text = text.rstrip("\n") + "\n\n" + section
     atomic_write_text(path, text)
+
+
+@dataclass
+class Served:
+    """A tritonserver serving one ONNX file as model ``demo`` and validate's target on it."""
+
+    server: Any
+    target: Any
+    io: Any
+    payloads: list
+
+    def level(self, concurrency: int, interval_s: float | None = None) -> dict:
+        """One of validate's load levels (windows of ``interval_s`` until three agree, validate's
+        default when None): its report entry, with the machine's usage over it."""
+        from trtrepo.measure import Stability
+        from trtrepo.validate import ValidateOptions, run_latency
+
+        stability = Stability() if interval_s is None else Stability(interval_s=interval_s)
+        opts = ValidateOptions(model="demo", url=self.server.grpc_url, concurrency=(concurrency,), warmup=20,
+                               progress=False, stability=stability, speed=None)
+        return run_latency(self.target, self.payloads, opts, "1")["levels"][0]
+
+
+@contextmanager
+def served_fp32(repo: Path, onnx_path: Path, data: Any) -> Iterator[Served]:
+    """``onnx_path`` added to ``repo`` as model ``demo`` (FP32 ONNX in the Python backend, the
+    generated default config; ``$TRTREPO_BENCH_PYTHON_ENV`` names the backend's environment where
+    the machine needs one: scripts/gpu_measurement.sh), served by one tritonserver, with batch-1
+    payloads of ``data`` and validate's target ready on it."""
+    from trtrepo.data import open_data
+    from trtrepo.modelio import ModelIO
+    from trtrepo.repository import add_onnx_model
+    from trtrepo.server import TritonServer
+    from trtrepo.tritonconfig import ModelOptions
+    from trtrepo.validate import TritonTarget, ValidateOptions, make_payloads
+
+    env = os.environ.get("TRTREPO_BENCH_PYTHON_ENV") or None
+    add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions(execution_env=env))
+    io = ModelIO.from_onnx(onnx_path)
+    payloads, _ = make_payloads(open_data(data, io=io), io, 1)
+    with TritonServer(repo, timeout=300) as server:
+        with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as target:
+            target.wait_ready()
+            target.prepare(io)
+            yield Served(server, target, io, payloads)

@@ -23,7 +23,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from _common import cpu_name  # noqa: E402
+from _common import cpu_name, served_fp32  # noqa: E402
 
 
 def main() -> None:
@@ -37,13 +37,6 @@ def main() -> None:
     from tune_search import models
 
     from trtrepo.contracts.backends import available_cores
-    from trtrepo.data import open_data
-    from trtrepo.measure import Stability
-    from trtrepo.modelio import ModelIO
-    from trtrepo.repository import add_onnx_model
-    from trtrepo.server import TritonServer
-    from trtrepo.tritonconfig import ModelOptions
-    from trtrepo.validate import TritonTarget, ValidateOptions, make_payloads, run_latency
 
     t0 = time.time()
     kinds = ["validate", "4 processes", "2 processes", "1 process"]
@@ -51,25 +44,16 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="trtrepo-bench-layout-") as tmp:
         root = Path(tmp)
         ((_label, (onnx_path, data)),) = models(root, ["demo"]).items()
-        repo = root / "repo"
-        add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions())
-        io = ModelIO.from_onnx(onnx_path)
-        payloads, _ = make_payloads(open_data(data, io=io), io, 1)
-        with TritonServer(repo, timeout=300) as server:
-            with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
-                t.wait_ready()
-                t.prepare(io)
-                for r in range(args.rounds):
-                    for k in kinds[r % 4:] + kinds[:r % 4]:
-                        if k == "validate":
-                            opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(args.concurrency,),
-                                                   warmup=20, progress=False, stability=Stability(), speed=None)
-                            v = run_latency(t, payloads, opts, "1")["levels"][0]["throughput"]
-                        else:
-                            v = _plain_client_loop(server.grpc_url, payloads, args.concurrency, args.seconds,
-                                                   processes=int(k.split()[0]))
-                        res[k].append(v)
-                        print(f"round {r + 1} {k}: {v:.1f} infer/s", file=sys.stderr, flush=True)
+        with served_fp32(root / "repo", onnx_path, data) as served:
+            for r in range(args.rounds):
+                for k in kinds[r % 4:] + kinds[:r % 4]:
+                    if k == "validate":
+                        v = served.level(args.concurrency)["throughput"]
+                    else:
+                        v = _plain_client_loop(served.server.grpc_url, served.payloads, args.concurrency, args.seconds,
+                                               processes=int(k.split()[0]))
+                    res[k].append(v)
+                    print(f"round {r + 1} {k}: {v:.1f} infer/s", file=sys.stderr, flush=True)
     print(f"Command: `python bench/independent_layout.py --rounds {args.rounds} --concurrency {args.concurrency}`. "
           f"CPU: {cpu_name()}, {available_cores()} cores; {time.strftime('%Y-%m-%d %H:%M', time.gmtime())} UTC; "
           f"{time.time() - t0:.0f} s.\n")

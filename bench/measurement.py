@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -32,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(0, str(HERE.parent / "tests"))
 
-from _common import cpu_name, publish  # noqa: E402
+from _common import cpu_name, publish, served_fp32  # noqa: E402
 
 
 def main() -> None:
@@ -52,11 +51,7 @@ def main() -> None:
     from tune_search import models
 
     from trtrepo.contracts.backends import available_cores
-    from trtrepo.measure import Stability, cpu_sample, machine_usage
-    from trtrepo.repository import add_onnx_model
-    from trtrepo.server import TritonServer
-    from trtrepo.tritonconfig import ModelOptions
-    from trtrepo.validate import TritonTarget, ValidateOptions, make_payloads, run_latency
+    from trtrepo.measure import cpu_sample, machine_usage
 
     t_all = time.time()
     rows = []
@@ -65,45 +60,32 @@ def main() -> None:
         for label, (onnx_path, data) in models(root, args.models).items():
             if "demo-text" in label:
                 continue
-            repo = root / f"repo-{len(rows)}"
-            # the GPU machine's script names the Python backend's environment (scripts/gpu_measurement.sh)
-            env = os.environ.get("TRTREPO_BENCH_PYTHON_ENV") or None
-            add_onnx_model(repo, "demo", onnx_path, backend="python", options=ModelOptions(execution_env=env))
-            from trtrepo.data import open_data
-            from trtrepo.modelio import ModelIO
-
-            io = ModelIO.from_onnx(onnx_path)
-            payloads, _ = make_payloads(open_data(data, io=io), io, 1)
-            probe = _probe(onnx_path, payloads[0].inputs, args.probe_seconds)
             probes: dict[int, list[float]] = {c: [] for c in args.concurrency}
             ours: dict[tuple[float, int], list[dict]] = {(w, c): [] for w in args.interval for c in args.concurrency}
             plain: dict[int, list[dict]] = {c: [] for c in args.concurrency}
-            with TritonServer(repo, timeout=300) as server:
-                with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
-                    t.wait_ready()
-                    t.prepare(io)
-                    for r in range(args.rounds):
-                        for c in args.concurrency:
-                            probes[c].append(probe())
-                            for w in args.interval[r % len(args.interval):] + args.interval[:r % len(args.interval)]:
-                                opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20,
-                                                       progress=False, stability=Stability(interval_s=w), speed=None)
-                                lv = run_latency(t, payloads, opts, "1")["levels"][0]  # records the machine's usage
-                                steal = lv["machine"]["steal_share"] or 0.0
-                                ours[(w, c)].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
-                                                     "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
-                                                     "busy": lv["machine"]["busy_share"]})
-                                print(f"{label} round {r + 1} c={c} {w:g} s windows: validate {lv['throughput']:.1f} "
-                                      f"infer/s ({len(lv['windows'])} windows, stable {lv['stable']}); steal "
-                                      f"{100 * steal:.0f}%", file=sys.stderr)
-                            s0 = cpu_sample()
-                            thr = _plain_client_loop(server.grpc_url, payloads, c, args.plain_seconds, "demo",
-                                                     io.output_names[0])
-                            usage = machine_usage(s0, cpu_sample(), available_cores())
-                            steal2 = usage["steal_share"] or 0.0
-                            plain[c].append({"throughput": thr, "steal": steal2, "busy": usage["busy_share"]})
-                            print(f"{label} round {r + 1} c={c}: independent {thr:.1f} infer/s; steal "
-                                  f"{100 * steal2:.0f}%; probe {probes[c][-1]:.0f} runs/s", file=sys.stderr)
+            with served_fp32(root / f"repo-{len(rows)}", onnx_path, data) as served:
+                server, io, payloads = served.server, served.io, served.payloads
+                probe = _probe(onnx_path, payloads[0].inputs, args.probe_seconds)
+                for r in range(args.rounds):
+                    for c in args.concurrency:
+                        probes[c].append(probe())
+                        for w in args.interval[r % len(args.interval):] + args.interval[:r % len(args.interval)]:
+                            lv = served.level(c, w)  # records the machine's usage
+                            steal = lv["machine"]["steal_share"] or 0.0
+                            ours[(w, c)].append({"throughput": lv["throughput"], "p50": lv["client_ms"]["p50"],
+                                                 "stable": lv["stable"], "windows": len(lv["windows"]), "steal": steal,
+                                                 "busy": lv["machine"]["busy_share"]})
+                            print(f"{label} round {r + 1} c={c} {w:g} s windows: validate {lv['throughput']:.1f} "
+                                  f"infer/s ({len(lv['windows'])} windows, stable {lv['stable']}); steal "
+                                  f"{100 * steal:.0f}%", file=sys.stderr)
+                        s0 = cpu_sample()
+                        thr = _plain_client_loop(server.grpc_url, payloads, c, args.plain_seconds, "demo",
+                                                 io.output_names[0])
+                        usage = machine_usage(s0, cpu_sample(), available_cores())
+                        steal2 = usage["steal_share"] or 0.0
+                        plain[c].append({"throughput": thr, "steal": steal2, "busy": usage["busy_share"]})
+                        print(f"{label} round {r + 1} c={c}: independent {thr:.1f} infer/s; steal "
+                              f"{100 * steal2:.0f}%; probe {probes[c][-1]:.0f} runs/s", file=sys.stderr)
             for w, c in ours:
                 a = [x["throughput"] for x in ours[(w, c)]]
                 b = [x["throughput"] for x in plain[c]]
