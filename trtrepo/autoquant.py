@@ -21,7 +21,7 @@ import logging
 import math
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -638,6 +638,8 @@ def run_quantize(
     smooth_quant: float | str | None = "auto",
     check: AccuracyCheck | None = AccuracyCheck(),
     memory_budget_mb: float | None = None,
+    weight_rounding: str = "auto",
+    rounding_budget_s: float | None = None,
 ) -> QuantizeResult:
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
@@ -759,6 +761,12 @@ def run_quantize(
     per_method = {k: _smoothed_ranges(v, smooth.ranges) for k, v in per_method.items()}
     best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     assert best.quantized is not None
+    rounding = choose_weight_rounding(base_model, per_method[best.label], options, calib_src, evaluator, best,
+                                      weight_rounding, metric_output=metric_output, metric=metric,
+                                      budget_s=rounding_budget_s, threads=threads)
+    timings.update(rounding.seconds)
+    if rounding.model is not None:
+        base_model, best = rounding.model, rounding.best
     chosen, metrics = best.quantized, best.metrics
     fb = None
     if accuracy_target is not None:
@@ -791,6 +799,7 @@ def run_quantize(
     report["metric_output"] = metric_output or outputs[0]
     report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
+    report["weight_rounding"] = rounding.to_dict()
     report["quantize_attention"] = options.quantize_attention
     report["reduce_range"] = options.reduce_range
     report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
@@ -809,6 +818,93 @@ def run_quantize(
 
         write_report(report_dir, "quantize", report_json(report), report_markdown(report))
     return result
+
+
+@dataclass
+class RoundingChoice:
+    """The weight step ``quantize`` chose (None: nearest rounding of the original weights)."""
+
+    requested: str
+    chosen: str
+    model: Any = None  # the FP32 model with rounded weights, when a step was chosen
+    best: Candidate | None = None
+    rows: list[dict[str, Any]] = field(default_factory=list)
+    seconds: dict[str, float] = field(default_factory=dict)
+    layers: list[dict[str, Any]] = field(default_factory=list)
+    note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"requested": self.requested, "chosen": self.chosen, "candidates": self.rows, "note": self.note,
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "layers": self.layers}
+
+
+WEIGHT_ROUNDING = ("auto", "nearest", "bias_correction", "adaround")
+
+
+def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, calib_src: Any,
+                           evaluator: Evaluator | None, nearest: Candidate, requested: str, *,
+                           metric_output: str | None = None, metric: str | None = None, budget_s: float | None = None,
+                           threads: int | None = None) -> RoundingChoice:
+    """The weight step (:mod:`trtrepo.weightsteps`): ``auto`` measures bias correction and
+    AdaRound (each with the chosen method's ranges) against nearest rounding on the held-out data
+    and keeps the best by :func:`trtrepo.evaluate.better`; without held-out data it takes AdaRound
+    (whose per-layer guard never keeps a rounding worse than nearest on the calibration inputs).
+    A named step is applied as asked (and measured when there is held-out data)."""
+    from . import weightsteps as WS
+
+    if requested not in WEIGHT_ROUNDING:
+        raise UsageError(f"weight rounding '{requested}': expected one of {', '.join(WEIGHT_ROUNDING)}")
+    choice = RoundingChoice(requested, "nearest")
+    if requested == "nearest":
+        return choice
+    if calib_src is None:
+        choice.note = "no calibration data here (ranges or a cache were given): nearest rounding"
+        return choice
+    layers = WS.find_layers(model, options, ranges)
+    if not layers:
+        choice.note = "no Conv/Gemm layer with quantized weights: nearest rounding"
+        return choice
+    steps = ("bias_correction", "adaround") if requested == "auto" else (requested,)
+    from .modelio import ModelIO
+
+    t0 = time.perf_counter()
+    batches = WS.cached_batches(calib_src, ModelIO.from_onnx(model))
+    moments = WS.collect_moments(model, layers, batches, WS.activation_qparams_for(model, layers, ranges, options),
+                                 threads=threads)
+    del batches
+    choice.seconds["weight_statistics"] = time.perf_counter() - t0
+    if nearest.metrics is not None:
+        choice.rows.append({"step": "nearest", "metrics": _row_metrics(nearest.metrics, metric_output)})
+    best_model, best = None, nearest
+    for step in steps:
+        res = WS.round_weights(model, layers, moments, step, options,
+                               budget_s=WS.DEFAULT_BUDGET_S if budget_s is None else budget_s)
+        choice.seconds[step] = res.seconds
+        t0 = time.perf_counter()
+        qm = insert_qdq(res.model, ranges, options, source=f"{nearest.label} ranges", warn=False)
+        cand = Candidate(nearest.label, qm, None if evaluator is None else evaluator(qm.model))
+        choice.seconds[f"{step}_evaluation"] = time.perf_counter() - t0
+        row: dict[str, Any] = {"step": step, "seconds": round(res.seconds, 3),
+                               "adaround_learned": sum(1 for r in res.layers if r.adaround == "learned"),
+                               "layers": len(res.layers)}
+        if cand.metrics is not None:
+            row["metrics"] = _row_metrics(cand.metrics, metric_output)
+            log.info("weight rounding %s: %s", step, _brief(cand.metrics, metric_output))
+        choice.rows.append(row)
+        wins = cand.metrics is None if best.metrics is None else (
+            cand.metrics is not None and better(cand.metrics, best.metrics, metric_output, metric))
+        if requested != "auto" or wins or (evaluator is None and step == "adaround"):
+            best_model, best = res.model, cand
+            choice.chosen = step
+            choice.layers = [vars(r) for r in res.layers]
+    if best_model is not None:
+        choice.model, choice.best = best_model, best
+    return choice
+
+
+def _row_metrics(metrics: Mapping[str, OutputMetrics], output: str | None) -> dict[str, Any]:
+    m = pick_output(metrics, output)
+    return {"top1_agreement": m.top1_agreement, "accuracy": m.candidate_accuracy, "cosine_mean": m.cosine_mean}
 
 
 def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions,

@@ -1,0 +1,200 @@
+"""Weight rounding that keeps a trained network's function: AdaRound, bias correction and
+cross-layer equalization, as pure numpy functions (no I/O, no ONNX).
+
+Every function works on one layer's weights in the *grouped matrix* layout ``W[G, Og, K]``: ``G``
+groups (a Conv's ``group``; 1 for Gemm/MatMul), ``Og`` output channels per group and ``K`` inputs
+per output (``Cin/G * kh * kw`` for a Conv). The per-output-channel scale is ``s[G, Og]``, the
+symmetric grid ``[-qmax, qmax]`` of :func:`trtrepo.quantize.weight_qparams`.
+
+Decisions:
+
+* **The layer's input statistics are second moments.** A linear layer's squared output error for
+  a weight change is ``d G d^T`` with ``G = sum x x^T`` over input patches, so AdaRound's
+  reconstruction loss and its gradient need only ``G`` (``K x K`` per group), never the samples:
+  memory and time per step are independent of the number of calibration samples.
+* **Asymmetric reconstruction** (AdaRound, section 5): the rounded weights see the input as the
+  quantized model sees it (the activation's own fake quantization), the target is the FP32
+  output: loss ``||X W^T - Xq Ws^T||^2``, which needs ``Gqq = sum xq xq^T`` and
+  ``Gxq = sum x xq^T``.
+* **The grid does not move.** Each channel's largest-magnitude weight keeps its round-to-nearest
+  value (``+-qmax``), so the scale the Q/DQ writer derives from the rounded weights is the scale
+  AdaRound optimized against.
+* **Never worse than rounding to nearest**: per layer the hard-rounded result is kept only where
+  its reconstruction loss on the calibration statistics is below nearest rounding's.
+* **Bias correction** subtracts the expected output shift ``Ws mu_q - W mu_x`` (input patch
+  means, quantized and FP32), the empirical form of Nagel et al. 2019 section 4.2.
+* **Cross-layer equalization** rescales output channel ``i`` of a layer by ``1/s_i`` and input
+  channel ``i`` of the next by ``s_i`` with ``s_i = sqrt(r1_i / r2_i)`` (DFQ, eq. 8), which keeps the
+  network's function through ReLU and linear links; a clipping activation (ReLU6) is kept exact
+  by the caller's choice of which channels may move (see :func:`equalization_scales`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+ZETA, GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch (AdaRound, eq. 23)
+
+
+@dataclass
+class InputMoments:
+    """Second and first moments of one layer's input patches, accumulated over samples.
+
+    ``x`` is the FP32 input as the FP32 network computes it, ``xq`` the same input after the
+    activation's fake quantization (equal to ``x`` for an input that stays float)."""
+
+    groups: int
+    k: int
+    gram_qq: np.ndarray = field(init=False)
+    gram_xq: np.ndarray = field(init=False)
+    gram_xx: np.ndarray = field(init=False)
+    sum_x: np.ndarray = field(init=False)
+    sum_q: np.ndarray = field(init=False)
+    count: int = 0
+
+    def __post_init__(self) -> None:
+        self.gram_qq = np.zeros((self.groups, self.k, self.k), np.float64)
+        self.gram_xq = np.zeros((self.groups, self.k, self.k), np.float64)
+        self.gram_xx = np.zeros((self.groups, self.k, self.k), np.float64)
+        self.sum_x = np.zeros((self.groups, self.k), np.float64)
+        self.sum_q = np.zeros((self.groups, self.k), np.float64)
+
+    def add(self, x: np.ndarray, xq: np.ndarray) -> None:
+        """Add patches ``x``/``xq`` of shape ``[n, G, K]``."""
+        if x.shape != xq.shape or x.ndim != 3 or x.shape[1:] != (self.groups, self.k):
+            raise ValueError(f"patches of shape {x.shape} / {xq.shape}, expected [n, {self.groups}, {self.k}]")
+        xt = np.ascontiguousarray(x.transpose(1, 2, 0), np.float32)  # [G, K, n]
+        qt = np.ascontiguousarray(xq.transpose(1, 2, 0), np.float32)
+        self.gram_qq += np.matmul(qt, qt.transpose(0, 2, 1))
+        self.gram_xq += np.matmul(xt, qt.transpose(0, 2, 1))
+        self.gram_xx += np.matmul(xt, xt.transpose(0, 2, 1))
+        self.sum_x += x.sum(axis=0, dtype=np.float64)
+        self.sum_q += xq.sum(axis=0, dtype=np.float64)
+        self.count += x.shape[0]
+
+    @property
+    def mean_x(self) -> np.ndarray:
+        return self.sum_x / max(self.count, 1)
+
+    @property
+    def mean_q(self) -> np.ndarray:
+        return self.sum_q / max(self.count, 1)
+
+
+def round_nearest(w: np.ndarray, scale: np.ndarray, qmax: float) -> np.ndarray:
+    """Round-to-nearest integers of ``w[G, Og, K]`` on the grid ``scale[G, Og]``."""
+    return np.clip(np.rint(w / _safe(scale)[..., None]), -qmax, qmax)
+
+
+def _safe(scale: np.ndarray) -> np.ndarray:
+    return np.where(scale > 0, scale, 1.0)
+
+
+def reconstruction_loss(w: np.ndarray, ws: np.ndarray, m: InputMoments) -> np.ndarray:
+    """Per group, the mean squared output error ``sum_n ||x W^T - xq Ws^T||^2 / n``."""
+    n = max(m.count, 1)
+    wq = ws.astype(np.float64)
+    wf = w.astype(np.float64)
+    quad = np.sum(np.matmul(wq, m.gram_qq) * wq, axis=(1, 2))
+    cross = np.sum(np.matmul(wf, m.gram_xq) * wq, axis=(1, 2))
+    const = np.sum(np.matmul(wf, m.gram_xx) * wf, axis=(1, 2))
+    return np.maximum(quad - 2.0 * cross + const, 0.0) / n
+
+
+@dataclass
+class AdaRoundResult:
+    q: np.ndarray  # integers [G, Og, K] (float array), on [-qmax, qmax]
+    loss_nearest: float
+    loss_adaround: float
+    iterations: int
+    kept_nearest: bool  # the learned rounding was no better: nearest rounding kept
+
+
+def adaround(w: np.ndarray, scale: np.ndarray, m: InputMoments, *, qmax: float = 127.0, iterations: int = 1000,
+             lr: float = 1e-2, reg: float = 0.01, beta: tuple[float, float] = (20.0, 2.0), warmup: float = 0.2,
+             seed: int = 0) -> AdaRoundResult:
+    """AdaRound (Nagel et al. 2020) for one layer: learn, per weight, whether to round down or up
+    so that the layer's output on the calibration inputs stays closest to FP32.
+
+    Adam on the rectified-sigmoid variable ``V``; loss = reconstruction (from the moments, see
+    :class:`InputMoments`) + ``reg * sum(1 - |2h - 1|^beta)`` with ``beta`` annealed from
+    ``beta[0]`` to ``beta[1]`` after ``warmup`` of the iterations (no regularization before).
+    Deterministic for given inputs (``seed`` is unused noise-free; kept for API stability)."""
+    del seed
+    w = np.asarray(w, np.float64)
+    s = _safe(np.asarray(scale, np.float64))[..., None]  # [G, Og, 1]
+    n = max(m.count, 1)
+    gqq = m.gram_qq / n
+    gxq = m.gram_xq / n
+    target = np.matmul(w, gxq)  # W Gxq: constant part of the gradient
+    ratio = w / s
+    floor = np.floor(ratio)
+    rest = np.clip(ratio - floor, 1e-4, 1 - 1e-4)
+    # h(V) = clip(sigmoid(V) * (ZETA - GAMMA) + GAMMA, 0, 1); start where h = the fractional part
+    v = -np.log((ZETA - GAMMA) / (rest - GAMMA) - 1.0)
+    m1 = np.zeros_like(v)
+    m2 = np.zeros_like(v)
+    b1, b2, eps = 0.9, 0.999, 1e-8
+    n_warm = int(warmup * iterations)
+    # The channel's largest weight keeps its nearest value (the grid's scale stays put).
+    amax_idx = np.abs(ratio).reshape(-1, ratio.shape[-1]).argmax(axis=1)
+    pin = np.zeros(ratio.shape, bool).reshape(-1, ratio.shape[-1])
+    pin[np.arange(pin.shape[0]), amax_idx] = True
+    pin = pin.reshape(ratio.shape)
+    nearest = round_nearest(w, s[..., 0], qmax)
+    for it in range(iterations):
+        sig = 1.0 / (1.0 + np.exp(-v))
+        h_raw = sig * (ZETA - GAMMA) + GAMMA
+        h = np.clip(h_raw, 0.0, 1.0)
+        qf = floor + h
+        inside = (qf >= -qmax) & (qf <= qmax) & ~pin
+        qf = np.where(pin, nearest, np.clip(qf, -qmax, qmax))
+        ws = s * qf
+        grad_ws = 2.0 * (np.matmul(ws, gqq) - target)
+        grad_h = grad_ws * s * inside
+        if it >= n_warm:
+            frac = (it - n_warm) / max(iterations - n_warm, 1)
+            b = beta[1] + 0.5 * (beta[0] - beta[1]) * (1 + np.cos(np.pi * frac))
+            t = 2.0 * h - 1.0
+            grad_h = grad_h + reg * (-b * np.abs(t) ** (b - 1.0) * np.sign(t) * 2.0)
+        grad_v = grad_h * ((h_raw > 0) & (h_raw < 1)) * sig * (1.0 - sig) * (ZETA - GAMMA)
+        m1 = b1 * m1 + (1 - b1) * grad_v
+        m2 = b2 * m2 + (1 - b2) * grad_v * grad_v
+        v -= lr * (m1 / (1 - b1 ** (it + 1))) / (np.sqrt(m2 / (1 - b2 ** (it + 1))) + eps)
+    q = np.clip(floor + (v >= 0), -qmax, qmax)
+    q = np.where(pin, nearest, q)
+    w32 = w.astype(np.float32)
+    loss_near = float(reconstruction_loss(w32, (s * nearest).astype(np.float32), m).sum())
+    loss_ada = float(reconstruction_loss(w32, (s * q).astype(np.float32), m).sum())
+    if loss_ada >= loss_near:
+        return AdaRoundResult(nearest, loss_near, loss_ada, iterations, True)
+    return AdaRoundResult(q, loss_near, loss_ada, iterations, False)
+
+
+def bias_shift(w: np.ndarray, ws: np.ndarray, m: InputMoments) -> np.ndarray:
+    """The expected output shift ``Ws mu_q - W mu_x`` per output channel, ``[G, Og]``: subtract it
+    from the bias to correct the quantized layer's mean output (bias correction)."""
+    return (np.einsum("gok,gk->go", ws.astype(np.float64), m.mean_q)
+            - np.einsum("gok,gk->go", w.astype(np.float64), m.mean_x))
+
+
+def equalization_scales(r1: np.ndarray, r2: np.ndarray, *, lo: np.ndarray | None = None,
+                        hi: np.ndarray | None = None) -> np.ndarray:
+    """DFQ's equalizing scales ``s_i = sqrt(r1_i / r2_i)`` for a pair of layers sharing channel
+    ``i`` (``r1``: range of the first layer's output channel ``i``, ``r2``: of the second layer's
+    input channel ``i``); the first layer's channel is divided by ``s_i``, the second's multiplied.
+    ``lo``/``hi`` bound each scale (e.g. ``lo = 1`` where an activation between the layers clips
+    and may only be scaled down, ``hi = lo = 1`` for a channel that must not move). Channels with a
+    zero range keep scale 1."""
+    r1 = np.asarray(r1, np.float64)
+    r2 = np.asarray(r2, np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        s = np.sqrt(r1 / r2)
+    s = np.where(np.isfinite(s) & (s > 0), s, 1.0)
+    if lo is not None:
+        s = np.maximum(s, lo)
+    if hi is not None:
+        s = np.minimum(s, hi)
+    return s

@@ -1,0 +1,321 @@
+"""Weight steps of ``quantize``: bias correction and AdaRound on an ONNX model (the adapter
+around the numpy algorithms of :mod:`trtrepo.weightopt`).
+
+A weight step returns a new FP32 model whose quantized layers carry weights that already lie on
+their INT8 grid (``q * scale``) and corrected biases. The Q/DQ writer (:func:`trtrepo.quantize.insert_qdq`)
+derives the same per-channel scales from them and reproduces the chosen integers exactly, so the
+result is plain INT8 weights in the Q/DQ model: ONNX Runtime and TensorRT run it unchanged.
+
+Decisions:
+
+* The layers are the Conv (2-D, any ``group``, depthwise included) and Gemm layers whose weights
+  the Q/DQ plan quantizes. MatMul layers (transformer encoders) keep nearest rounding.
+* Inputs are collected in one pass of the FP32 model over the calibration data with every
+  layer input as an extra output; each layer keeps only the moments of a bounded random sample
+  of input patches (:data:`ROWS_PER_LAYER`), so memory is ``K x K`` per group and layer however
+  many samples there are.
+* AdaRound's iterations fit a time budget: each layer gets a share proportional to its cost per
+  iteration, at most :data:`ADAROUND_ITERATIONS` and at least :data:`MIN_ITERATIONS`.
+* A layer whose patch sample is smaller than twice its input width (a classifier on few images)
+  keeps nearest rounding: its moments cannot pin ``K`` roundings down.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import weightopt as W
+from .quantize import GraphView, QParams, QuantizeOptions, activation_qparams, plan_qdq, weight_qparams
+
+log = logging.getLogger(__name__)
+
+STEPS = ("nearest", "bias_correction", "adaround")
+ROWS_PER_LAYER = 4096  # input patches sampled per layer
+ADAROUND_ITERATIONS = 1000
+MIN_ITERATIONS = 200
+DEFAULT_BUDGET_S = 60.0  # AdaRound's time for the whole model
+BATCH_SIZE = 16  # samples per collection batch
+MAX_SAMPLES = 512  # calibration samples the statistics pass reads
+ITERATION_RATE = 2.5e9  # multiply-adds per second assumed for AdaRound's budget
+
+
+@dataclass
+class Layer:
+    """One quantized layer in grouped-matrix form (see :mod:`trtrepo.weightopt`)."""
+
+    node: str
+    op: str
+    input: str
+    weight: str
+    bias: str | None
+    groups: int
+    weight_shape: tuple[int, ...]
+    transposed: bool = False  # Gemm transB=0: the weight is [K, O]
+    pads: tuple[int, int, int, int] = (0, 0, 0, 0)  # top, left, bottom, right
+    strides: tuple[int, int] = (1, 1)
+    dilations: tuple[int, int] = (1, 1)
+    axis: int | None = 0  # the writer's per-channel axis (None: per tensor)
+
+    @property
+    def k(self) -> int:
+        if self.op == "Conv":
+            return int(np.prod(self.weight_shape[1:]))
+        return self.weight_shape[0] if self.transposed else self.weight_shape[1]
+
+    @property
+    def outputs(self) -> int:
+        if self.op == "Conv":
+            return self.weight_shape[0]
+        return self.weight_shape[1] if self.transposed else self.weight_shape[0]
+
+    def grouped(self, w: np.ndarray) -> np.ndarray:
+        """``[G, Og, K]`` view of the ONNX weight."""
+        if self.op == "Conv":
+            return w.reshape(self.groups, self.outputs // self.groups, -1)
+        return (w.T if self.transposed else w)[None]
+
+    def ungrouped(self, g: np.ndarray) -> np.ndarray:
+        if self.op == "Conv":
+            return g.reshape(self.weight_shape)
+        return np.ascontiguousarray(g[0].T if self.transposed else g[0])
+
+    def patches(self, x: np.ndarray, rows: int, rng: np.random.Generator) -> np.ndarray:
+        """A random sample of about ``rows`` input patches of batch ``x``, ``[n, G, K]``."""
+        if self.op != "Conv":
+            flat = x.reshape(-1, x.shape[-1])
+            take = rng.choice(len(flat), size=min(rows, len(flat)), replace=False)
+            return flat[np.sort(take)][:, None, :]
+        b, c, h, w_ = x.shape
+        kh, kw = self.weight_shape[2], self.weight_shape[3]
+        pt, pl, pb, pr = self.pads
+        (sh, sw), (dh, dw) = self.strides, self.dilations
+        ho = (h + pt + pb - dh * (kh - 1) - 1) // sh + 1
+        wo = (w_ + pl + pr - dw * (kw - 1) - 1) // sw + 1
+        per_image = max(1, min(ho * wo, -(-rows // b)))
+        pos = rng.choice(ho * wo, size=per_image, replace=False)
+        oy, ox = pos // wo, pos % wo
+        xp = np.pad(x, ((0, 0), (0, 0), (pt, pb), (pl, pr))) if any(self.pads) else x
+        r = oy[:, None] * sh + np.arange(kh) * dh  # [P, kh]
+        q = ox[:, None] * sw + np.arange(kw) * dw  # [P, kw]
+        p = xp[:, :, r[:, :, None], q[:, None, :]]  # [B, C, P, kh, kw]
+        p = p.transpose(0, 2, 1, 3, 4).reshape(b * per_image, self.groups, -1)
+        return p
+
+
+def find_layers(model: Any, options: QuantizeOptions, ranges: Mapping[str, Any]) -> list[Layer]:
+    """The Conv/Gemm layers whose constant weight the Q/DQ plan quantizes per output channel."""
+    view = GraphView(model)
+    plan = plan_qdq(model, options, view=view, ranges=ranges)
+    weighted = {p.consumer: p.axis for p in plan.points if p.kind == "weight" and p.input_index == 1}
+    layers = []
+    for node in view.nodes:
+        if node.name not in weighted or node.op_type not in ("Conv", "Gemm"):
+            continue
+        if not view.is_constant(node.input[1]) or not view.is_float_activation(node.input[0]):
+            continue
+        if len(view.consumers[node.input[1]]) != 1:
+            continue  # a weight shared with another node: rounding it for this layer would change the other
+        shape = tuple(view.constant_array(node.input[1]).shape)
+        bias = node.input[2] if len(node.input) > 2 and node.input[2] else None
+        if bias is not None and (not view.is_constant(bias) or len(view.consumers[bias]) != 1):
+            continue
+        if node.op_type == "Conv":
+            if len(shape) != 4 or view.attr(node, "auto_pad", b"NOTSET") not in (b"NOTSET", "NOTSET"):
+                continue
+            pads = tuple(view.attr(node, "pads", [0, 0, 0, 0]))
+            layers.append(Layer(node.name, "Conv", node.input[0], node.input[1], bias, int(view.attr(node, "group", 1)), shape,
+                                pads=(pads[0], pads[1], pads[2], pads[3]),
+                                strides=tuple(view.attr(node, "strides", [1, 1])),  # type: ignore[arg-type]
+                                dilations=tuple(view.attr(node, "dilations", [1, 1])),  # type: ignore[arg-type]
+                                axis=weighted[node.name]))
+        else:
+            if (view.attr(node, "transA", 0) or float(view.attr(node, "alpha", 1.0)) != 1.0
+                    or float(view.attr(node, "beta", 1.0)) != 1.0 or len(shape) != 2):
+                continue
+            if bias is not None and view.constant_array(bias).size != shape[0 if view.attr(node, "transB", 0) else 1]:
+                continue
+            layers.append(Layer(node.name, "Gemm", node.input[0], node.input[1], bias, 1, shape,
+                                transposed=not view.attr(node, "transB", 0), axis=weighted[node.name]))
+    return layers
+
+
+def fake_quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
+    """What a Q -> DQ pair of ``qp`` does to ``x`` (round half to even, as ONNX)."""
+    s = float(qp.scale)
+    zp = int(qp.zero_point)
+    lo, hi = (0, 255) if qp.zero_point.dtype == np.uint8 else (-128, 127)
+    return ((np.clip(np.rint(x / s) + zp, lo, hi) - zp) * s).astype(np.float32)
+
+
+def cached_batches(source: Any, io: Any, batch_size: int = BATCH_SIZE, max_samples: int = MAX_SAMPLES) -> list[Any]:
+    """Up to ``max_samples`` calibration samples in batches, held in memory for the passes of a
+    weight step."""
+    from .data import iter_batches
+
+    out, n = [], 0
+    for batch in iter_batches(source, batch_size, io):
+        out.append(batch)
+        n += len(next(iter(batch.inputs.values())))
+        if n >= max_samples:
+            break
+    return out
+
+
+def _with_outputs(model: Any, names: Sequence[str]) -> Any:
+    import onnx
+
+    probe = onnx.ModelProto()
+    probe.CopyFrom(model)
+    have = {o.name for o in probe.graph.output}
+    for name in names:
+        if name not in have:
+            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
+    return probe
+
+
+def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any], act_qparams: Mapping[str, QParams], *,
+                    rows_per_layer: int = ROWS_PER_LAYER, threads: int | None = None,
+                    seed: int = 0) -> dict[str, W.InputMoments]:
+    """One pass of the FP32 ``model`` over ``batches``: each layer's input patches, FP32 and
+    fake-quantized with the Q/DQ parameters its input gets (``act_qparams``; absent: float),
+    reduced to :class:`~trtrepo.weightopt.InputMoments`."""
+    from .evaluate import make_session
+
+    names = list(dict.fromkeys(la.input for la in layers))
+    session = make_session(_with_outputs(model, names), threads=threads)
+    n_images = max(sum(_count(b) for b in batches), 1)
+    moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
+    for i, batch in enumerate(batches):
+        got = dict(zip(names, session.run(names, batch.inputs), strict=True))
+        for j, la in enumerate(layers):
+            x = got[la.input]
+            p = la.patches(x, _rows(la, x, rows_per_layer, _count(batch), n_images), np.random.default_rng((seed, i, j)))
+            p = p.astype(np.float32, copy=False)
+            qp = act_qparams.get(la.input)
+            moments[la.node].add(p, fake_quantize(p, qp) if qp is not None else p)
+        del got
+    return moments
+
+
+def _count(batch: Any) -> int:
+    return len(next(iter(batch.inputs.values())))
+
+
+def _rows(layer: Layer, x: np.ndarray, rows: int, n: int, n_images: int) -> int:
+    r = max(1, int(round(rows * n / n_images)))
+    if layer.op != "Conv":
+        r = max(r, min(int(np.prod(x.shape[:-1], dtype=np.int64)), rows))
+    return r
+
+
+@dataclass
+class LayerReport:
+    node: str
+    op: str
+    k: int
+    groups: int
+    patches: int
+    adaround: str  # "learned", "nearest kept (no gain)", "nearest (too few patches)", "-"
+    iterations: int = 0
+    loss_nearest: float = 0.0  # mean squared output error with nearest rounding (calibration inputs)
+    loss_after: float = 0.0  # the same after the step (mean error corrected)
+    bias_shift: float = 0.0  # max |bias correction| / max |bias|
+
+
+@dataclass
+class WeightStepResult:
+    step: str
+    model: Any
+    layers: list[LayerReport] = field(default_factory=list)
+    seconds: float = 0.0
+
+    def to_dict(self) -> dict[str, Any]:
+        learned = sum(1 for r in self.layers if r.adaround == "learned")
+        return {"step": self.step, "seconds": round(self.seconds, 3), "layers": len(self.layers),
+                "adaround_learned": learned,
+                "per_layer": [vars(r) for r in self.layers]}
+
+
+def _cost(layer: Layer) -> float:
+    og = layer.outputs // layer.groups
+    return float(layer.groups * og * layer.k * (layer.k + 8))
+
+
+def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.InputMoments], step: str,
+                  options: QuantizeOptions, *, budget_s: float = DEFAULT_BUDGET_S,
+                  iterations: int = ADAROUND_ITERATIONS) -> WeightStepResult:
+    """A copy of ``model`` with the layers' weights rounded by ``step``: ``bias_correction``
+    (nearest rounding, bias corrected for the expected output error) or ``adaround`` (learned
+    rounding, then the same correction), each layer from its own input moments."""
+    import onnx
+    from onnx import numpy_helper
+
+    if step not in STEPS[1:]:
+        raise ValueError(f"unknown weight step {step!r}")
+    t0 = time.perf_counter()
+    qmax = 64.0 if options.reduce_range else 127.0
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    inits = {t.name: t for t in out.graph.initializer}
+    nodes = {n.name: n for n in out.graph.node}
+    eligible = [la for la in layers if moments[la.node].count >= 2 * la.k]
+    total_cost = sum(_cost(la) for la in eligible) or 1.0
+    n_iter = int(min(iterations, max(MIN_ITERATIONS, budget_s * ITERATION_RATE / total_cost)))
+    reports: list[LayerReport] = []
+    for layer in layers:
+        m = moments[layer.node]
+        w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
+        g = layer.grouped(w)
+        qp = weight_qparams(w, layer.axis, qmax)  # the writer's own scales
+        scale = np.broadcast_to(qp.scale, (layer.outputs,)).reshape(layer.groups, -1).astype(np.float32)
+        rep = LayerReport(layer.node, layer.op, layer.k, layer.groups, m.count, "-")
+        q = W.round_nearest(g, scale, qmax)
+        rep.loss_nearest = float(W.reconstruction_loss(g, q * scale[..., None], m).sum())
+        if step == "adaround":
+            if m.count < 2 * layer.k:
+                rep.adaround = "nearest (too few patches)"
+            else:
+                res = W.adaround(g, scale, m, qmax=qmax, iterations=n_iter)
+                rep.iterations = res.iterations
+                rep.adaround = "nearest kept (no gain)" if res.kept_nearest else "learned"
+                q = res.q
+        ws = (q * scale[..., None]).astype(np.float32)
+        shift = W.bias_shift(g, ws, m).reshape(-1)
+        # the layer's own error after the step: the mean output error is corrected away
+        rep.loss_after = float(max(W.reconstruction_loss(g, ws, m).sum() - np.sum(shift ** 2), 0.0))
+        inits[layer.weight].CopyFrom(numpy_helper.from_array(layer.ungrouped(ws).astype(np.float32), layer.weight))
+        if layer.bias is not None:
+            b = numpy_helper.to_array(inits[layer.bias]).astype(np.float32)
+            inits[layer.bias].CopyFrom(numpy_helper.from_array((b - shift).astype(np.float32), layer.bias))
+            rep.bias_shift = float(np.max(np.abs(shift)) / max(float(np.max(np.abs(b))), 1e-12))
+        elif np.any(shift):
+            name = f"{layer.weight}_corrected_bias"
+            out.graph.initializer.append(numpy_helper.from_array((-shift).astype(np.float32), name))
+            node = nodes[layer.node]
+            while len(node.input) < 3:
+                node.input.append("")
+            node.input[2] = name
+        reports.append(rep)
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0)
+
+
+def activation_qparams_for(model: Any, layers: Sequence[Layer], ranges: Mapping[str, Any],
+                           options: QuantizeOptions) -> dict[str, QParams]:
+    """The Q/DQ parameters the writer gives each layer input (absent: the input stays float)."""
+    from .quantize import _as_range
+
+    view = GraphView(model)
+    out = {}
+    for layer in layers:
+        if layer.input in ranges:
+            out[layer.input] = activation_qparams(_as_range(ranges[layer.input]), options.target,
+                                                  nonneg=view.non_negative(layer.input), tensor=layer.input)
+    return out
+
+
