@@ -44,16 +44,23 @@ def test_quantize_warns_and_reports_a_failed_check(hard_case, tmp_path, caplog):
         res = run_quantize(model, tmp_path / "q.onnx", data=str(data), method="auto",
                            options=QuantizeOptions(target="onnxruntime"))
     check = res.report["accuracy_check"]
-    assert check["measured"] and check["ok"] is False and "top-1" in check["failures"][0]
+    # 16 near-uniform classes: no FP32 top-1 is confident, so the cosine decides (INT8 zeroes the output)
+    assert check["measured"] and check["ok"] is False and "cosine" in check["failures"][0]
+    assert check["verdict"]["rule"] == "mean cosine" and check["verdict"]["value"] < 0.5
     assert any("INT8 ACCURACY LOSS" in r.getMessage() for r in caplog.records)
     assert (tmp_path / "q.onnx").is_file()  # quantize writes it anyway, and says so
 
 
-def test_cli_quantize_prints_the_loss_on_stderr(hard_case, tmp_path, run_cli):
+def test_cli_quantize_exits_1_and_writes_nothing_when_the_check_fails(hard_case, tmp_path, run_cli):
     model, data = hard_case
     result = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx")
-    assert result.exit_code == 0
-    assert "INT8 ACCURACY LOSS" in result.stderr and "top-1" in result.stderr
+    assert result.exit_code == 1
+    assert "fails the held-out check" in result.stderr and "cosine" in result.stderr
+    assert not (tmp_path / "q.onnx").exists()
+    accepted = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx",
+                       "--accept-accuracy-loss")
+    assert accepted.exit_code == 0 and (tmp_path / "q.onnx").is_file()
+    assert "INT8 ACCURACY LOSS" in accepted.stderr
 
 
 @pytest.mark.parametrize("accept", [False, True])
@@ -79,11 +86,28 @@ def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
     assert res.report["input_methods"] == {"input": res.method}
 
 
-def metrics(top1: float | None, cosine: float) -> dict[str, OutputMetrics]:
-    return {"y": OutputMetrics("y", 10, 0.1, 0.01, cosine, cosine, top1_agreement=top1)}
+def metrics(conf: float | None, cosine: float, *, n_conf: int = 200, top1: float | None = 0.5,
+            acc: tuple[float, float] | None = None) -> dict[str, OutputMetrics]:
+    m = OutputMetrics("y", 300, 0.1, 0.01, cosine, cosine, top1_agreement=top1 if conf is not None else None,
+                      confident_samples=n_conf if conf is not None else None, confident_agreement=conf)
+    if acc is not None:
+        m.reference_accuracy, m.candidate_accuracy = acc
+    return {"y": m}
 
 
-@pytest.mark.parametrize("top1,cosine,fails", [(0.995, 0.5, False), (0.985, 0.999, True), (None, 0.995, False),
-                                               (None, 0.985, True)])
-def test_check_thresholds(top1, cosine, fails):
-    assert bool(AccuracyCheck().failures(metrics(top1, cosine))) == fails
+@pytest.mark.parametrize("conf,cosine,acc,fails", [
+    (0.995, 0.5, None, False),  # confident samples agree: overall agreement and cosine are not gated
+    (0.985, 0.999, None, True),  # 3 flips in 200 confident samples
+    (None, 0.995, None, False), (None, 0.985, None, True),  # no classes: cosine
+    (0.5, 0.5, (0.80, 0.795), False),  # labels decide: half a point lost
+    (1.0, 1.0, (0.80, 0.78), True),  # labels decide: two points lost although every confident top-1 agrees
+])
+def test_check_rules(conf, cosine, acc, fails):
+    assert bool(AccuracyCheck().failures(metrics(conf, cosine, acc=acc))) == fails
+
+
+def test_a_failure_too_small_to_resolve_is_marked_inconclusive_and_still_fails():
+    v = AccuracyCheck().judge(metrics(34 / 35, 1.0, n_conf=35)["y"])  # one flip in 35
+    assert v["ok"] is False and v["inconclusive"] is True and "too few" in v["message"]
+    v = AccuracyCheck().judge(metrics(0.90, 1.0, n_conf=400)["y"])  # 40 flips in 400: decided
+    assert v["ok"] is False and v["inconclusive"] is False and v["interval"][1] < 0.99

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 
 from . import histogram as H
-from .errors import UsageError
+from .errors import TrtrepoError, UsageError
 from .evaluate import (
     AccuracyTarget,
     OutputMetrics,
@@ -588,27 +588,82 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
     return chosen
 
 
+MIN_CONFIDENT_AGREEMENT = 0.99  # without labels: top-1 agreement on the confident samples
+
+
 @dataclass(frozen=True)
 class AccuracyCheck:
-    """The check every quantize/deploy run ends with: on ``output`` (default: every output),
-    top-1 agreement may drop by at most ``max_top1_drop`` points and an output without classes
-    needs a mean cosine of at least ``min_cosine``."""
+    """The check every quantize/deploy run ends with, on ``output`` (default: every output).
+
+    One rule per kind of output, the first that applies:
+
+    * **labels** (the held-out data has labels): the label accuracy may drop by at most
+      ``max_top1_drop`` points (the user's metric, measured directly);
+    * **classifier without labels**: top-1 agreement with FP32 on the *confident* samples
+      (FP32's top-1/top-2 probability margin >= :data:`trtrepo.evaluate.CONFIDENT_MARGIN`) at
+      least ``min_confident_agreement``. Overall agreement is reported beside it, not gated: on
+      near-ties (a fifth of natural-image crops for an ImageNet model) any change of the
+      arithmetic, FP16 included, flips the top-1, so "agreement >= 99 %" over all samples would
+      refuse every INT8 model however good;
+    * **no classes** (an embedding): mean cosine at least ``min_cosine``.
+
+    Each verdict carries its sample count and a 95 % Wilson interval; a failure that the
+    interval cannot separate from the limit (too few samples) is marked ``inconclusive`` and
+    still fails (no silent loss), with the number of samples that would decide it."""
 
     max_top1_drop: float = MAX_TOP1_DROP_POINTS
+    min_confident_agreement: float = MIN_CONFIDENT_AGREEMENT
     min_cosine: float = MIN_COSINE
+
+    def judge(self, m: OutputMetrics) -> dict[str, Any]:
+        """The verdict on one output: rule, value, limit, ok, samples, interval, message."""
+        from .evaluate import wilson_interval
+
+        v: dict[str, Any] = {"output": m.name, "samples": m.samples, "overall_top1_agreement": m.top1_agreement,
+                             "inconclusive": False}
+        if m.accuracy_drop_points is not None:
+            drop = m.accuracy_drop_points
+            per_sample = 100.0 / max(m.samples, 1)
+            v.update(rule="label accuracy drop", value=drop, limit=self.max_top1_drop, ok=drop <= self.max_top1_drop + 1e-9,
+                     reference_accuracy=m.reference_accuracy, candidate_accuracy=m.candidate_accuracy,
+                     points_per_sample=per_sample)
+            v["message"] = (f"output '{m.name}': label accuracy {100 * m.candidate_accuracy:.2f}% vs FP32 "  # type: ignore[operator]
+                            f"{100 * m.reference_accuracy:.2f}% (drop {drop:.2f} points, limit {self.max_top1_drop:g}; "  # type: ignore[operator]
+                            f"{m.samples} samples)")
+            if not v["ok"] and drop <= 2 * per_sample + 1e-9:
+                v["inconclusive"] = True
+                need = int(math.ceil(200.0 / max(self.max_top1_drop, 1e-9)))
+                v["message"] += (f"; one sample is {per_sample:.2f} points: too few samples to decide, give an "
+                                 f"evaluation set of >= {need} labelled samples")
+            return v
+        if m.confident_agreement is not None and m.confident_samples:
+            n = m.confident_samples
+            flips = int(round((1.0 - m.confident_agreement) * n))
+            lo, hi = wilson_interval(n - flips, n)
+            v.update(rule="confident top-1 agreement", value=m.confident_agreement, limit=self.min_confident_agreement,
+                     ok=m.confident_agreement >= self.min_confident_agreement - 1e-12, confident_samples=n,
+                     interval=[lo, hi])
+            overall = "" if m.top1_agreement is None else f"; all {m.samples}: {100 * m.top1_agreement:.1f}%"
+            v["message"] = (f"output '{m.name}': top-1 agreement {100 * m.confident_agreement:.1f}% on the {n} confident "
+                            f"samples (limit {100 * self.min_confident_agreement:g}%, 95% interval "
+                            f"{100 * lo:.1f}-{100 * hi:.1f}%){overall}")
+            if not v["ok"] and hi >= self.min_confident_agreement:
+                v["inconclusive"] = True
+                v["message"] += f"; {flips} flip(s) in {n}: too few confident samples to decide, give more evaluation data"
+            return v
+        if m.top1_agreement is not None:  # a classifier with no confident sample: nothing decides top-1
+            v["note"] = "no held-out sample has a confident FP32 top-1: judged on cosine"
+        v.update(rule="mean cosine", value=m.cosine_mean, limit=self.min_cosine, ok=m.cosine_mean >= self.min_cosine)
+        v["message"] = f"output '{m.name}': mean cosine vs FP32 {m.cosine_mean:.4f} (limit {self.min_cosine:g}; {m.samples} samples)"
+        return v
 
     def failures(self, metrics: Mapping[str, OutputMetrics], output: str | None = None) -> list[str]:
         names = [output] if output else list(metrics)
-        out = []
-        for name in names:
-            m = metrics[name]
-            if m.top1_agreement is not None:
-                drop = 100.0 * (1.0 - m.top1_agreement)
-                if drop > self.max_top1_drop:
-                    out.append(f"output '{name}': top-1 drops by {drop:.2f} points (limit {self.max_top1_drop:g})")
-            elif m.cosine_mean < self.min_cosine:
-                out.append(f"output '{name}': mean cosine vs FP32 {m.cosine_mean:.4f} < {self.min_cosine:g}")
-        return out
+        return [v["message"] for v in (self.judge(metrics[n]) for n in names) if not v["ok"]]
+
+
+class AccuracyLoss(TrtrepoError):
+    """The held-out check against FP32 failed and the loss was not accepted (exit code 1)."""
 
 
 # --------------------------------------------------------------------------------------------
@@ -640,6 +695,7 @@ def run_quantize(
     memory_budget_mb: float | None = None,
     weight_rounding: str = "auto",
     rounding_budget_s: float | None = None,
+    accept_accuracy_loss: bool = True,
 ) -> QuantizeResult:
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
@@ -650,7 +706,9 @@ def run_quantize(
     ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data; nothing with ranges
     or a cache, which were computed without it) or None.
     ``check``: the held-out accuracy check against FP32 the run ends with (result in
-    ``report["accuracy_check"]``, a warning when it fails; None skips it)."""
+    ``report["accuracy_check"]``, a warning when it fails; None skips it); when it fails and
+    ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is raised and nothing is written.
+    ``weight_rounding``: see :func:`choose_weight_rounding`."""
     from .data import open_data
     from .modelio import ModelIO
     from .smoothquant import parse_alpha
@@ -778,7 +836,13 @@ def run_quantize(
         metrics = evaluator(chosen.model)
     check_failures: list[str] | None = None
     ungated: list[str] = []
+    verdict: dict[str, Any] | None = None
+    noise_floor: dict[str, Any] | None = None
     if check is not None and metrics is not None:
+        verdict = check.judge(metrics[metric_output or outputs[0]])
+        if evaluator is not None and verdict["rule"] == "confident top-1 agreement":
+            noise_floor = _fp16_floor(model, evaluator, metric_output or outputs[0])
+            verdict["fp16_noise_floor"] = noise_floor
         check_failures = check.failures(metrics, metric_output or outputs[0])
         # The other outputs are measured too: one below the floor is named (not gated).
         ungated = [f for f in check.failures(metrics) if f not in check_failures]
@@ -788,6 +852,9 @@ def run_quantize(
         if check_failures:
             log.warning("INT8 ACCURACY LOSS on %d held-out samples: %s", len(eval_src) if eval_src is not None else 0,
                         "; ".join(check_failures))
+            if not accept_accuracy_loss:
+                raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(check_failures)}; "
+                                   f"nothing written to {out_path} (accept the loss to write it anyway)")
 
     path = save_model(chosen.model, out_path, force=force)
     result = _result(chosen, path, options, best.label)
@@ -807,7 +874,8 @@ def run_quantize(
     report["accuracy_check"] = None if check is None else {
         "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
         "failures": check_failures or [], "max_top1_drop_points": check.max_top1_drop, "min_cosine": check.min_cosine,
-        "output": metric_output or outputs[0], "ungated_below_floor": ungated}
+        "min_confident_agreement": check.min_confident_agreement,
+        "output": metric_output or outputs[0], "ungated_below_floor": ungated, "verdict": verdict}
     if options.target == "onnxruntime":
         report["integer_kernels"] = _kernel_report(base_model, per_method[best.label], options, chosen)
     if stats is not None:
@@ -900,6 +968,20 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     if best_model is not None:
         choice.model, choice.best = best_model, best
     return choice
+
+
+def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any] | None:
+    """The FP32 model cast to FP16 on the same held-out samples: the agreement that a change of
+    arithmetic alone costs (the noise floor beside INT8's figures)."""
+    from .fp16 import convert_to_fp16
+
+    try:
+        m = evaluator(convert_to_fp16(model))[output]
+    except Exception as exc:  # the floor is information, not a requirement
+        log.info("FP16 noise floor not measured: %s", exc)
+        return None
+    return {"top1_agreement": m.top1_agreement, "confident_agreement": m.confident_agreement,
+            "confident_samples": m.confident_samples, "cosine_mean": m.cosine_mean}
 
 
 def _row_metrics(metrics: Mapping[str, OutputMetrics], output: str | None) -> dict[str, Any]:
@@ -1031,7 +1113,7 @@ def report_markdown(report: Mapping[str, Any]) -> str:
     if report["metrics"]:
         from .evaluate import OutputMetrics
 
-        outs = {k: OutputMetrics(**{f: v[f] for f in OutputMetrics.__dataclass_fields__}) for k, v in report["metrics"].items()}
+        outs = {k: OutputMetrics(**{f: v.get(f) for f in OutputMetrics.__dataclass_fields__}) for k, v in report["metrics"].items()}
         lines += ["", "## Result vs FP32", "", metrics_table(outs)]
     return "\n".join(lines) + "\n"
 

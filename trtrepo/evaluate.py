@@ -147,6 +147,41 @@ def classification_outputs(outputs: Mapping[str, np.ndarray], names: str | Itera
     return tuple(dict.fromkeys(n for n in chosen if is_classification(outputs[n])))
 
 
+CONFIDENT_MARGIN = 0.10  # FP32 top-1 minus top-2 probability: a sample at least this clear is "confident"
+
+
+def class_probabilities(outputs: np.ndarray) -> np.ndarray:
+    """Class probabilities of ``[N, C]`` scores: the rows as they are when they already are
+    probabilities (non-negative, summing to 1), else their softmax (logits)."""
+    x = np.asarray(outputs, np.float64)
+    if x.size and np.all(x >= 0) and np.allclose(x.sum(axis=1), 1.0, atol=1e-3):
+        return x
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return e / e.sum(axis=1, keepdims=True)
+
+
+def confident_mask(reference: np.ndarray, margin: float = CONFIDENT_MARGIN) -> np.ndarray:
+    """The samples whose reference top-1 probability leads the top-2 by at least ``margin``:
+    where a changed top-1 is an error of the candidate, not a coin toss between near-equal
+    classes (on near-ties even an FP16 copy of a model changes its top-1)."""
+    p = class_probabilities(reference)
+    if p.shape[1] < 2:
+        return np.ones(len(p), bool)
+    top2 = np.partition(p, -2, axis=1)[:, -2:]
+    return (top2[:, 1] - top2[:, 0]) >= margin
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """95 % Wilson score interval of a proportion (``(0, 1)`` for ``n = 0``)."""
+    if n <= 0:
+        return 0.0, 1.0
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * np.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return float(max(0.0, centre - half)), float(min(1.0, centre + half))
+
+
 @dataclass
 class OutputMetrics:
     """Metrics of one output. Fractions are in [0, 1]; ``None`` where not applicable."""
@@ -161,6 +196,8 @@ class OutputMetrics:
     top5_agreement: float | None = None
     reference_accuracy: float | None = None
     candidate_accuracy: float | None = None
+    confident_samples: int | None = None  # samples with an FP32 top-1/top-2 margin >= CONFIDENT_MARGIN
+    confident_agreement: float | None = None  # top-1 agreement on those samples
 
     @property
     def accuracy_drop_points(self) -> float | None:
@@ -204,6 +241,10 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
     if classification and is_classification(reference):
         m.top1_agreement = top_k_agreement(reference, candidate, 1)
         m.top5_agreement = top_k_agreement(reference, candidate, 5)
+        conf = confident_mask(reference)
+        m.confident_samples = int(conf.sum())
+        if m.confident_samples:
+            m.confident_agreement = top_k_agreement(np.asarray(reference)[conf], np.asarray(candidate)[conf], 1)
         if labels is not None:
             m.reference_accuracy = accuracy(reference, labels, 1)
             m.candidate_accuracy = accuracy(candidate, labels, 1)

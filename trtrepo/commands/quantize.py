@@ -53,6 +53,13 @@ METHODS = H.method_names(auto=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads for evaluation.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
+@click.option("--weight-rounding", type=click.Choice(("auto", "nearest", "bias_correction", "adaround")), default="auto",
+              show_default=True,
+              help="How Conv/Gemm weights are rounded to INT8: auto measures bias correction and AdaRound against nearest "
+                   "rounding on the held-out data and keeps the best.")
+@click.option("--accept-accuracy-loss", is_flag=True,
+              help="Write the model even when the held-out check against FP32 fails (exit 0); without it such a run "
+                   "writes nothing and exits 1.")
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
 @json_option
@@ -63,7 +70,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
             reduce_range: bool, threads: int | None, report_dir: str | None, force: bool, progress: bool,
-            smooth_quant: str) -> None:
+            smooth_quant: str, weight_rounding: str, accept_accuracy_loss: bool) -> None:
     """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
 
     Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
@@ -87,7 +94,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             batch_size=batch_size,
             threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
             report_dir=report_dir, force=force, progress=progress,
-            smooth_quant=smooth_quant,
+            smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
         )
         report = result.report or {}
         took = time.perf_counter() - started
@@ -119,14 +126,33 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s)")
         if report_dir is not None:
             click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
+        wr = report.get("weight_rounding") or {}
+        if wr.get("chosen") and wr.get("requested") != "nearest":
+            for row in wr.get("candidates", []):
+                mm = row.get("metrics") or {}
+                agree = "" if mm.get("top1_agreement") is None else f"top-1 agreement {100 * mm['top1_agreement']:.2f}%, "
+                mark = "  <- chosen" if row["step"] == wr["chosen"] else ""
+                took_s = f" ({row['seconds']:.1f}s)" if "seconds" in row else ""
+                click.echo(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{mark}")
+            if wr.get("note"):
+                click.echo(f"  weights: {wr['note']}")
         check = report.get("accuracy_check") or {}
+        verdict = check.get("verdict") or {}
+        if verdict.get("message"):
+            floor = verdict.get("fp16_noise_floor") or {}
+            extra = ""
+            if floor.get("top1_agreement") is not None:
+                extra = (f"; FP16 on the same samples: {100 * floor['top1_agreement']:.1f}% overall"
+                         + (f", {100 * floor['confident_agreement']:.1f}% confident" if floor.get("confident_agreement") is not None else ""))
+            click.echo(f"  held-out check ({verdict['rule']}): {verdict['message']}{extra}")
         if check.get("ok") is True:
             click.echo(f"  held-out check vs FP32 on '{check['output']}': ok")
         elif check.get("measured") is False or (check and check.get("ok") is None):
             click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
         elif check.get("ok") is False:
             click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
-                       + " (written anyway; try --accuracy-target, --smooth-quant or --exclude-node)", err=True)
+                       + " (written because of --accept-accuracy-loss; try --accuracy-target, --smooth-quant or --exclude-node)",
+                       err=True)
         emit({"command": "quantize", "model": model, "output": str(result.path), "target": result.target,
               "method": result.method, "layers": len(result.layers), "activations": result.activations,
               "weights": result.weights, "kept_float": list(result.kept_float),
