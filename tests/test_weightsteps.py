@@ -1,0 +1,126 @@
+"""Weight steps of quantize (issue 26): bias correction and AdaRound (trtrepo.weightopt, pure
+numpy) and their ONNX adapter (trtrepo.weightsteps), checked on synthetic layers and on the
+trained demo CNN with ONNX Runtime."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from trtrepo import weightopt as W
+
+
+def _layer(seed: int = 0, groups: int = 2, og: int = 6, k: int = 12, n: int = 4000):
+    rng = np.random.default_rng(seed)
+    w = rng.normal(0, 1, (groups, og, k)).astype(np.float32)
+    x = (rng.normal(0.5, 1.0, (n, groups, k)) * rng.uniform(0.2, 2.0, k)).astype(np.float32)
+    scale = (np.abs(w).max(axis=2) / 127.0).astype(np.float32)
+    return w, x, scale
+
+
+def _moments(x: np.ndarray, xq: np.ndarray | None = None) -> W.InputMoments:
+    m = W.InputMoments(x.shape[1], x.shape[2])
+    m.add(x, x if xq is None else xq)
+    return m
+
+
+def test_moments_give_the_exact_reconstruction_loss():
+    w, x, scale = _layer()
+    m = _moments(x)
+    ws = W.round_nearest(w, scale, 127) * scale[..., None]
+    x64, w64, ws64 = x.astype(np.float64), w.astype(np.float64), ws.astype(np.float64)
+    direct = np.mean(np.sum((np.einsum("ngk,gok->ngo", x64, w64 - ws64)) ** 2, axis=2), axis=0)
+    # the moments are float32 sums: the loss is a small difference of large terms, good to ~1 %
+    np.testing.assert_allclose(W.reconstruction_loss(w, ws, m), direct, rtol=2e-2)
+
+
+def test_bias_correction_removes_the_mean_output_error_also_of_a_quantized_input():
+    w, x, scale = _layer(1)
+    xq = np.round(x * 4) / 4  # a coarse input grid with a mean shift of its own
+    m = _moments(x, xq)
+    ws = (W.round_nearest(w, scale, 127) * scale[..., None]).astype(np.float32)
+    err = np.einsum("ngk,gok->ngo", xq, ws) - np.einsum("ngk,gok->ngo", x, w)
+    shift = W.bias_shift(w, ws, m)
+    assert np.abs(err.mean(axis=0)).max() > 1e-3  # there is a mean error to correct
+    np.testing.assert_allclose(err.mean(axis=0), shift, atol=1e-4)
+    assert np.abs((err - shift).mean(axis=0)).max() < 1e-4
+
+
+def test_adaround_beats_nearest_on_the_loss_keeps_the_grid_and_is_never_worse():
+    w, x, scale = _layer(2)
+    m = _moments(x)
+    res = W.adaround(w, scale, m, iterations=300)
+    assert not res.kept_nearest and res.loss_adaround < 0.8 * res.loss_nearest
+    near = W.round_nearest(w, scale, 127)
+    assert np.all(np.abs(res.q - w / scale[..., None]) < 1.0 + 1e-6)  # only floor or ceil
+    # each channel's largest weight keeps +-127, so the writer derives the same scale
+    np.testing.assert_array_equal(np.abs(res.q).max(axis=2), 127)
+    assert (res.q != near).mean() > 0.01
+    # a layer whose inputs are all zero gains nothing: nearest is kept
+    zero = _moments(np.zeros_like(x))
+    assert W.adaround(w, scale, zero, iterations=50).kept_nearest
+
+
+@pytest.fixture(scope="module")
+def demo_parts(demo_onnx):
+    from trtrepo import weightsteps as WS
+    from trtrepo.autoquant import activation_ranges, calibration_tensors
+    from trtrepo.calibrate import Calibrator
+    from trtrepo.data import open_data
+    from trtrepo.modelio import ModelIO
+    from trtrepo.quantize import QuantizeOptions, load_model, prepare_model
+
+    model = prepare_model(load_model(demo_onnx))
+    options = QuantizeOptions(target="onnxruntime")
+    calib = open_data("demo:calib", limit=256, seed=0)
+    stats = Calibrator(demo_onnx, calib, tensors=calibration_tensors(model, options)).collect()
+    ranges = activation_ranges(stats.compute("minmax"), stats)
+    layers = WS.find_layers(model, options, ranges)
+    batches = WS.cached_batches(calib, ModelIO.from_onnx(model))
+    moments = WS.collect_moments(model, layers, batches, WS.activation_qparams_for(model, layers, ranges, options))
+    return model, options, ranges, layers, moments
+
+
+def test_weight_steps_put_weights_on_the_writers_grid(demo_parts):
+    from onnx import numpy_helper
+
+    from trtrepo import weightsteps as WS
+    from trtrepo.quantize import insert_qdq, quantize_weight, weight_qparams
+
+    model, options, ranges, layers, moments = demo_parts
+    assert {la.op for la in layers} == {"Conv", "Gemm"} and len(layers) >= 8
+    res = WS.round_weights(model, layers, moments, "adaround", options, budget_s=5)
+    inits = {t.name: numpy_helper.to_array(t) for t in res.model.graph.initializer}
+    orig = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    for la in layers:
+        ws = inits[la.weight]
+        qp_new, qp_old = weight_qparams(ws, la.axis), weight_qparams(orig[la.weight], la.axis)
+        np.testing.assert_allclose(qp_new.scale, qp_old.scale, rtol=1e-6)
+        q = quantize_weight(ws, qp_new)
+        shape = [1] * ws.ndim
+        shape[la.axis] = -1
+        np.testing.assert_allclose(q * qp_new.scale.reshape(shape), ws, rtol=1e-5, atol=1e-12)
+    qm = insert_qdq(res.model, ranges, options, warn=False)  # the writer accepts it as any model
+    assert sum(n.op_type == "DequantizeLinear" for n in qm.model.graph.node) > len(layers)
+
+
+@pytest.mark.parametrize("step", ["bias_correction", "adaround"])
+def test_each_step_lowers_the_held_out_error_of_the_trained_demo_cnn(demo_parts, step):
+    """Held-out: demo:val (597 digits the calibration never saw), full INT8 Q/DQ model vs FP32."""
+    from trtrepo import weightsteps as WS
+    from trtrepo.data import open_data
+    from trtrepo.evaluate import run_onnx
+    from trtrepo.quantize import insert_qdq
+
+    model, options, ranges, layers, moments = demo_parts
+    val = open_data("demo:val")
+    fp32 = run_onnx(model, val).outputs
+    name = next(iter(fp32))
+
+    def error(m) -> float:
+        q = insert_qdq(m, ranges, options, warn=False).model
+        return float(np.mean((run_onnx(q, val).outputs[name] - fp32[name]) ** 2))
+
+    nearest = error(model)
+    after = error(WS.round_weights(model, layers, moments, step, options, budget_s=5).model)
+    assert after < 0.95 * nearest, (step, after, nearest)
