@@ -86,6 +86,16 @@ def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
     assert res.report["input_methods"] == {"input": res.method}
 
 
+def test_labels_change_the_rule(demo_onnx, tmp_path):
+    """With labelled evaluation data the gate is the label accuracy drop (the user's metric)."""
+    res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
+                       eval_data="demo:val", options=QuantizeOptions(target="onnxruntime"))
+    verdict = res.report["accuracy_check"]["verdict"]
+    assert verdict["rule"] == "label accuracy drop" and verdict["samples"] == 597
+    assert verdict["reference_accuracy"] > 0.97 and verdict["ok"] is True
+    assert "label accuracy" in verdict["message"]
+
+
 def metrics(conf: float | None, cosine: float, *, n_conf: int = 200, top1: float | None = 0.5,
             acc: tuple[float, float] | None = None) -> dict[str, OutputMetrics]:
     m = OutputMetrics("y", 300, 0.1, 0.01, cosine, cosine, top1_agreement=top1 if conf is not None else None,

@@ -15,8 +15,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtrepo.autoquant import run_quantize
-from trtrepo.evaluate import integer_kernels, run_onnx
+from trtrepo.autoquant import AccuracyCheck, activation_ranges, calibration_tensors, run_quantize
+from trtrepo.evaluate import compare_outputs, confident_mask, integer_kernels, run_onnx
 from trtrepo.quantize import QuantizeOptions
 
 GAUNTLET = Path(__file__).resolve().parents[1] / "bench" / "gauntlet"
@@ -26,7 +26,9 @@ pytestmark = pytest.mark.slow
 # onnxruntime target reached 85-88 % top-1 agreement with FP32 and logit cosine 0.98, the tensorrt
 # target (symmetric int8 activations, as TensorRT runs them) 73 % / 0.96; NNCF 3.4 87-89 %, ONNX
 # Runtime's quantize_static 77-84 %. A floor well under that flags a real regression.
-FLOOR = {"onnxruntime": (0.78, 0.97, 0.95), "tensorrt": (0.65, 0.95, 0.90)}  # top-1, cosine, top-5
+# With the weight steps (bias correction chosen, issue 26) the 500-crop run measured 88 % (onnxruntime)
+# and 81 % (tensorrt); floors stay below both with room for the smaller sets here.
+FLOOR = {"onnxruntime": (0.80, 0.97, 0.95), "tensorrt": (0.70, 0.95, 0.90)}  # top-1, cosine, top-5
 
 
 def _vision():
@@ -64,13 +66,44 @@ def test_trained_mobilenet_v2_int8_defaults_hold_a_floor_and_flag_their_loss(mob
     assert m["top1"] >= top1_floor and m["cos_mean"] >= cos_floor and m["top5"] >= top5_floor, m
     check = res.report["accuracy_check"]
     assert check["measured"]
-    # the held-out check (32 of the 160 calibration crops) and this independent evaluation
-    # (96 other crops) agree on whether INT8 loses more than a point of top-1
-    if m["top1"] < 0.97:
-        assert check["ok"] is False, (m, check)
+    verdict = check["verdict"]
+    # no labels: the gate judges top-1 agreement on the confident crops, with the FP16 floor beside it
+    assert verdict["rule"] == "confident top-1 agreement" and verdict["confident_samples"] > 0
+    assert verdict["fp16_noise_floor"]["confident_agreement"] >= 0.99
+    if check["ok"]:  # a model the gate passes keeps its confident top-1s on crops the gate never saw
+        conf = confident_mask(fp32)
+        assert np.mean(fp32[conf].argmax(1) == int8[conf].argmax(1)) >= 0.95, (m, verdict)
+    assert res.report["weight_rounding"]["chosen"] in ("nearest", "bias_correction", "adaround")
     if target == "onnxruntime":
         kernels = integer_kernels(out)
         assert kernels.get("QLinearConv", 0) >= 50, kernels  # 52 convs: the depthwise ones included
+
+
+def test_the_gate_passes_an_fp16_copy_and_refuses_a_clipped_input_on_the_trained_cnn(mobilenet):
+    """The rule without labels (issue 26): an FP16 cast of MobileNetV2 changes near-tie top-1s
+    but passes; an INT8 model whose network input range is clipped (the loss a TensorRT-target
+    entropy calibration once shipped) fails."""
+    from trtrepo.calibrate import Calibrator
+    from trtrepo.data import open_data
+    from trtrepo.fp16 import convert_to_fp16
+    from trtrepo.quantize import ActivationRange, insert_qdq, load_model, prepare_model
+
+    vision, model, calib, evaluation = mobilenet
+    fp32_model = prepare_model(load_model(model))
+    batches = _batches(evaluation)
+    fp32 = run_onnx(fp32_model, None, batches=batches).outputs
+    check = AccuracyCheck()
+    fp16 = run_onnx(convert_to_fp16(fp32_model), None, batches=batches).outputs
+    verdict = check.judge(compare_outputs(fp32, fp16)["logits"])
+    assert verdict["rule"] == "confident top-1 agreement" and verdict["ok"], verdict
+
+    options = QuantizeOptions(target="tensorrt")
+    stats = Calibrator(model, open_data(str(calib)), tensors=calibration_tensors(fp32_model, options)).collect()
+    ranges = activation_ranges(stats.compute("percentile"), stats)
+    ranges["input"] = ActivationRange(0.5)  # the normalised image spans about -2.1..2.6
+    clipped = run_onnx(insert_qdq(fp32_model, ranges, options, warn=False).model, None, batches=batches).outputs
+    verdict = check.judge(compare_outputs(fp32, clipped)["logits"])
+    assert verdict["ok"] is False and not verdict["inconclusive"], verdict
 
 
 def _batches(x: np.ndarray, size: int = 32):

@@ -823,8 +823,9 @@ def run_quantize(
                                       weight_rounding, metric_output=metric_output, metric=metric,
                                       budget_s=rounding_budget_s, threads=threads)
     timings.update(rounding.seconds)
-    if rounding.model is not None:
+    if rounding.model is not None and rounding.best is not None:
         base_model, best = rounding.model, rounding.best
+    assert best.quantized is not None
     chosen, metrics = best.quantized, best.metrics
     fb = None
     if accuracy_target is not None:

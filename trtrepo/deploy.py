@@ -301,7 +301,9 @@ def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: 
             return onnx_path, "fp32"
         report.notes.append(f"INT8 shipped with --accept-accuracy-loss although {failures}")
     elif check.get("ok") is True:
-        step.detail += f"; held-out check vs FP32 on '{check['output']}' passed"
+        verdict = check.get("verdict") or {}
+        figures = f" ({verdict['message']})" if verdict.get("message") else ""
+        step.detail += f"; held-out check vs FP32 on '{check['output']}' passed{figures}"
     else:
         report.notes.append(f"INT8 accuracy vs FP32 was NOT measured ({unmeasured})")
     for below in check.get("ungated_below_floor") or []:  # other outputs: measured and named, not gated

@@ -902,6 +902,96 @@ def _why_nothing(plan: QdqPlan, options: QuantizeOptions) -> str:
     return "nothing to quantize: every quantizable operator stays float: " + "; ".join(why)
 
 
+@dataclass(frozen=True)
+class _Int32Bias:
+    """A Conv/Gemm bias the onnxruntime target stores as int32 at scale ``s_x * s_w``."""
+
+    point: QuantPoint
+    node: Any
+    x: str  # the quantized input
+    weight: tuple[str, int | None]  # the weight's key (tensor, axis)
+    bias: np.ndarray  # float32, 1-D
+    reduction: int  # products summed into one output (an upper bound): weight size / outputs
+
+
+def _int32_biases(view: GraphView, plan: QdqPlan, act_q: Mapping[str, QParams],
+                  rewires: Mapping[tuple[str, int], str]) -> list[_Int32Bias]:
+    """The bias points whose node unit has a quantized input and weight (so ONNX Runtime fuses it
+    into QLinearConv/QGemm and the bias must be int32 at ``s_x * s_w``)."""
+    units = []
+    for p in plan.points:
+        if p.kind != "bias":
+            continue
+        node = next(n for n in view.nodes if n.name == p.consumer)
+        x_name, w_name = node.input[0], node.input[1]
+        w_point = next((q for q in plan.points if q.kind == "weight" and q.consumer == node.name and q.input_index == 1), None)
+        if rewires.get((node.name, 0)) is None or w_point is None or x_name not in act_q:
+            continue
+        if node.op_type == "Gemm" and (view.attr(node, "transA", 0) or float(view.attr(node, "beta", 1.0)) != 1.0
+                                        or float(view.attr(node, "alpha", 1.0)) != 1.0):
+            continue
+        b = view.constant_array(p.tensor).astype(np.float32)
+        if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)):
+            continue
+        w_size = int(view.constant_array(w_name).size)
+        units.append(_Int32Bias(p, node, x_name, (w_name, w_point.axis), b, max(1, w_size // int(b.size))))
+    return units
+
+
+def _bias_limit(reduction: int, qmax: float) -> float:
+    """The largest int32 bias magnitude a unit can take: ONNX Runtime's integer kernels add the bias
+    to an int32 accumulator of up to ``reduction`` products ``(x_q - zp) * w_q``, each at most
+    ``255 * qmax``, and that sum must not wrap either."""
+    return float(max(2**31 - 1 - reduction * 255 * int(qmax), 2**24))
+
+
+def _bias_scale_floors(view: GraphView, biases: Sequence[_Int32Bias], act_q: Mapping[str, QParams],
+                       per_channel: bool, qmax: float) -> dict[tuple[str, int | None], tuple[np.ndarray, list[str]]]:
+    """Per weight (tensor, axis): the smallest scale, per channel (or per tensor), at which every
+    bias it meets fits int32 at ``s_x * s_w`` within :func:`_bias_limit`, and the nodes of those
+    biases. A nearest-rounding scale is too small for a near-dead channel (weights ~1e-6) with a
+    large bias: ``b / (s_x * s_w) > 2**31``.
+
+    Decision, measured with ONNX Runtime 1.32 (CPU EP) on a Conv -> Relu -> Q unit whose channel
+    has weights ~1e-6 and bias 500: such a bias cannot stay float. From ORT_ENABLE_BASIC on (the
+    default is ALL), ONNX Runtime's WeightBiasQuantization transformer quantizes the float bias of a
+    ``DQ -> Conv/Gemm [-> Relu/Clip] -> Q`` unit itself, as ``Cast(Round(b / (s_x * s_w)))`` with
+    no clipping: the bias became ``-2**31`` and the channel read 0 instead of 500 (QLinearConv),
+    the same sign flip. Only ORT_DISABLE_ALL, or a unit without an output Q, kept the float bias
+    and the exact result. Clipping keeps the sign but not the value (0.26 instead of 500). So
+    the scales of those channels are raised to ``|b| / (s_x * limit)``: their weights, tiny next
+    to the bias by definition (all their products together below about ``reduction * 1.5e-5`` of
+    ``|b|``), are rounded on that coarser grid, and every other channel keeps its scale and the
+    rounding an earlier weight step chose. Per-tensor weights raise the tensor's one scale."""
+    floors: dict[tuple[str, int | None], tuple[np.ndarray, list[str]]] = {}
+    for unit in biases:
+        s_x = float(act_q[unit.x].scale)
+        if not s_x > 0:
+            continue
+        need = np.abs(unit.bias.astype(np.float64)) / (s_x * _bias_limit(unit.reduction, qmax))
+        need *= 1.0 + 1e-5  # margin for the float32 roundings of s_w and s_x * s_w
+        w_shape = view.constant_array(unit.weight[0]).shape
+        axis = unit.weight[1]
+        if not per_channel or axis is None or w_shape[axis] != unit.bias.size:
+            need = np.asarray(need.max())
+        prev, nodes = floors.get(unit.weight, (None, []))
+        floors[unit.weight] = (need if prev is None else np.maximum(prev, need), nodes + [unit.node.name])
+    return floors
+
+
+def _raise_scale(qp: QParams, floor: np.ndarray, weight: str, nodes: Sequence[str]) -> QParams:
+    """``qp`` with its scales raised to ``floor`` where they are below it, with a warning."""
+    low = qp.scale.astype(np.float64) < floor
+    if not np.any(low):
+        return qp
+    scale = np.maximum(qp.scale.astype(np.float64), floor).astype(np.float32).reshape(qp.scale.shape)
+    log.warning("%s: the int32 bias does not fit at scale s_x * s_w for %d of %d weight scale(s) of '%s' "
+                "(near-dead channels: tiny weights, large bias); raised those scales so that it fits (clipped, the "
+                "bias would lose its value; left float, ONNX Runtime would quantize it itself and overflow)",
+                ", ".join(f"'{n}'" for n in nodes), int(np.count_nonzero(low)), int(low.size), weight)
+    return replace(qp, scale=scale)
+
+
 def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
                *, source: str = "ranges", warn: bool = True) -> QuantizedModel:
     """Return a copy of ``model`` with Q/DQ nodes placed by the target's rules.
@@ -981,7 +1071,6 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
         act_dq_out[tensor] = dq_out
 
     excluded = set(plan.excluded)
-    weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
     for p in plan.points:
         if p.kind == "activation":
             if p.consumer is not None:
@@ -990,12 +1079,19 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
                 for node, idx in view.consumers.get(p.tensor, []):
                     if node.name not in excluded:
                         rewires[(node.name, idx)] = act_dq_out[p.tensor]
-        elif p.kind == "weight":
+
+    qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
+    biases = _int32_biases(view, plan, act_q, rewires)
+    floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
+    weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
+    for p in plan.points:
+        if p.kind == "weight":
             key = (p.tensor, p.axis)
             if key not in weight_dq:
                 w = view.constant_array(p.tensor).astype(np.float32)
-                qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
                 qp = weight_qparams(w, p.axis, qmax)
+                if key in floors:
+                    qp = _raise_scale(qp, floors[key][0], p.tensor, floors[key][1])
                 s = add_init(f"{p.tensor}_scale", qp.scale)
                 z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
@@ -1014,26 +1110,20 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
                 weight_dq[key] = (dq_out, qp)
             rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
 
-    # Biases (onnxruntime target): int32 with scale s_x * s_w once input and weight are quantized.
-    for p in plan.points:
-        if p.kind != "bias":
-            continue
-        node = next(n for n in view.nodes if n.name == p.consumer)
-        x_name, w_name = node.input[0], node.input[1]
-        w_point = next((q for q in plan.points if q.kind == "weight" and q.consumer == node.name and q.input_index == 1), None)
-        if rewires.get((node.name, 0)) is None or w_point is None or x_name not in act_q:
-            continue
-        if node.op_type == "Gemm" and (view.attr(node, "transA", 0) or float(view.attr(node, "beta", 1.0)) != 1.0
-                                        or float(view.attr(node, "alpha", 1.0)) != 1.0):
-            continue
-        b = view.constant_array(p.tensor).astype(np.float32)
-        w_qp = weight_dq[(w_name, w_point.axis)][1]
+    # Biases (onnxruntime target): int32 with scale s_x * s_w once input and weight are quantized;
+    # the weight scales above were raised where a bias would not fit (_bias_scale_floors).
+    for unit in biases:
+        p, node, x_name, w_key, b = unit.point, unit.node, unit.x, unit.weight, unit.bias
+        w_qp = weight_dq[w_key][1]
         n_out = int(b.size)
         w_scale = np.broadcast_to(w_qp.scale, (n_out,)) if w_qp.scale.ndim == 0 else w_qp.scale
-        if b.ndim != 1 or w_scale.shape != (n_out,):
+        if w_scale.shape != (n_out,):
             continue
         b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
-        bq = np.clip(np.rint(b / b_scale), -(2**31), 2**31 - 1).astype(np.int32)
+        # float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wraps a saturated
+        # positive bias to -2**31. With the raised scales nothing clips; the clip only guarantees that.
+        limit = _bias_limit(unit.reduction, qmax)
+        bq = np.clip(np.rint(b.astype(np.float64) / b_scale.astype(np.float64)), -limit, limit).astype(np.int32)
         bq_name = add_init(f"{p.tensor}_quantized", bq)
         s = add_init(f"{p.tensor}_scale", b_scale)
         z = add_init(f"{p.tensor}_zero_point", np.zeros(n_out, np.int32))
