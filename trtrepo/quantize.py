@@ -29,7 +29,9 @@ Two targets, because their consumers need different graphs:
       1.2-2.1x; without measured min/max a tensor that is provably non-negative (after Relu,
       Softmax, pooling of those, ...) gets ``[0, amax]``, any other ``[-amax, amax]``;
     * weights: int8 per output channel, symmetric, stored as int8 initializers behind a DQ;
-      biases of Conv/Gemm as int32 with scale ``s_x * s_w`` (what QLinearConv/QGemm need);
+      biases of Conv/Gemm as int32 with scale ``s_x * s_w`` (what QLinearConv/QGemm need); a
+      channel whose bias does not fit int32 there (a near-dead channel: tiny weights, large bias)
+      gets a larger weight scale instead of a clipped or overflowing bias (:func:`_bias_scale_floors`);
     * a dense Conv with a tiny reduction (``Cin * kh * kw < 16``, the first conv of a one-channel
       image model) stays float: ONNX Runtime's float kernel is faster there
       (:func:`keep_float_small_conv`);
@@ -941,7 +943,8 @@ def _int32_biases(view: GraphView, plan: QdqPlan, act_q: Mapping[str, QParams],
 def _bias_limit(reduction: int, qmax: float) -> float:
     """The largest int32 bias magnitude a unit can take: ONNX Runtime's integer kernels add the bias
     to an int32 accumulator of up to ``reduction`` products ``(x_q - zp) * w_q``, each at most
-    ``255 * qmax``, and that sum must not wrap either."""
+    ``255 * qmax``, and that sum wraps too (measured, ONNX Runtime 1.32: QLinearConv with bias
+    ``2**31 - 1000`` and 18 products of 255 * 127 read -66000 where the unfused graph read +66600)."""
     return float(max(2**31 - 1 - reduction * 255 * int(qmax), 2**24))
 
 
@@ -1120,8 +1123,9 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
         if w_scale.shape != (n_out,):
             continue
         b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
-        # float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wraps a saturated
-        # positive bias to -2**31. With the raised scales nothing clips; the clip only guarantees that.
+        # In float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wrapped a
+        # saturated positive bias to -2**31. With the raised scales nothing reaches the limit; the
+        # clip is a backstop that keeps the sign.
         limit = _bias_limit(unit.reduction, qmax)
         bq = np.clip(np.rint(b.astype(np.float64) / b_scale.astype(np.float64)), -limit, limit).astype(np.int32)
         bq_name = add_init(f"{p.tensor}_quantized", bq)
