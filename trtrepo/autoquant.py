@@ -940,14 +940,17 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     batches = WS.cached_batches(calib_src, ModelIO.from_onnx(model))
     moments = WS.collect_moments(model, layers, batches, WS.activation_qparams_for(model, layers, ranges, options),
                                  threads=threads)
-    del batches
     choice.seconds["weight_statistics"] = time.perf_counter() - t0
     if nearest.metrics is not None:
         choice.rows.append({"step": "nearest", "metrics": _row_metrics(nearest.metrics, metric_output)})
     best_model, best = None, nearest
+    budget = WS.DEFAULT_BUDGET_S if budget_s is None else budget_s
     for step in steps:
-        res = WS.round_weights(model, layers, moments, step, options,
-                               budget_s=WS.DEFAULT_BUDGET_S if budget_s is None else budget_s)
+        if step == "adaround" and WS.sequential_inputs(options.target):
+            res = WS.round_weights_sequential(model, layers, batches[:WS.SEQUENTIAL_BATCHES], ranges, step, options,
+                                              budget_s=budget, threads=threads)
+        else:
+            res = WS.round_weights(model, layers, moments, step, options, budget_s=budget)
         choice.seconds[step] = res.seconds
         t0 = time.perf_counter()
         qm = insert_qdq(res.model, ranges, options, source=f"{nearest.label} ranges", warn=False)
@@ -966,6 +969,7 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
             best_model, best = res.model, cand
             choice.chosen = step
             choice.layers = [vars(r) for r in res.layers]
+    del batches
     if best_model is not None:
         choice.model, choice.best = best_model, best
     return choice

@@ -43,6 +43,18 @@ DEFAULT_BUDGET_S = 60.0  # AdaRound's time for the whole model
 BATCH_SIZE = 16  # samples per collection batch
 MAX_SAMPLES = 512  # calibration samples the statistics pass reads
 ITERATION_RATE = 2.5e9  # multiply-adds per second assumed for AdaRound's budget
+SEQUENTIAL_BATCHES = 4  # batches (of BATCH_SIZE) a sequential step passes through the network per layer
+
+
+def sequential_inputs(target: str) -> bool:
+    """Whether AdaRound takes each layer's quantized input from the Q/DQ network with the weights
+    rounded so far (:func:`round_weights_sequential`) rather than the FP32 input fake-quantized
+    locally (:func:`round_weights`). Sequential for the tensorrt target, whose Q/DQ graph run in
+    float is what TensorRT computes; local for the onnxruntime target, whose integer kernels
+    (QLinearConv, QLinearAdd, ...) differ from that float simulation by about as much as the
+    quantization error itself, so corrections fitted to the simulation miss (docs/benchmarks.md,
+    "Issue 26: weight steps on the trained MobileNetV2")."""
+    return target == "tensorrt"
 
 
 @dataclass
@@ -247,49 +259,49 @@ def _cost(layer: Layer) -> float:
     return float(layer.groups * og * layer.k * (layer.k + 8))
 
 
-def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.InputMoments], step: str,
-                  options: QuantizeOptions, *, budget_s: float = DEFAULT_BUDGET_S,
-                  iterations: int = ADAROUND_ITERATIONS) -> WeightStepResult:
-    """A copy of ``model`` with the layers' weights rounded by ``step``: ``bias_correction``
-    (nearest rounding, bias corrected for the expected output error) or ``adaround`` (learned
-    rounding, then the same correction), each layer from its own input moments."""
+def _round_layer(layer: Layer, w: np.ndarray, m: W.InputMoments, step: str, qmax: float,
+                 n_iter: int) -> tuple[np.ndarray, np.ndarray, LayerReport]:
+    """One layer: its rounded weights (ONNX layout), the bias shift to subtract and its report."""
+    g = layer.grouped(w)
+    qp = weight_qparams(w, layer.axis, qmax)  # the writer's own scales
+    scale = np.broadcast_to(qp.scale, (layer.outputs,)).reshape(layer.groups, -1).astype(np.float32)
+    rep = LayerReport(layer.node, layer.op, layer.k, layer.groups, m.count, "-")
+    q = W.round_nearest(g, scale, qmax)
+    rep.loss_nearest = float(W.reconstruction_loss(g, q * scale[..., None], m).sum())
+    if step == "adaround":
+        if m.count < 2 * layer.k:
+            rep.adaround = "nearest (too few patches)"
+        else:
+            res = W.adaround(g, scale, m, qmax=qmax, iterations=n_iter)
+            rep.iterations = res.iterations
+            rep.adaround = "nearest kept (no gain)" if res.kept_nearest else "learned"
+            q = res.q
+    ws = (q * scale[..., None]).astype(np.float32)
+    shift = W.bias_shift(g, ws, m).reshape(-1)
+    # the layer's own error after the step: the mean output error is corrected away
+    rep.loss_after = float(max(W.reconstruction_loss(g, ws, m).sum() - np.sum(shift ** 2), 0.0))
+    return layer.ungrouped(ws).astype(np.float32), shift, rep
+
+
+def _iterations(layers: Sequence[Layer], counts: Mapping[str, int], budget_s: float, iterations: int) -> int:
+    eligible = [la for la in layers if counts[la.node] >= 2 * la.k]
+    total_cost = sum(_cost(la) for la in eligible) or 1.0
+    return int(min(iterations, max(MIN_ITERATIONS, budget_s * ITERATION_RATE / total_cost)))
+
+
+def _write(model: Any, layers: Sequence[Layer], weights: Mapping[str, np.ndarray], shifts: Mapping[str, np.ndarray],
+           reports: Sequence[LayerReport]) -> Any:
+    """A copy of ``model`` with the new weights and the biases minus their shifts."""
     import onnx
     from onnx import numpy_helper
 
-    if step not in STEPS[1:]:
-        raise ValueError(f"unknown weight step {step!r}")
-    t0 = time.perf_counter()
-    qmax = 64.0 if options.reduce_range else 127.0
     out = onnx.ModelProto()
     out.CopyFrom(model)
     inits = {t.name: t for t in out.graph.initializer}
     nodes = {n.name: n for n in out.graph.node}
-    eligible = [la for la in layers if moments[la.node].count >= 2 * la.k]
-    total_cost = sum(_cost(la) for la in eligible) or 1.0
-    n_iter = int(min(iterations, max(MIN_ITERATIONS, budget_s * ITERATION_RATE / total_cost)))
-    reports: list[LayerReport] = []
-    for layer in layers:
-        m = moments[layer.node]
-        w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
-        g = layer.grouped(w)
-        qp = weight_qparams(w, layer.axis, qmax)  # the writer's own scales
-        scale = np.broadcast_to(qp.scale, (layer.outputs,)).reshape(layer.groups, -1).astype(np.float32)
-        rep = LayerReport(layer.node, layer.op, layer.k, layer.groups, m.count, "-")
-        q = W.round_nearest(g, scale, qmax)
-        rep.loss_nearest = float(W.reconstruction_loss(g, q * scale[..., None], m).sum())
-        if step == "adaround":
-            if m.count < 2 * layer.k:
-                rep.adaround = "nearest (too few patches)"
-            else:
-                res = W.adaround(g, scale, m, qmax=qmax, iterations=n_iter)
-                rep.iterations = res.iterations
-                rep.adaround = "nearest kept (no gain)" if res.kept_nearest else "learned"
-                q = res.q
-        ws = (q * scale[..., None]).astype(np.float32)
-        shift = W.bias_shift(g, ws, m).reshape(-1)
-        # the layer's own error after the step: the mean output error is corrected away
-        rep.loss_after = float(max(W.reconstruction_loss(g, ws, m).sum() - np.sum(shift ** 2), 0.0))
-        inits[layer.weight].CopyFrom(numpy_helper.from_array(layer.ungrouped(ws).astype(np.float32), layer.weight))
+    for layer, rep in zip(layers, reports, strict=True):
+        shift = shifts[layer.node]
+        inits[layer.weight].CopyFrom(numpy_helper.from_array(weights[layer.node], layer.weight))
         if layer.bias is not None:
             b = numpy_helper.to_array(inits[layer.bias]).astype(np.float32)
             inits[layer.bias].CopyFrom(numpy_helper.from_array((b - shift).astype(np.float32), layer.bias))
@@ -301,7 +313,132 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
             while len(node.input) < 3:
                 node.input.append("")
             node.input[2] = name
+    return out
+
+
+def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.InputMoments], step: str,
+                  options: QuantizeOptions, *, budget_s: float = DEFAULT_BUDGET_S,
+                  iterations: int = ADAROUND_ITERATIONS) -> WeightStepResult:
+    """A copy of ``model`` with the layers' weights rounded by ``step``: ``bias_correction``
+    (nearest rounding, bias corrected for the expected output error) or ``adaround`` (learned
+    rounding, then the same correction), each layer from its own input moments."""
+    from onnx import numpy_helper
+
+    if step not in STEPS[1:]:
+        raise ValueError(f"unknown weight step {step!r}")
+    t0 = time.perf_counter()
+    qmax = 64.0 if options.reduce_range else 127.0
+    inits = {t.name: t for t in model.graph.initializer}
+    n_iter = _iterations(layers, {la.node: moments[la.node].count for la in layers}, budget_s, iterations)
+    weights, shifts, reports = {}, {}, []
+    for layer in layers:
+        w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
+        weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, n_iter)
         reports.append(rep)
+    out = _write(model, layers, weights, shifts, reports)
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0)
+
+
+def _drop_dead(model: Any) -> None:
+    """Remove nodes whose outputs nothing reads, then unused initializers."""
+    graph = model.graph
+    outputs = {o.name for o in graph.output}
+    while True:
+        used = {i for n in graph.node for i in n.input} | outputs
+        keep = [n for n in graph.node if any(o in used for o in n.output)]
+        if len(keep) == len(graph.node):
+            break
+        del graph.node[:]
+        graph.node.extend(keep)
+    used = {i for n in graph.node for i in n.input}
+    inits = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+
+
+class QuantizedProbe:
+    """The target's Q/DQ model with each layer's weight and bias turned into graph inputs, run in
+    float by ONNX Runtime: one session serves every pass of a sequential weight step, fed the
+    weights rounded so far. Its outputs are each layer's input as the Q/DQ network computes it."""
+
+    def __init__(self, model: Any, layers: Sequence[Layer], ranges: Mapping[str, Any], options: QuantizeOptions,
+                 threads: int | None = None) -> None:
+        import onnx
+
+        from .evaluate import make_session
+        from .quantize import insert_qdq
+
+        q = insert_qdq(model, ranges, options, warn=False).model
+        by_name = {n.name: n for n in q.graph.node}
+        self.inputs: dict[str, str] = {}
+        self.w_name: dict[str, str] = {}
+        self.b_name: dict[str, str] = {}
+        for j, la in enumerate(layers):
+            node = by_name[la.node]
+            self.inputs[la.node] = node.input[0]
+            w, b = f"__trtrepo_w{j}", f"__trtrepo_b{j}"
+            node.input[1] = w
+            while len(node.input) < 3:
+                node.input.append("")
+            node.input[2] = b
+            self.w_name[la.node], self.b_name[la.node] = w, b
+            q.graph.input.append(onnx.helper.make_tensor_value_info(w, onnx.TensorProto.FLOAT, list(la.weight_shape)))
+            q.graph.input.append(onnx.helper.make_tensor_value_info(b, onnx.TensorProto.FLOAT, [la.outputs]))
+        q = _with_outputs(q, list(dict.fromkeys(self.inputs.values())))
+        _drop_dead(q)
+        self.session = make_session(q, threads=threads)
+
+    def run(self, layer: Layer, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+            biases: Mapping[str, np.ndarray]) -> np.ndarray:
+        full = dict(feeds)
+        for node, w in weights.items():
+            full[self.w_name[node]] = w
+            full[self.b_name[node]] = biases[node]
+        return self.session.run([self.inputs[layer.node]], full)[0]
+
+
+def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Sequence[Any], ranges: Mapping[str, Any],
+                             step: str, options: QuantizeOptions, *, budget_s: float = DEFAULT_BUDGET_S,
+                             iterations: int = ADAROUND_ITERATIONS, rows_per_layer: int = ROWS_PER_LAYER,
+                             threads: int | None = None, seed: int = 0) -> WeightStepResult:
+    """Like :func:`round_weights`, one layer at a time in graph order, each layer's quantized
+    input taken from the Q/DQ network (run in float) with the weights rounded so far, so that a
+    layer also absorbs the error its quantized predecessors pass on (AdaRound's and empirical
+    bias correction's sequential form). One FP32 and one Q/DQ pass over ``batches`` per layer."""
+    from onnx import numpy_helper
+
+    from .evaluate import make_session
+
+    if step not in STEPS[1:]:
+        raise ValueError(f"unknown weight step {step!r}")
+    t0 = time.perf_counter()
+    qmax = 64.0 if options.reduce_range else 127.0
+    inits = {t.name: t for t in model.graph.initializer}
+    probe = QuantizedProbe(model, layers, ranges, options, threads=threads)
+    fp_names = list(dict.fromkeys(la.input for la in layers))
+    fp_sess = make_session(_with_outputs(model, fp_names), threads=threads)
+    weights = {la.node: numpy_helper.to_array(inits[la.weight]).astype(np.float32) for la in layers}
+    biases = {la.node: (numpy_helper.to_array(inits[la.bias]).astype(np.float32) if la.bias is not None
+                        else np.zeros(la.outputs, np.float32)) for la in layers}
+    n_images = max(sum(_count(b) for b in batches), 1)
+    counts = {la.node: rows_per_layer for la in layers}
+    n_iter = _iterations(layers, counts, budget_s, iterations)
+    new_w, shifts, reports = {}, {}, []
+    for j, layer in enumerate(layers):
+        m = W.InputMoments(layer.groups, layer.k)
+        for i, batch in enumerate(batches):
+            x = fp_sess.run([layer.input], batch.inputs)[0]
+            xq = probe.run(layer, batch.inputs, weights, biases)
+            rows = _rows(layer, x, rows_per_layer, _count(batch), n_images)
+            p = layer.patches(x, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
+            pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
+            m.add(p, pq)
+        ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, n_iter)
+        new_w[layer.node], shifts[layer.node] = ws, shift
+        weights[layer.node] = ws
+        biases[layer.node] = (biases[layer.node] - shift).astype(np.float32)
+        reports.append(rep)
+    out = _write(model, layers, new_w, shifts, reports)
     return WeightStepResult(step, out, reports, time.perf_counter() - t0)
 
 
