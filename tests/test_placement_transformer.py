@@ -83,3 +83,24 @@ def test_exclude_op_add_keeps_the_matmul_kernels_and_reports_its_cost(text_onnx,
                         data_args={"limit": 128, "seed": 0})
     cost = res2.report["integer_kernels"]["exclusion_costs"][0]
     assert cost["kernels_lost"] > 0 and cost["kernels_without_it"] >= kernels["total"] - 1
+
+
+def test_smoothed_inputs_get_the_same_range_whatever_the_method_and_the_report_says_so(text_onnx, tmp_path):
+    """Issue 26 item 3: a SmoothQuant input's range is the exact min/max of the smoothed
+    statistics, so --method does not change it; the report (and --help) name that rule."""
+    from onnx import numpy_helper
+
+    scales = {}
+    for method in ("minmax", "entropy"):
+        out = tmp_path / f"{method}.onnx"
+        res = run_quantize(text_onnx, out, data="demo-text:calib", method=method, smooth_quant=0.8, check=None,
+                           options=QuantizeOptions(target="tensorrt"), data_args={"limit": 128, "seed": 0})
+        sq = res.report["smooth_quant"]
+        assert sq["alpha"] == 0.8 and sq["groups"] and "whatever the method" in sq["range_rule"]
+        # the Q of a smoothed input reads the LayerNorm output (scales folded in) or the inserted Mul's output
+        smoothed = {g["input"] for g in sq["groups"]} | {f"{g['input']}_smoothed" for g in sq["groups"]}
+        model = onnx.load(str(out))
+        inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+        scales[method] = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node
+                          if n.op_type == "QuantizeLinear" and n.input[0] in smoothed}
+    assert scales["minmax"] and scales["minmax"] == scales["entropy"]

@@ -506,6 +506,10 @@ MAX_TOP1_DROP_POINTS = 1.0  # the default check: top-1 agreement may drop by at 
 MIN_COSINE = 0.99  # ... and an output without classes needs at least this mean cosine
 
 
+SMOOTHED_RANGE_RULE = ("min/max: a smoothed tensor's range is the exact min/max of its smoothed per-channel statistics, "
+                       "whatever the method; the method sets the ranges of the other tensors")
+
+
 def _smoothed_ranges(base: Mapping[str, ActivationRange], smoothed: Mapping[str, tuple[float, float]]) -> dict[str, ActivationRange]:
     out = dict(base)
     for name, (lo, hi) in smoothed.items():
@@ -871,6 +875,7 @@ def run_quantize(
     report["quantize_attention"] = options.quantize_attention
     report["reduce_range"] = options.reduce_range
     report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
+                              "range_rule": None if smooth.alpha is None else SMOOTHED_RANGE_RULE,
                               "candidates": [{k: v for k, v in r.items() if k != "outputs"} for r in smooth.rows]}
     report["accuracy_check"] = None if check is None else {
         "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
@@ -1071,7 +1076,8 @@ def report_markdown(report: Mapping[str, Any]) -> str:
             lines.append(f"- `{c['exclusion']}` costs {c['kernels_lost']} integer kernel(s) ({c['kernels_without_it']} without it)")
     sq = report.get("smooth_quant")
     if sq and sq.get("alpha") is not None:
-        lines.append(f"- SmoothQuant alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s) (requested {sq['requested']})")
+        lines.append(f"- SmoothQuant alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s) (requested {sq['requested']}); "
+                     f"range rule of the smoothed inputs: {sq.get('range_rule') or SMOOTHED_RANGE_RULE}")
     check = report.get("accuracy_check")
     if check:
         if check.get("ok") is True:

@@ -28,7 +28,8 @@ METHODS = H.method_names(auto=True)
                    "on held-out data].")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
               help="SmoothQuant on MatMul/Gemm inputs: migrate activation outliers into the weights with ALPHA in (0, 1]; "
-                   "auto compares 0.5/0.65/0.8/0.95 and none on held-out data.")
+                   "auto compares 0.5/0.65/0.8/0.95 and none on held-out data. A smoothed input's range is the exact "
+                   "min/max of the smoothed statistics whatever --method says (--method sets the other tensors).")
 
 @click.option("--target", type=click.Choice(("tensorrt", "onnxruntime")), default="tensorrt", show_default=True,
               help="tensorrt: TensorRT placement, int8 symmetric; onnxruntime: full node units, uint8 activations (CPU integer kernels).")
@@ -123,7 +124,8 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
                 click.echo(f"    float: {name}")
         sq = report.get("smooth_quant") or {}
         if sq.get("alpha") is not None:
-            click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s)")
+            click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s) "
+                       "(their ranges: exact min/max of the smoothed tensors, not --method)")
         if report_dir is not None:
             click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
         wr = report.get("weight_rounding") or {}
