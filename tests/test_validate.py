@@ -587,3 +587,18 @@ def test_shared_memory_is_compared_with_none_and_a_slower_one_is_named(server, m
     assert cmp_["level"] == "concurrency 2" and cmp_["without"] > 0 and cmp_["with_shared_memory"] > 0
     slower = cmp_["without"] > cmp_["with_shared_memory"] * 1.1
     assert any("shared memory made it slower" in w for w in lat["warnings"]) == slower
+
+
+def test_max_top1_drop_without_labels_judges_the_confident_samples_like_quantize():
+    """quantize's rule (issue 26): without labels the drop is the disagreement on the samples whose
+    reference top-1 is confident; 10 points of near-tie flips over all samples do not fail a
+    model whose confident samples all agree, and one confident flip in 50 does."""
+    def report(conf_agree):
+        return {"accuracy": {"label_output": "logits", "outputs": {"logits": {
+            "top1_drop_points": 10.0, "accuracy_drop_points": None, "cosine_mean": 0.999,
+            "confident_samples": 50, "confident_agreement": conf_agree}}}, "latency": None}
+
+    (ok,) = check_thresholds(report(1.0), Thresholds(max_top1_drop=1.0))
+    assert ok.passed and ok.value == 0.0 and "50 confident samples" in ok.detail
+    (bad,) = check_thresholds(report(49 / 50), Thresholds(max_top1_drop=1.0))
+    assert not bad.passed and abs(bad.value - 2.0) < 1e-9

@@ -3,17 +3,24 @@ around the numpy algorithms of :mod:`trtrepo.weightopt`).
 
 A weight step returns a new FP32 model whose quantized layers carry weights that already lie on
 their INT8 grid (``q * scale``) and corrected biases. The Q/DQ writer (:func:`trtrepo.quantize.insert_qdq`)
-derives the same per-channel scales from them and reproduces the chosen integers exactly, so the
-result is plain INT8 weights in the Q/DQ model: ONNX Runtime and TensorRT run it unchanged.
+derives the same per-channel scales from them and reproduces the chosen integers, so the result
+is plain INT8 weights in the Q/DQ model: ONNX Runtime and TensorRT run it unchanged. (The one
+exception is the writer's own: a near-dead channel whose bias does not fit int32 at
+``s_x * s_w`` gets a larger weight scale there, and so a different rounding.)
 
 Decisions:
 
 * The layers are the Conv (2-D, any ``group``, depthwise included) and Gemm layers whose weights
   the Q/DQ plan quantizes. MatMul layers (transformer encoders) keep nearest rounding.
-* Inputs are collected in one pass of the FP32 model over the calibration data with every
-  layer input as an extra output; each layer keeps only the moments of a bounded random sample
-  of input patches (:data:`ROWS_PER_LAYER`), so memory is ``K x K`` per group and layer however
-  many samples there are.
+* Local inputs (:func:`collect_moments`, :func:`round_weights`): one pass of the FP32 model over
+  the calibration data; a layer's quantized input is its FP32 input through the Q/DQ parameters
+  the writer gives it. Each layer keeps only the moments of a bounded random sample of input
+  patches (:data:`ROWS_PER_LAYER`): memory is ``K x K`` per group and layer however many samples.
+* Sequential inputs (:func:`round_weights_sequential`, AdaRound for the tensorrt target, see
+  :func:`sequential_inputs`): each layer's quantized input comes from the Q/DQ network with the
+  weights rounded so far, so a layer also absorbs its predecessors' error; one FP32 and one Q/DQ
+  pass of :data:`SEQUENTIAL_BATCHES` batches per layer. Bias correction stays local for both
+  targets: its sequential form over-corrects (measured in docs/benchmarks.md, "Issue 26").
 * AdaRound's iterations fit a time budget: each layer gets a share proportional to its cost per
   iteration, at most :data:`ADAROUND_ITERATIONS` and at least :data:`MIN_ITERATIONS`.
 * A layer whose patch sample is smaller than twice its input width (a classifier on few images)

@@ -54,7 +54,9 @@ from ._output import json_option, summary_output
 @click.option("--shared-memory", type=click.Choice(["none", "system", "cuda"]), default="none", show_default=True,
               help="Pass tensors through shared memory (cuda: GPU machines only).")
 @click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
-              help="Fail when the top-1 accuracy drop (vs labels, else disagreement with the reference) exceeds this.")
+              help="Fail when the top-1 accuracy drop exceeds this: vs labels when there are labels, else the "
+                   "disagreement with the reference on the samples whose reference top-1/top-2 probability margin is "
+                   ">= 0.10 (quantize's rule).")
 @click.option("--min-cosine", type=float, default=None, help="Fail when an output's mean cosine similarity is lower.")
 @click.option("--min-embedding-cosine", type=float, default=0.99, show_default=True,
               help="Fail when an output without classes (an embedding) has a lower mean cosine similarity: on by "

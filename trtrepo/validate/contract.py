@@ -190,8 +190,14 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
         if not checked:
             raise UsageError("--max-top1-drop: no classification output ([N, C] logits); use --min-cosine")
         for name, m in checked:
+            # quantize's rule (autoquant.AccuracyCheck): labels -> the accuracy drop; no labels -> the
+            # disagreement on the samples whose reference top-1 is confident (near-ties flip under any
+            # change of arithmetic, FP16 included); no confident sample -> the disagreement on all
             v = float(m["top1_drop_points"])
             what = "accuracy drop vs labels" if m.get("accuracy_drop_points") is not None else "top-1 disagreement"
+            if m.get("accuracy_drop_points") is None and m.get("confident_agreement") is not None and m.get("confident_samples"):
+                v = 100.0 * (1.0 - float(m["confident_agreement"]))
+                what = f"top-1 disagreement on the {m['confident_samples']} confident samples (reference margin >= 0.10)"
             results.append(ThresholdResult(f"top1_drop[{name}]", thresholds.max_top1_drop, v,
                                            v <= thresholds.max_top1_drop + 1e-9, f"{what}, points"))
     if thresholds.min_cosine is not None:
