@@ -74,9 +74,30 @@ def test_trained_mobilenet_v2_int8_defaults_hold_a_floor_and_flag_their_loss(mob
         conf = confident_mask(fp32)
         assert np.mean(fp32[conf].argmax(1) == int8[conf].argmax(1)) >= 0.95, (m, verdict)
     assert res.report["weight_rounding"]["chosen"] in ("nearest", "bias_correction", "adaround")
+    eq = res.report["equalization"]
+    assert eq["applied"] and eq["chains"] == 17 and eq["max_relative_change"] < 1e-5
     if target == "onnxruntime":
         kernels = integer_kernels(out)
         assert kernels.get("QLinearConv", 0) >= 50, kernels  # 52 convs: the depthwise ones included
+
+
+def test_equalization_keeps_mobilenet_v2_logits_within_1e4(mobilenet):
+    """Issue 26: the equalization step (17 expand -> ReLU6 -> depthwise chains of the trained
+    MobileNetV2) keeps the FP32 network's function on crops it was not computed on."""
+    from trtrepo import equalize as EQ
+    from trtrepo.data import open_data
+    from trtrepo.modelio import ModelIO
+    from trtrepo.quantize import load_model, prepare_model
+    from trtrepo.weightsteps import cached_batches
+
+    vision, model, calib, evaluation = mobilenet
+    fp32_model = prepare_model(load_model(model))
+    eq = EQ.equalize(fp32_model, cached_batches(open_data(str(calib)), ModelIO.from_onnx(fp32_model)))
+    assert len(eq.chains) == 17 and eq.channels_scaled > 1000
+    batches = _batches(evaluation)
+    before = run_onnx(fp32_model, None, batches=batches).outputs["logits"]
+    after = run_onnx(eq.model, None, batches=batches).outputs["logits"]
+    assert np.max(np.abs(after - before)) < 1e-4
 
 
 def test_the_gate_passes_an_fp16_copy_and_refuses_a_clipped_input_on_the_trained_cnn(mobilenet):

@@ -124,3 +124,55 @@ def test_each_step_lowers_the_held_out_error_of_the_trained_demo_cnn(demo_parts,
     nearest = error(model)
     after = error(WS.round_weights(model, layers, moments, step, options, budget_s=5).model)
     assert after < 0.95 * nearest, (step, after, nearest)
+
+
+def test_clip_safe_amplification_lifts_small_channels_within_the_clip():
+    m = np.array([0.05, 0.5, 1.0, 5.0, 8.0, -1.0])
+    s = W.clip_safe_amplification(m, clip=6.0, quantile=50.0, margin=4.0)
+    assert s[5] == 1.0 and s[4] == 1.0 and s[3] == 1.0  # dead, clipping and large channels stay
+    assert np.all(s <= 1.0) and np.all((m / s)[:3] <= 6.0 / 4.0 + 1e-9)  # amplified values keep the margin
+    assert s[0] < s[1] < 1.0
+    relu = W.clip_safe_amplification(np.array([0.1, 1.0, 2.0]), clip=None, quantile=100.0)
+    np.testing.assert_allclose(relu, [0.05, 0.5, 1.0])  # ReLU: every channel lifted to the largest
+
+
+def test_equalization_keeps_the_function_and_narrows_the_activation_range(tmp_path):
+    """A Conv -> ReLU6 -> depthwise Conv chain with channels of very different scales: the
+    equalized model computes the same outputs (< 1e-4 relative) while the activation that gets
+    one per-tensor INT8 scale has its small channels lifted."""
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtrepo import equalize as EQ
+    from trtrepo.data import ArraySource, iter_batches
+    from trtrepo.evaluate import make_session
+    from trtrepo.weightsteps import _with_outputs
+
+    rng = np.random.default_rng(0)
+    c = 8
+    w1 = (rng.normal(0, 1, (c, 3, 1, 1)) * np.logspace(-2, 0, c)[:, None, None, None]).astype(np.float32)
+    w2 = rng.normal(0, 1, (c, 1, 3, 3)).astype(np.float32)
+    inits = [numpy_helper.from_array(w1, "w1"), numpy_helper.from_array(np.zeros(c, np.float32), "b1"),
+             numpy_helper.from_array(w2, "w2"), numpy_helper.from_array(np.float32(0), "lo"),
+             numpy_helper.from_array(np.float32(6), "hi")]
+    nodes = [helper.make_node("Conv", ["x", "w1", "b1"], ["y1"], name="expand"),
+             helper.make_node("Clip", ["y1", "lo", "hi"], ["a1"], name="relu6"),
+             helper.make_node("Conv", ["a1", "w2"], ["y"], name="dw", group=c, pads=[1, 1, 1, 1])]
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3, 8, 8])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", c, 8, 8])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = rng.normal(0, 1, (64, 3, 8, 8)).astype(np.float32)
+    batches = list(iter_batches(ArraySource("x", {"x": x[:48]}), 16))
+    eq = EQ.equalize(model, batches)
+    assert len(eq.chains) == 1 and eq.channels_scaled >= c // 2
+    held = x[48:] * 1.5  # unseen and larger than calibration
+    before = make_session(model).run(None, {"x": held})[0]
+    after = make_session(eq.model).run(None, {"x": held})[0]
+    assert np.max(np.abs(after - before)) / np.max(np.abs(before)) < 1e-4
+    ranges = []
+    for m in (model, eq.model):
+        a = make_session(_with_outputs(m, ["a1"])).run(["a1"], {"x": held})[0]
+        per_channel = a.max(axis=(0, 2, 3))
+        ranges.append(per_channel.min() / per_channel.max())
+    assert ranges[1] > 5 * ranges[0]  # the smallest channel's range relative to the largest grew
+    onnx.checker.check_model(eq.model)

@@ -700,6 +700,7 @@ def run_quantize(
     weight_rounding: str = "auto",
     rounding_budget_s: float | None = None,
     accept_accuracy_loss: bool = True,
+    equalize: bool = True,
 ) -> QuantizeResult:
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
@@ -790,6 +791,7 @@ def run_quantize(
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
     stats = None
+    equalization: dict[str, Any] = {"applied": False, "note": "ranges or a cache were given (computed on the original model)"}
     if ranges is not None:
         per_method = {"ranges": ranges_from_json(ranges)}
     elif cache is not None:
@@ -802,12 +804,24 @@ def run_quantize(
         channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
         from .calibrate import DEFAULT_MEMORY_BUDGET_MB
 
+        equalization = _equalize(model, calib_src, evaluator, options, equalize, threads)
+        calib_path = onnx_path
+        if equalization.get("applied"):
+            import tempfile
+
+            model = equalization.pop("model")
+            tmp_dir = tempfile.TemporaryDirectory(prefix="trtrepo-equalized-")
+            calib_path = Path(tmp_dir.name) / "equalized.onnx"
+            save_model(model, calib_path)
+        equalization.pop("model", None)
         t_cal = time.perf_counter()
-        cal = Calibrator(onnx_path, calib_src, batch_size=batch_size, progress=progress,
+        cal = Calibrator(calib_path, calib_src, batch_size=batch_size, progress=progress,
                          tensors=calibration_tensors(model, options), channel_tensors=channel_tensors,
                          memory_budget_mb=memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
         stats = cal.collect()
         timings["calibration"] = time.perf_counter() - t_cal
+        if equalization.get("seconds"):
+            timings["equalization"] = equalization["seconds"]
         del cal  # its ONNX Runtime session holds the model with every tensor as an output
         import gc
 
@@ -872,6 +886,7 @@ def run_quantize(
     report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
     report["weight_rounding"] = rounding.to_dict()
+    report["equalization"] = equalization
     report["quantize_attention"] = options.quantize_attention
     report["reduce_range"] = options.reduce_range
     report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
@@ -978,6 +993,44 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     if best_model is not None:
         choice.model, choice.best = best_model, best
     return choice
+
+
+def _equalize(model: Any, calib_src: Any, evaluator: Evaluator | None, options: QuantizeOptions, enabled: bool,
+              threads: int | None) -> dict[str, Any]:
+    """Activation equalization (:mod:`trtrepo.equalize`) of ``model`` on the calibration data,
+    kept only when the equalized FP32 model's outputs stay within
+    :data:`trtrepo.equalize.MAX_RELATIVE_CHANGE` of the original's (on the held-out data, else on
+    the calibration data). Returns the report entry, with the model under ``"model"`` when applied."""
+    from . import equalize as EQ
+    from .modelio import ModelIO
+    from .weightsteps import cached_batches
+
+    if not enabled:
+        return {"applied": False, "note": "off"}
+    if calib_src is None or not EQ.find_chains(model):
+        return {"applied": False, "note": "no Conv -> ReLU/ReLU6 -> depthwise Conv chain"}
+    excluded = [n.name for n in model.graph.node if options.excludes(n.name, n.op_type)]
+    batches = cached_batches(calib_src, ModelIO.from_onnx(model))
+    eq = EQ.equalize(model, batches, excluded=excluded, threads=threads)
+    entry: dict[str, Any] = eq.to_dict()
+    if evaluator is not None:
+        ref, got = evaluator.reference.outputs, evaluator._run(eq.model).outputs
+    else:
+        from .evaluate import run_onnx
+
+        ref = run_onnx(model, None, batches=batches[:2], threads=threads).outputs
+        got = run_onnx(eq.model, None, batches=batches[:2], threads=threads).outputs
+    change = max(float(np.max(np.abs(got[k] - ref[k]))) / max(float(np.max(np.abs(ref[k]))), 1e-12) for k in ref)
+    entry["max_relative_change"] = change
+    entry["applied"] = change <= EQ.MAX_RELATIVE_CHANGE and eq.channels_scaled > 0
+    if entry["applied"]:
+        entry["model"] = eq.model
+    else:
+        entry["note"] = ("no channel to scale" if eq.channels_scaled == 0 else
+                         f"the equalized FP32 model moved the outputs by {change:.2g} of their range: not applied")
+    log.info("equalization: %d chain(s), %d channel(s) scaled, FP32 outputs moved by %.2g of their range%s",
+             len(eq.chains), eq.channels_scaled, change, "" if entry["applied"] else " (not applied)")
+    return entry
 
 
 def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any] | None:

@@ -198,3 +198,29 @@ def equalization_scales(r1: np.ndarray, r2: np.ndarray, *, lo: np.ndarray | None
     if hi is not None:
         s = np.minimum(s, hi)
     return s
+
+
+def clip_safe_amplification(channel_max: np.ndarray, *, clip: float | None, quantile: float = 99.0,
+                            margin: float = 4.0) -> np.ndarray:
+    """Per-channel scales ``s_i <= 1`` that lift the small channels of a non-negative activation
+    (after ReLU or ReLU6) towards the large ones, for per-tensor activation quantization: the
+    producer's channel ``i`` is divided by ``s_i`` (amplified), the consumer's input channel ``i``
+    multiplied by it.
+
+    ``channel_max``: each channel's largest pre-activation value on the calibration data. Target:
+    the ``quantile`` of the channels' post-activation ranges. ReLU (``clip=None``) is positively
+    homogeneous, so any amplification keeps the function. A clip ``c`` (ReLU6) keeps it exactly
+    while the amplified input stays below ``c``: an amplified channel may reach at most
+    ``c / margin`` on the calibration data, so an unseen input keeps the function up to
+    ``margin`` times the largest value calibration saw. Dead channels (max <= 0) keep scale 1."""
+    m = np.maximum(np.asarray(channel_max, np.float64), 0.0)
+    r = m if clip is None else np.minimum(m, clip)
+    live = r > 1e-12
+    if not np.any(live):
+        return np.ones_like(m)
+    target = float(np.percentile(r[live], quantile))
+    s = np.ones_like(m)
+    s[live] = np.minimum(r[live] / target, 1.0)
+    if clip is not None:
+        s[live] = np.maximum(s[live], m[live] * margin / clip)
+    return np.minimum(s, 1.0)
