@@ -58,6 +58,9 @@ METHODS = H.method_names(auto=True)
               show_default=True,
               help="How Conv/Gemm weights are rounded to INT8: auto measures bias correction and AdaRound against nearest "
                    "rounding on the held-out data and keeps the best.")
+@click.option("--equalize/--no-equalize", default=True, show_default=True,
+              help="Activation equalization of Conv -> ReLU/ReLU6 -> depthwise Conv chains before calibration (kept only "
+                   "when the FP32 outputs stay within 1e-4 of their range).")
 @click.option("--accept-accuracy-loss", is_flag=True,
               help="Write the model even when the held-out check against FP32 fails (exit 0); without it such a run "
                    "writes nothing and exits 1.")
@@ -71,7 +74,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             target: str, exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             eval_data: str | None, holdout: float, metric_output: str | None, quantize_attention: bool,
             reduce_range: bool, threads: int | None, report_dir: str | None, force: bool, progress: bool,
-            smooth_quant: str, weight_rounding: str, accept_accuracy_loss: bool) -> None:
+            smooth_quant: str, weight_rounding: str, equalize: bool, accept_accuracy_loss: bool) -> None:
     """Insert Q/DQ nodes into MODEL (FP32 ONNX) and write the explicit-INT8 model to -o.
 
     Ranges come from --ranges, --cache or calibration on --data (--method). The tensorrt target
@@ -96,6 +99,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
             report_dir=report_dir, force=force, progress=progress,
             smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
+            equalize=equalize,
         )
         report = result.report or {}
         took = time.perf_counter() - started
@@ -128,6 +132,12 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
                        "(their ranges: exact min/max of the smoothed tensors, not --method)")
         if report_dir is not None:
             click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
+        eqr = report.get("equalization") or {}
+        if eqr.get("applied"):
+            click.echo(f"  equalized {eqr['chains']} Conv -> activation -> depthwise chain(s), {eqr['channels_scaled']} "
+                       f"channel(s) (FP32 outputs moved by {eqr['max_relative_change']:.1g} of their range)")
+        elif eqr.get("chains"):
+            click.echo(f"  equalization not applied: {eqr.get('note', '')}")
         wr = report.get("weight_rounding") or {}
         if wr.get("chosen") and wr.get("requested") != "nearest":
             for row in wr.get("candidates", []):
