@@ -121,3 +121,10 @@ def test_a_failure_too_small_to_resolve_is_marked_inconclusive_and_still_fails()
     assert v["ok"] is False and v["inconclusive"] is True and "too few" in v["message"]
     v = AccuracyCheck().judge(metrics(0.90, 1.0, n_conf=400)["y"])  # 40 flips in 400: decided
     assert v["ok"] is False and v["inconclusive"] is False and v["interval"][1] < 0.99
+
+
+def test_a_pass_on_few_samples_says_it_is_not_settled():
+    few = AccuracyCheck().judge(metrics(1.0, 1.0, n_conf=40)["y"])
+    assert few["ok"] is True and few["inconclusive"] is True and "settle it" in few["message"]
+    many = AccuracyCheck().judge(metrics(1.0, 1.0, n_conf=500)["y"])
+    assert many["ok"] is True and many["inconclusive"] is False and many["interval"][0] >= 0.99

@@ -654,6 +654,12 @@ class AccuracyCheck:
             if not v["ok"] and hi >= self.min_confident_agreement:
                 v["inconclusive"] = True
                 v["message"] += f"; {flips} flip(s) in {n}: too few confident samples to decide, give more evaluation data"
+            elif v["ok"] and lo < self.min_confident_agreement:
+                # passed on its point estimate; the sample cannot exclude a model below the limit
+                v["inconclusive"] = True
+                v["message"] += (f"; passed on {n} samples, whose interval reaches below the limit: about "
+                                 f"{_samples_to_settle(self.min_confident_agreement)} confident samples settle it "
+                                 "(give more evaluation data)")
             return v
         if m.top1_agreement is not None:  # a classifier with no confident sample: nothing decides top-1
             v["note"] = "no held-out sample has a confident FP32 top-1: judged on cosine"
@@ -664,6 +670,16 @@ class AccuracyCheck:
     def failures(self, metrics: Mapping[str, OutputMetrics], output: str | None = None) -> list[str]:
         names = [output] if output else list(metrics)
         return [v["message"] for v in (self.judge(metrics[n]) for n in names) if not v["ok"]]
+
+
+def _samples_to_settle(limit: float) -> int:
+    """The fewest samples whose 95 % Wilson interval with no flip lies above ``limit``."""
+    from .evaluate import wilson_interval
+
+    n = 1
+    while wilson_interval(n, n)[0] < limit and n < 10**6:
+        n = int(n * 1.1) + 1
+    return n
 
 
 class AccuracyLoss(TrtrepoError):
