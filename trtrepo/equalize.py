@@ -99,7 +99,7 @@ def channel_maxima(model: Any, chains: Sequence[Chain], batches: Sequence[Any], 
     from .weightsteps import _with_outputs
 
     names = [c.tensor for c in chains]
-    session = make_session(_with_outputs(model, names), threads=threads)
+    session = make_session(_with_outputs(model, names), threads=threads, arena=False)
     out: dict[str, np.ndarray] = {}
     for batch in batches:
         for name, x in zip(names, session.run(names, batch.inputs), strict=True):

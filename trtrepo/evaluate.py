@@ -375,9 +375,11 @@ def better(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], outpu
 
 
 def make_session(model: Any, *, threads: int | None = None, optimization: str = "all",
-                 optimized_path: str | Path | None = None, config: Mapping[str, str] | None = None) -> Any:
+                 optimized_path: str | Path | None = None, config: Mapping[str, str] | None = None,
+                 arena: bool = True) -> Any:
     """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto. ``config``:
-    extra session config entries (they override trtrepo's own)."""
+    extra session config entries (they override trtrepo's own). ``arena=False``: no CPU memory
+    arena (memory goes back after each run; for sessions that fetch many large tensors)."""
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -397,6 +399,8 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
         so.add_session_config_entry(key, value)
     if optimized_path is not None:
         so.optimized_model_filepath = str(optimized_path)
+    if not arena:
+        so.enable_cpu_mem_arena = False
     if hasattr(model, "SerializeToString"):
         model = model.SerializeToString()
     what = "model" if isinstance(model, bytes) else str(model)

@@ -207,7 +207,7 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     from .evaluate import make_session
 
     names = list(dict.fromkeys(la.input for la in layers))
-    session = make_session(_with_outputs(model, names), threads=threads)
+    session = make_session(_with_outputs(model, names), threads=threads, arena=False)
     n_images = max(sum(_count(b) for b in batches), 1)
     moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
     for i, batch in enumerate(batches):
@@ -393,7 +393,7 @@ class QuantizedProbe:
             q.graph.input.append(onnx.helper.make_tensor_value_info(b, onnx.TensorProto.FLOAT, [la.outputs]))
         q = _with_outputs(q, list(dict.fromkeys(self.inputs.values())))
         _drop_dead(q)
-        self.session = make_session(q, threads=threads)
+        self.session = make_session(q, threads=threads, arena=False)
 
     def run(self, layer: Layer, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
             biases: Mapping[str, np.ndarray]) -> np.ndarray:
@@ -423,7 +423,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     inits = {t.name: t for t in model.graph.initializer}
     probe = QuantizedProbe(model, layers, ranges, options, threads=threads)
     fp_names = list(dict.fromkeys(la.input for la in layers))
-    fp_sess = make_session(_with_outputs(model, fp_names), threads=threads)
+    fp_sess = make_session(_with_outputs(model, fp_names), threads=threads, arena=False)
     weights = {la.node: numpy_helper.to_array(inits[la.weight]).astype(np.float32) for la in layers}
     biases = {la.node: (numpy_helper.to_array(inits[la.bias]).astype(np.float32) if la.bias is not None
                         else np.zeros(la.outputs, np.float32)) for la in layers}
