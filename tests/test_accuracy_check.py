@@ -56,6 +56,7 @@ def test_cli_quantize_exits_1_and_writes_nothing_when_the_check_fails(hard_case,
     result = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx")
     assert result.exit_code == 1
     assert "fails the held-out check" in result.stderr and "cosine" in result.stderr
+    assert "--accept-accuracy-loss" in result.stderr  # the command names the flag
     assert not (tmp_path / "q.onnx").exists()
     accepted = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx",
                        "--accept-accuracy-loss")

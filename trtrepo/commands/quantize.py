@@ -82,7 +82,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
     residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
     with integer kernels.
     """
-    from ..autoquant import run_quantize
+    from ..autoquant import AccuracyLoss, run_quantize
     from ..evaluate import AccuracyTarget
     from ..quantize import QuantizeOptions
 
@@ -91,16 +91,19 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
     started = time.perf_counter()
     with summary_output(as_json) as emit:
-        result = run_quantize(
-            model, output,
-            ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
-            accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
-            batch_size=batch_size,
-            threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
-            report_dir=report_dir, force=force, progress=progress,
-            smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
-            equalize=equalize,
-        )
+        try:
+            result = run_quantize(
+                model, output,
+                ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
+                accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
+                batch_size=batch_size,
+                threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed),
+                report_dir=report_dir, force=force, progress=progress,
+                smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
+                equalize=equalize,
+            )
+        except AccuracyLoss as exc:  # the library names the concept; the command names its flags
+            raise AccuracyLoss(f"{exc}; --accept-accuracy-loss writes it, --eval-data gives the check more samples") from exc
         report = result.report or {}
         took = time.perf_counter() - started
         click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
