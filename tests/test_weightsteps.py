@@ -146,7 +146,7 @@ def test_equalization_keeps_the_function_and_narrows_the_activation_range(tmp_pa
     from trtrepo import equalize as EQ
     from trtrepo.data import ArraySource, iter_batches
     from trtrepo.evaluate import make_session
-    from trtrepo.weightsteps import _with_outputs
+    from trtrepo.modelio import with_outputs
 
     rng = np.random.default_rng(0)
     c = 8
@@ -171,7 +171,7 @@ def test_equalization_keeps_the_function_and_narrows_the_activation_range(tmp_pa
     assert np.max(np.abs(after - before)) / np.max(np.abs(before)) < 1e-4
     ranges = []
     for m in (model, eq.model):
-        a = make_session(_with_outputs(m, ["a1"])).run(["a1"], {"x": held})[0]
+        a = make_session(with_outputs(m, ["a1"])).run(["a1"], {"x": held})[0]
         per_channel = a.max(axis=(0, 2, 3))
         ranges.append(per_channel.min() / per_channel.max())
     assert ranges[1] > 5 * ranges[0]  # the smallest channel's range relative to the largest grew

@@ -54,6 +54,7 @@ from .quantize import (
     ranges_from_json,
     save_model,
 )
+from .weightopt import ROUNDING_STEPS
 
 log = logging.getLogger(__name__)
 
@@ -943,7 +944,7 @@ class RoundingChoice:
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "layers": self.layers}
 
 
-WEIGHT_ROUNDING = ("auto", "nearest", "bias_correction", "adaround")
+WEIGHT_ROUNDING = ("auto",) + ROUNDING_STEPS
 
 
 def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, calib_src: Any,

@@ -712,16 +712,9 @@ class Calibrator:
 
     def _augmented_model(self) -> Any:
         """A copy of the model (without its weights) with every selected tensor as a graph output."""
-        import onnx
+        from .modelio import with_outputs
 
-        model = onnx.ModelProto()
-        model.CopyFrom(self.model)
-        outputs = {o.name for o in model.graph.output}
-        types = _inferred_types(model)
-        for name in self.tensors:
-            if name not in outputs:
-                model.graph.output.append(onnx.helper.make_tensor_value_info(name, types.get(name, 1), None))
-        return model
+        return with_outputs(self.model, self.tensors, _inferred_types(self.model))
 
     def _augmented_path(self) -> Path:
         """The augmented model saved in a temporary folder, its weights in a file beside it.

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import weightopt as W
+from .modelio import with_outputs
 from .quantize import GraphView
 
 MAX_RELATIVE_CHANGE = 1e-4  # largest FP32 output change (over the output's largest value) allowed
@@ -96,10 +97,9 @@ def find_chains(model: Any, excluded: Sequence[str] = ()) -> list[Chain]:
 def channel_maxima(model: Any, chains: Sequence[Chain], batches: Sequence[Any], threads: int | None = None) -> dict[str, np.ndarray]:
     """Each chain tensor's per-channel maximum over ``batches`` (one FP32 pass)."""
     from .evaluate import make_session
-    from .weightsteps import _with_outputs
 
     names = [c.tensor for c in chains]
-    session = make_session(_with_outputs(model, names), threads=threads, arena=False)
+    session = make_session(with_outputs(model, names), threads=threads, arena=False)
     out: dict[str, np.ndarray] = {}
     for batch in batches:
         for name, x in zip(names, session.run(names, batch.inputs), strict=True):

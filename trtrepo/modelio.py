@@ -10,7 +10,7 @@ validation harness all take it instead of re-deriving shapes themselves.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -309,6 +309,22 @@ def numpy_dtype(name: str) -> np.dtype:
     if name == "bfloat16":
         raise UsageError("bfloat16 tensors cannot be fed from numpy")
     return np.dtype(name)
+
+
+def with_outputs(model: Any, names: Iterable[str], types: Mapping[str, int] | None = None) -> Any:
+    """A copy of ``model`` with each of ``names`` that is not a graph output yet added as one
+    (element type from ``types``, default FLOAT; shape left open): how a pass fetches
+    intermediate tensors from ONNX Runtime."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    have = {o.name for o in copy.graph.output}
+    for name in names:
+        if name not in have:
+            copy.graph.output.append(onnx.helper.make_tensor_value_info(name, (types or {}).get(name, 1), None))
+            have.add(name)
+    return copy
 
 
 def without_weights(model: Any, large: int = 1024) -> Any:

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+ROUNDING_STEPS = ("nearest", "bias_correction", "adaround")  # how quantize may round weights (no "auto")
 ZETA, GAMMA = 1.1, -0.1  # the rectified sigmoid's stretch (AdaRound, eq. 23)
 
 
@@ -113,16 +114,15 @@ class AdaRoundResult:
 
 
 def adaround(w: np.ndarray, scale: np.ndarray, m: InputMoments, *, qmax: float = 127.0, iterations: int = 1000,
-             lr: float = 1e-2, reg: float = 0.01, beta: tuple[float, float] = (20.0, 2.0), warmup: float = 0.2,
-             seed: int = 0) -> AdaRoundResult:
+             lr: float = 1e-2, reg: float = 0.01, beta: tuple[float, float] = (20.0, 2.0),
+             warmup: float = 0.2) -> AdaRoundResult:
     """AdaRound (Nagel et al. 2020) for one layer: learn, per weight, whether to round down or up
     so that the layer's output on the calibration inputs stays closest to FP32.
 
     Adam on the rectified-sigmoid variable ``V``; loss = reconstruction (from the moments, see
     :class:`InputMoments`) + ``reg * sum(1 - |2h - 1|^beta)`` with ``beta`` annealed from
     ``beta[0]`` to ``beta[1]`` after ``warmup`` of the iterations (no regularization before).
-    Deterministic for given inputs (``seed`` is unused noise-free; kept for API stability)."""
-    del seed
+    Full-batch and deterministic for given inputs."""
     w = np.asarray(w, np.float64)
     s = _safe(np.asarray(scale, np.float64))[..., None]  # [G, Og, 1]
     n = max(m.count, 1)

@@ -38,11 +38,12 @@ from typing import Any
 import numpy as np
 
 from . import weightopt as W
+from .modelio import with_outputs
 from .quantize import GraphView, QParams, QuantizeOptions, activation_qparams, plan_qdq, weight_qparams
 
 log = logging.getLogger(__name__)
 
-STEPS = ("nearest", "bias_correction", "adaround")
+STEPS = W.ROUNDING_STEPS
 ROWS_PER_LAYER = 4096  # input patches sampled per layer
 ADAROUND_ITERATIONS = 1000
 MIN_ITERATIONS = 200
@@ -186,18 +187,6 @@ def cached_batches(source: Any, io: Any, batch_size: int = BATCH_SIZE, max_sampl
     return out
 
 
-def _with_outputs(model: Any, names: Sequence[str]) -> Any:
-    import onnx
-
-    probe = onnx.ModelProto()
-    probe.CopyFrom(model)
-    have = {o.name for o in probe.graph.output}
-    for name in names:
-        if name not in have:
-            probe.graph.output.append(onnx.helper.make_tensor_value_info(name, onnx.TensorProto.FLOAT, None))
-    return probe
-
-
 def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any], act_qparams: Mapping[str, QParams], *,
                     rows_per_layer: int = ROWS_PER_LAYER, threads: int | None = None,
                     seed: int = 0) -> dict[str, W.InputMoments]:
@@ -207,7 +196,7 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     from .evaluate import make_session
 
     names = list(dict.fromkeys(la.input for la in layers))
-    session = make_session(_with_outputs(model, names), threads=threads, arena=False)
+    session = make_session(with_outputs(model, names), threads=threads, arena=False)
     n_images = max(sum(_count(b) for b in batches), 1)
     moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
     for i, batch in enumerate(batches):
@@ -391,7 +380,7 @@ class QuantizedProbe:
             self.w_name[la.node], self.b_name[la.node] = w, b
             q.graph.input.append(onnx.helper.make_tensor_value_info(w, onnx.TensorProto.FLOAT, list(la.weight_shape)))
             q.graph.input.append(onnx.helper.make_tensor_value_info(b, onnx.TensorProto.FLOAT, [la.outputs]))
-        q = _with_outputs(q, list(dict.fromkeys(self.inputs.values())))
+        q = with_outputs(q, list(dict.fromkeys(self.inputs.values())))
         _drop_dead(q)
         self.session = make_session(q, threads=threads, arena=False)
 
@@ -423,7 +412,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     inits = {t.name: t for t in model.graph.initializer}
     probe = QuantizedProbe(model, layers, ranges, options, threads=threads)
     fp_names = list(dict.fromkeys(la.input for la in layers))
-    fp_sess = make_session(_with_outputs(model, fp_names), threads=threads, arena=False)
+    fp_sess = make_session(with_outputs(model, fp_names), threads=threads, arena=False)
     weights = {la.node: numpy_helper.to_array(inits[la.weight]).astype(np.float32) for la in layers}
     biases = {la.node: (numpy_helper.to_array(inits[la.bias]).astype(np.float32) if la.bias is not None
                         else np.zeros(la.outputs, np.float32)) for la in layers}

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .. import histogram as H
+from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
@@ -54,7 +55,7 @@ METHODS = H.method_names(auto=True)
 @click.option("--threads", type=click.IntRange(min=1), default=None, help="ONNX Runtime intra-op threads for evaluation.")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write quantize.json and quantize.md (methods, sensitivity, fallback steps, accuracy) into DIR.")
-@click.option("--weight-rounding", type=click.Choice(("auto", "nearest", "bias_correction", "adaround")), default="auto",
+@click.option("--weight-rounding", type=click.Choice(("auto",) + ROUNDING_STEPS), default="auto",
               show_default=True,
               help="How Conv/Gemm weights are rounded to INT8: auto measures bias correction and AdaRound against nearest "
                    "rounding on the held-out data and keeps the best.")
