@@ -1,5 +1,5 @@
 """Weight rounding that keeps a trained network's function: AdaRound, bias correction and
-cross-layer equalization, as pure numpy functions (no I/O, no ONNX).
+activation equalization, as pure numpy functions (no I/O, no ONNX).
 
 Every function works on one layer's weights in the *grouped matrix* layout ``W[G, Og, K]``: ``G``
 groups (a Conv's ``group``; 1 for Gemm/MatMul), ``Og`` output channels per group and ``K`` inputs
@@ -23,10 +23,11 @@ Decisions:
   its reconstruction loss on the calibration statistics is below nearest rounding's.
 * **Bias correction** subtracts the expected output shift ``Ws mu_q - W mu_x`` (input patch
   means, quantized and FP32), the empirical form of Nagel et al. 2019 section 4.2.
-* **Cross-layer equalization** rescales output channel ``i`` of a layer by ``1/s_i`` and input
-  channel ``i`` of the next by ``s_i`` with ``s_i = sqrt(r1_i / r2_i)`` (DFQ, eq. 8), which keeps the
-  network's function through ReLU and linear links; a clipping activation (ReLU6) is kept exact
-  by the caller's choice of which channels may move (see :func:`equalization_scales`).
+* **Activation equalization** (:func:`clip_safe_amplification`) lifts the small channels of a
+  non-negative activation towards the large ones (producer channel divided by ``s_i <= 1``,
+  consumer input channel multiplied by it): exact through ReLU, exact below ``clip / margin`` on
+  the calibration data through ReLU6. DFQ's weight-range equalization is not here: with
+  per-channel weight scales it leaves a depthwise layer's quantization unchanged.
 """
 
 from __future__ import annotations
@@ -178,26 +179,6 @@ def bias_shift(w: np.ndarray, ws: np.ndarray, m: InputMoments) -> np.ndarray:
     from the bias to correct the quantized layer's mean output (bias correction)."""
     return (np.einsum("gok,gk->go", ws.astype(np.float64), m.mean_q)
             - np.einsum("gok,gk->go", w.astype(np.float64), m.mean_x))
-
-
-def equalization_scales(r1: np.ndarray, r2: np.ndarray, *, lo: np.ndarray | None = None,
-                        hi: np.ndarray | None = None) -> np.ndarray:
-    """DFQ's equalizing scales ``s_i = sqrt(r1_i / r2_i)`` for a pair of layers sharing channel
-    ``i`` (``r1``: range of the first layer's output channel ``i``, ``r2``: of the second layer's
-    input channel ``i``); the first layer's channel is divided by ``s_i``, the second's multiplied.
-    ``lo``/``hi`` bound each scale (e.g. ``lo = 1`` where an activation between the layers clips
-    and may only be scaled down, ``hi = lo = 1`` for a channel that must not move). Channels with a
-    zero range keep scale 1."""
-    r1 = np.asarray(r1, np.float64)
-    r2 = np.asarray(r2, np.float64)
-    with np.errstate(divide="ignore", invalid="ignore"):
-        s = np.sqrt(r1 / r2)
-    s = np.where(np.isfinite(s) & (s > 0), s, 1.0)
-    if lo is not None:
-        s = np.maximum(s, lo)
-    if hi is not None:
-        s = np.minimum(s, hi)
-    return s
 
 
 def clip_safe_amplification(channel_max: np.ndarray, *, clip: float | None, quantile: float = 99.0,

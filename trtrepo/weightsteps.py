@@ -243,12 +243,6 @@ class WeightStepResult:
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
 
-    def to_dict(self) -> dict[str, Any]:
-        learned = sum(1 for r in self.layers if r.adaround == "learned")
-        return {"step": self.step, "seconds": round(self.seconds, 3), "layers": len(self.layers),
-                "adaround_learned": learned,
-                "per_layer": [vars(r) for r in self.layers]}
-
 
 def _cost(layer: Layer) -> float:
     og = layer.outputs // layer.groups
