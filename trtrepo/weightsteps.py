@@ -18,8 +18,9 @@ Decisions:
   patches (:data:`ROWS_PER_LAYER`): memory is ``K x K`` per group and layer however many samples.
 * Sequential inputs (:func:`round_weights_sequential`, AdaRound for the tensorrt target, see
   :func:`sequential_inputs`): each layer's quantized input comes from the Q/DQ network with the
-  weights rounded so far, so a layer also absorbs its predecessors' error; one FP32 and one Q/DQ
-  pass of :data:`SEQUENTIAL_BATCHES` batches per layer. Bias correction stays local for both
+  weights rounded so far, so a layer also absorbs its predecessors' error; one Q/DQ pass of
+  :data:`SEQUENTIAL_BATCHES` batches per layer, and one FP32 pass per group of layers whose input
+  patches fit :data:`FP32_PATCH_BYTES`. Bias correction stays local for both
   targets: its sequential form over-corrects (measured in docs/benchmarks.md, "Issue 26").
 * AdaRound's iterations fit a time budget: each layer gets a share proportional to its cost per
   iteration, at most :data:`ADAROUND_ITERATIONS` and at least :data:`MIN_ITERATIONS`.
@@ -52,6 +53,7 @@ BATCH_SIZE = 16  # samples per collection batch
 MAX_SAMPLES = 512  # calibration samples the statistics pass reads
 ITERATION_RATE = 2.5e9  # multiply-adds per second assumed for AdaRound's budget
 SEQUENTIAL_BATCHES = 4  # batches (of BATCH_SIZE) a sequential step passes through the network per layer
+FP32_PATCH_BYTES = 128 << 20  # FP32 input patches a sequential step holds ahead of the layers that use them
 
 
 def sequential_inputs(target: str) -> bool:
@@ -394,7 +396,8 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     """Like :func:`round_weights`, one layer at a time in graph order, each layer's quantized
     input taken from the Q/DQ network (run in float) with the weights rounded so far, so that a
     layer also absorbs the error its quantized predecessors pass on (AdaRound's and empirical
-    bias correction's sequential form). One FP32 and one Q/DQ pass over ``batches`` per layer."""
+    bias correction's sequential form). One Q/DQ pass over ``batches`` per layer; the FP32 side
+    comes from :func:`_fp32_patches`, one pass per group of layers."""
     from onnx import numpy_helper
 
     from .evaluate import make_session
@@ -414,13 +417,15 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     counts = {la.node: rows_per_layer for la in layers}
     n_iter = _iterations(layers, counts, budget_s, iterations)
     new_w, shifts, reports = {}, {}, []
+    fp_patches: dict[tuple[int, int], np.ndarray] = {}
     for j, layer in enumerate(layers):
+        if (j, 0) not in fp_patches:
+            fp_patches = _fp32_patches(fp_sess, layers, j, batches, rows_per_layer, n_images, seed)
         m = W.InputMoments(layer.groups, layer.k)
         for i, batch in enumerate(batches):
-            x = fp_sess.run([layer.input], batch.inputs)[0]
+            p = fp_patches.pop((j, i))
             xq = probe.run(layer, batch.inputs, weights, biases)
-            rows = _rows(layer, x, rows_per_layer, _count(batch), n_images)
-            p = layer.patches(x, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
+            rows = _rows(layer, xq, rows_per_layer, _count(batch), n_images)
             pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
             m.add(p, pq)
         ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, n_iter)
@@ -430,6 +435,32 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
         reports.append(rep)
     out = _write(model, layers, new_w, shifts, reports)
     return WeightStepResult(step, out, reports, time.perf_counter() - t0)
+
+
+def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Sequence[Any], rows_per_layer: int,
+                  n_images: int, seed: int) -> dict[tuple[int, int], np.ndarray]:
+    """FP32 input patches of ``layers[start:]`` up to about :data:`FP32_PATCH_BYTES`, keyed by
+    (layer, batch): one FP32 pass per batch serves a group of layers instead of one pass per
+    layer. The sample of positions is the one the quantized side draws (same seed, same shape)."""
+    out: dict[tuple[int, int], np.ndarray] = {}
+    group, size = [], 0
+    for j in range(start, len(layers)):
+        la = layers[j]
+        rows = max(1, int(round(rows_per_layer * max(_count(b) for b in batches) / n_images)))
+        cost = rows * la.groups * la.k * 4 * len(batches)
+        if group and size + cost > FP32_PATCH_BYTES:
+            break
+        group.append(j)
+        size += cost
+    names = list(dict.fromkeys(layers[j].input for j in group))
+    for i, batch in enumerate(batches):
+        xs = dict(zip(names, fp_sess.run(names, batch.inputs)))
+        for j in group:
+            x = xs[layers[j].input]
+            rows = _rows(layers[j], x, rows_per_layer, _count(batch), n_images)
+            out[(j, i)] = layers[j].patches(x, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
+        del xs
+    return out
 
 
 def activation_qparams_for(model: Any, layers: Sequence[Layer], ranges: Mapping[str, Any],
