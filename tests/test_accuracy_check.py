@@ -59,9 +59,14 @@ def test_cli_quantize_exits_1_and_writes_nothing_when_the_check_fails(hard_case,
     assert "--accept-accuracy-loss" in result.stderr  # the command names the flag
     assert not (tmp_path / "q.onnx").exists()
     accepted = run_cli("quantize", model, "--data", data, "--target", "onnxruntime", "-o", tmp_path / "q.onnx",
-                       "--accept-accuracy-loss")
+                       "--accept-accuracy-loss", "--json")
     assert accepted.exit_code == 0 and (tmp_path / "q.onnx").is_file()
     assert "INT8 ACCURACY LOSS" in accepted.stderr
+    import json
+
+    acc = json.loads(accepted.stdout)["accuracy"]  # the same summary as deploy's
+    assert acc["gate"]["passed"] is False and acc["outputs"][acc["gate"]["output"]]["cosine_mean"] < 0.5
+    assert acc["speed"]["int8_vs_fp32"] > 0
 
 
 @pytest.mark.parametrize("accept", [False, True])
@@ -129,3 +134,37 @@ def test_a_pass_on_few_samples_says_it_is_not_settled():
     assert few["ok"] is True and few["inconclusive"] is True and "settle it" in few["message"]
     many = AccuracyCheck().judge(metrics(1.0, 1.0, n_conf=500)["y"])
     assert many["ok"] is True and many["inconclusive"] is False and many["interval"][0] >= 0.99
+
+
+def test_deploy_json_and_console_say_what_int8_cost(demo_onnx, tmp_path, run_cli):
+    """Issue 27: deploy's console and ``--json`` carry the held-out figures, the choices, the layers
+    kept in float (with the reason) and the INT8/FP32 speed ratio, all from one summary."""
+    import json
+
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
+                  "--repo", tmp_path / "repo", "--name", "d", "--method", "minmax",
+                  "--exclude-node", "/head/Gemm", "--json")
+    assert res.exit_code == 0, res.output
+    acc = json.loads(res.stdout)["accuracy"]
+    assert acc["shipped"] == "int8" and acc["method"] == "minmax" and acc["target"] == "onnxruntime"
+    logits = acc["outputs"]["logits"]
+    assert logits["samples"] == acc["held_out"]["samples"] == 51
+    assert 0.9 <= logits["top1_agreement"] <= 1.0 and 0.99 < logits["cosine_mean"] <= 1.0 + 1e-6
+    assert acc["gate"]["passed"] is True and acc["gate"]["output"] == "logits"
+    assert {"name": "/head/Gemm", "reason": "excluded by the user"} in acc["kept_float"]
+    assert acc["speed"]["int8_vs_fp32"] > 0 and acc["speed"]["batch_size"] == 32
+    console = res.stderr  # under --json the console lines go to stderr
+    assert "INT8 vs FP32 (onnxruntime target; shipped INT8)" in console
+    assert "held-out 'logits' (51 held-out samples): " in console and "top-1 agreement" in console
+    assert "speed INT8/FP32 on the held-out data: " in console and "kept in float: 1: /head/Gemm (excluded by the user)" in console
+
+
+def test_deploy_that_falls_back_says_fp32_was_shipped_and_why(hard_case, tmp_path, run_cli):
+    import json
+
+    model, data = hard_case
+    res = run_cli("deploy", model, "--data", data, "--backend", "onnxruntime", "--repo", tmp_path / "repo", "--json")
+    assert res.exit_code == 0, res.output
+    acc = json.loads(res.stdout)["accuracy"]
+    assert acc["shipped"] == "fp32" and acc["gate"]["passed"] is False and "cosine" in acc["gate"]["failures"][0]
+    assert acc["outputs"][acc["gate"]["output"]]["cosine_mean"] < 0.5

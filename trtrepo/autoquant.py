@@ -182,6 +182,27 @@ class Evaluator:
             return None
         return self.reference_seconds / self.last_seconds
 
+    def time_ratio(self, fp32_model: Any, int8_model: Any, rounds: int = 3) -> dict[str, Any] | None:
+        """FP32 time over INT8 time on the held-out batches (ONNX Runtime CPU, this process's
+        threads): one warm-up pass each, then ``rounds`` alternated passes, the median of the
+        per-round ratios. None when the held-out data is not kept in memory."""
+        from .evaluate import make_session
+
+        if not self.batches:
+            return None
+        sessions = [make_session(m, threads=self.threads) for m in (fp32_model, int8_model)]
+        ratios = []
+        for r in range(rounds + 1):
+            took = []
+            for sess in sessions:
+                t0 = time.perf_counter()
+                run_onnx(None, None, batches=self.batches, session=sess, io=False)
+                took.append(time.perf_counter() - t0)
+            if r:
+                ratios.append(took[0] / max(took[1], 1e-9))
+        return {"int8_vs_fp32": float(np.median(ratios)), "batch_size": self.batch_size,
+                "engine": "ONNX Runtime CPU", "rounds": rounds}
+
     def __call__(self, model: Any) -> dict[str, OutputMetrics]:
         self.count += 1
         cand = self._run(model)
@@ -757,7 +778,7 @@ def run_quantize(
     elif given and parse_alpha(smooth_quant) is not None:
         raise UsageError(f"--smooth-quant {smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
     onnx_path = Path(onnx_path)
-    model = load_model(onnx_path)
+    model = fp32_model = load_model(onnx_path)
     io = ModelIO.from_onnx(model)
     outputs = [o.name for o in model.graph.output]
     if metric_output is not None and metric_output not in outputs:
@@ -892,6 +913,7 @@ def run_quantize(
                 raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(check_failures)}; "
                                    f"nothing written to {out_path} (accept the loss to write it anyway)")
 
+    speed = evaluator.time_ratio(fp32_model, chosen.model) if evaluator is not None else None
     path = save_model(chosen.model, out_path, force=force)
     result = _result(chosen, path, options, best.label)
     result.layers_in_float = list(chosen.plan.excluded)
@@ -902,6 +924,7 @@ def run_quantize(
     report["metric_output"] = metric_output or outputs[0]
     report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
     report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
+    report["speed"] = speed
     report["weight_rounding"] = rounding.to_dict()
     report["equalization"] = equalization
     report["quantize_attention"] = options.quantize_attention

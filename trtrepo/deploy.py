@@ -27,6 +27,7 @@ from .errors import UsageError
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
 from .progress import status
+from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
 
@@ -115,6 +116,7 @@ class DeployReport:
     notes: list[str] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)  # printed on stderr (a backend the local server lacks, ...)
     repo: Path | str = Path("model_repository")  # a local folder, or an s3:// URL
+    accuracy: QuantizeSummary | None = None  # what INT8 cost, measured on held-out data (None: not quantized here)
 
     def summary_lines(self) -> list[str]:
         lines = [f"{'step':<11} {'status':<9} {'time':>7}  detail"]
@@ -124,6 +126,10 @@ class DeployReport:
         lines.append(f"{'model':<24} {'version':>7}  {'backend':<21} {'precision':<10} path")
         for m in self.models:
             lines.append(f"{m.name:<24} {m.version:>7}  {m.backend:<21} {m.precision:<10} {m.path}")
+        if self.accuracy is not None:
+            lines.append("")
+            lines.append(f"INT8 vs FP32 ({self.accuracy.target} target; shipped {self.accuracy.shipped.upper()}):")
+            lines.extend(f"  {line}" for line in self.accuracy.summary_lines())
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -290,6 +296,9 @@ def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: 
     """The INT8 model, or the FP32 one when the check against FP32 failed (unless
     --accept-accuracy-loss); ``unmeasured`` says why when there was no check."""
     check = (result.report or {}).get("accuracy_check") or {}
+    if result.report:
+        shipped = "fp32" if check.get("ok") is False and not opts.accept_accuracy_loss else "int8"
+        report.accuracy = QuantizeSummary.from_report(result.report, shipped=shipped)
     if check.get("ok") is False:
         failures = "; ".join(check["failures"])
         if not opts.accept_accuracy_loss:

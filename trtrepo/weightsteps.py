@@ -443,7 +443,8 @@ def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Se
     (layer, batch): one FP32 pass per batch serves a group of layers instead of one pass per
     layer. The sample of positions is the one the quantized side draws (same seed, same shape)."""
     out: dict[tuple[int, int], np.ndarray] = {}
-    group, size = [], 0
+    group: list[int] = []
+    size = 0
     for j in range(start, len(layers)):
         la = layers[j]
         rows = max(1, int(round(rows_per_layer * max(_count(b) for b in batches) / n_images)))
@@ -454,7 +455,7 @@ def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Se
         size += cost
     names = list(dict.fromkeys(layers[j].input for j in group))
     for i, batch in enumerate(batches):
-        xs = dict(zip(names, fp_sess.run(names, batch.inputs)))
+        xs = dict(zip(names, fp_sess.run(names, batch.inputs), strict=True))
         for j in group:
             x = xs[layers[j].input]
             rows = _rows(layers[j], x, rows_per_layer, _count(batch), n_images)

@@ -8,6 +8,7 @@ from pathlib import Path
 import click
 
 from .. import histogram as H
+from ..quantsummary import QuantizeSummary
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._options import data_options
@@ -153,17 +154,10 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
             if wr.get("note"):
                 click.echo(f"  weights: {wr['note']}")
         check = report.get("accuracy_check") or {}
-        verdict = check.get("verdict") or {}
-        if verdict.get("message"):
-            floor = verdict.get("fp16_noise_floor") or {}
-            extra = ""
-            if floor.get("top1_agreement") is not None:
-                extra = (f"; FP16 on the same samples: {100 * floor['top1_agreement']:.1f}% overall"
-                         + (f", {100 * floor['confident_agreement']:.1f}% confident" if floor.get("confident_agreement") is not None else ""))
-            click.echo(f"  held-out check ({verdict['rule']}): {verdict['message']}{extra}")
-        if check.get("ok") is True:
-            click.echo(f"  held-out check vs FP32 on '{check['output']}': ok")
-        elif check.get("measured") is False or (check and check.get("ok") is None):
+        summary = QuantizeSummary.from_report(report)
+        for line in summary.summary_lines():
+            click.echo(f"  {line}")
+        if check.get("measured") is False or (check and check.get("ok") is None):
             click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
         elif check.get("ok") is False:
             click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
@@ -173,4 +167,5 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
               "method": result.method, "layers": len(result.layers), "activations": result.activations,
               "weights": result.weights, "kept_float": list(result.kept_float),
               "float_tensors": list(result.float_tensors), "smooth_quant": sq.get("alpha"),
-              "accuracy_check": check or None, "methods": report.get("methods", []), "seconds": took})
+              "accuracy_check": check or None, "accuracy": summary.to_dict(), "methods": report.get("methods", []),
+              "seconds": took})

@@ -1,0 +1,129 @@
+"""What a quantization shipped and what it cost, in one object: the held-out figures per output
+(label accuracy, top-1 agreement overall and on confident samples, cosine), the gate's verdict and
+the FP16 noise floor beside it, the method and the steps chosen, the layers kept in float and why,
+and the INT8/FP32 speed ratio on the held-out data.
+
+``trtrepo quantize`` and ``trtrepo deploy`` print :meth:`QuantizeSummary.summary_lines` and put
+:meth:`QuantizeSummary.to_dict` under ``accuracy`` in ``--json``. It is built from the quantize
+report (:func:`trtrepo.autoquant.run_quantize`), so the console, the JSON and ``quantize.json``
+cannot disagree. The speed ratio is ONNX Runtime on this CPU at the held-out batch size: a hint of
+what INT8 buys, not the served latency (``trtrepo validate`` measures that)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+
+@dataclass(frozen=True)
+class OutputFigures:
+    """Held-out figures of one output, INT8 against FP32. Fractions in [0, 1]; None: not applicable."""
+
+    output: str
+    samples: int
+    cosine_mean: float
+    top1_agreement: float | None = None
+    confident_agreement: float | None = None
+    confident_samples: int | None = None
+    fp32_accuracy: float | None = None
+    int8_accuracy: float | None = None
+
+    def line(self) -> str:
+        bits = []
+        if self.fp32_accuracy is not None and self.int8_accuracy is not None:
+            bits.append(f"label accuracy {100 * self.fp32_accuracy:.2f}% -> {100 * self.int8_accuracy:.2f}%")
+        if self.top1_agreement is not None:
+            bits.append(f"top-1 agreement {100 * self.top1_agreement:.1f}%")
+        if self.confident_agreement is not None:
+            bits.append(f"{100 * self.confident_agreement:.1f}% on {self.confident_samples} confident")
+        bits.append(f"cosine {self.cosine_mean:.5f}")
+        return f"'{self.output}' ({self.samples} held-out samples): " + ", ".join(bits)
+
+
+@dataclass(frozen=True)
+class QuantizeSummary:
+    target: str
+    method: str
+    shipped: str = "int8"  # int8 | fp32 (deploy fell back) | none (quantize refused to write)
+    outputs: tuple[OutputFigures, ...] = ()
+    gate: Mapping[str, Any] | None = None  # output, rule, passed, inconclusive, message
+    fp16_noise_floor: Mapping[str, Any] | None = None
+    steps: Mapping[str, Any] = field(default_factory=dict)  # smooth_quant, weight_rounding, equalization
+    kept_float: tuple[Mapping[str, str], ...] = ()  # {"name", "reason"}
+    speed: Mapping[str, Any] | None = None  # {"int8_vs_fp32", "batch_size", "engine"}
+    held_out: Mapping[str, Any] | None = None  # {"name", "samples"}
+
+    @classmethod
+    def from_report(cls, report: Mapping[str, Any], shipped: str = "int8") -> QuantizeSummary:
+        metrics = report.get("metrics") or {}
+        outputs = tuple(OutputFigures(
+            output=name, samples=m["samples"], cosine_mean=m["cosine_mean"], top1_agreement=m.get("top1_agreement"),
+            confident_agreement=m.get("confident_agreement"), confident_samples=m.get("confident_samples"),
+            fp32_accuracy=m.get("reference_accuracy"), int8_accuracy=m.get("candidate_accuracy"))
+            for name, m in metrics.items())
+        check = report.get("accuracy_check") or {}
+        verdict = check.get("verdict") or {}
+        gate = None
+        if check:
+            gate = {"output": check.get("output"), "measured": check.get("measured"),
+                    "passed": check.get("ok"), "rule": verdict.get("rule"),
+                    "inconclusive": bool(verdict.get("inconclusive")), "message": verdict.get("message"),
+                    "failures": list(check.get("failures") or [])}
+        sq = report.get("smooth_quant") or {}
+        wr = report.get("weight_rounding") or {}
+        eq = report.get("equalization") or {}
+        steps = {"smooth_quant": sq.get("alpha"), "weight_rounding": wr.get("chosen"),
+                 "equalization": ({"chains": eq.get("chains"), "channels_scaled": eq.get("channels_scaled")}
+                                  if eq.get("applied") else None)}
+        kept: list[dict[str, str]] = []
+        kept += [{"name": t["tensor"], "reason": t["reason"]} for t in report.get("float_tensors") or []]
+        kept += [{"name": t["node"], "reason": t["reason"]} for t in report.get("kept_float") or []]
+        kept += [{"name": n, "reason": f"accuracy target {report.get('accuracy_target')}"}
+                 for n in report.get("layers_in_float") or []]
+        kept += [{"name": n, "reason": "excluded by the user"} for n in report.get("excluded") or []]
+        return cls(target=report.get("target", "?"), method=report.get("method", "?"), shipped=shipped,
+                   outputs=outputs, gate=gate, fp16_noise_floor=verdict.get("fp16_noise_floor"), steps=steps,
+                   kept_float=tuple(kept), speed=report.get("speed"), held_out=report.get("evaluation_data"))
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outputs"] = {o.output: {k: v for k, v in asdict(o).items() if k != "output"} for o in self.outputs}
+        d["kept_float"] = [dict(k) for k in self.kept_float]
+        return d
+
+    def summary_lines(self) -> list[str]:
+        """Console lines (no leading indent)."""
+        lines = []
+        if self.gate and self.gate.get("measured") is not False and self.gate.get("passed") is not None:
+            word = "passed" if self.gate["passed"] else "FAILED"
+            if self.gate.get("inconclusive"):
+                word += " (inconclusive)"
+            lines.append(f"gate {word}: {self.gate.get('message') or ''}".rstrip())
+        elif self.gate is not None or not self.outputs:
+            lines.append("gate: accuracy vs FP32 NOT measured (no held-out data)")
+        for o in self.outputs:
+            lines.append("held-out " + o.line())
+        floor = self.fp16_noise_floor or {}
+        if floor.get("top1_agreement") is not None:
+            conf = (f", {100 * floor['confident_agreement']:.1f}% on the confident ones"
+                    if floor.get("confident_agreement") is not None else "")
+            lines.append(f"FP16 noise floor on the same samples: top-1 agreement {100 * floor['top1_agreement']:.1f}%{conf}")
+        steps = [f"method {self.method}"]
+        if self.steps.get("smooth_quant") is not None:
+            steps.append(f"smooth-quant alpha {self.steps['smooth_quant']}")
+        if self.steps.get("equalization"):
+            steps.append(f"equalization on {self.steps['equalization']['chains']} chain(s)")
+        if self.steps.get("weight_rounding"):
+            steps.append(f"weights {self.steps['weight_rounding']}")
+        lines.append("chosen: " + ", ".join(steps))
+        if self.kept_float:
+            shown = ", ".join(f"{k['name']} ({k['reason']})" for k in self.kept_float[:5])
+            more = f" and {len(self.kept_float) - 5} more (see the report)" if len(self.kept_float) > 5 else ""
+            lines.append(f"kept in float: {len(self.kept_float)}: {shown}{more}")
+        else:
+            lines.append("kept in float: none")
+        if self.speed and self.speed.get("int8_vs_fp32") is not None:
+            lines.append(f"speed INT8/FP32 on the held-out data: {self.speed['int8_vs_fp32']:.2f}x "
+                         f"({self.speed['engine']}, batch {self.speed['batch_size']}; a CPU hint, not the served latency)")
+        return lines
