@@ -9,9 +9,10 @@ A model source is one of:
   state-dict file (``--weights``);
 * a torchvision architecture name (``resnet18``) with a local weights file (``--weights``).
 
-:func:`export_onnx` exports with a dynamic batch axis (and any extra dynamic axes), checks the
-result with ``onnx.checker`` and compares ONNX Runtime's outputs with PyTorch's on a sample
-batch of another batch size before the file is renamed into place.
+:func:`export_onnx` exports with a dynamic batch axis (and any extra dynamic axes), writes the
+sizes of the output axes that do not vary into the graph outputs (:func:`static_output_dims`),
+checks the result with ``onnx.checker`` and compares ONNX Runtime's outputs with PyTorch's on a
+sample batch of another batch size before the file is renamed into place.
 """
 
 from __future__ import annotations
@@ -274,13 +275,16 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _ort_run(path: Path | str, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+def _ort_session(path: Path | str) -> Any:
     import onnxruntime as ort
 
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
-    sess = ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-    return sess.run(None, dict(feed))  # type: ignore[no-any-return]
+    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
+
+
+def _ort_run(path: Path | str, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
+    return _ort_session(path).run(None, dict(feed))  # type: ignore[no-any-return]
 
 
 def _torch_outputs(torch: Any, model: Any, feed: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
@@ -420,6 +424,7 @@ def export_onnx(
             onnx.checker.check_model(exported, full_check=True)
         except Exception as exc:
             raise TrtrepoError(f"{output}: onnx.checker rejected the exported model: {str(exc).splitlines()[0]}") from exc
+        exported = _write_static_output_dims(exported, tmp, export_feed, axes, notes)
         io = ModelIO.from_onnx(exported)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
         max_err = None
@@ -436,6 +441,108 @@ def export_onnx(
                 if not np.allclose(g, e, atol=atol, rtol=rtol):
                     raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
     return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None, notes=notes)
+
+
+def probe_feed(feed: Mapping[str, np.ndarray], axes: Mapping[str, Mapping[int, str]]) -> dict[str, np.ndarray]:
+    """``feed`` with every declared dynamic axis of each input (``axes``: ``{input: {axis:
+    label}}``, axis 0 the batch) resized: one shorter when longer than 1 (a smaller sequence stays
+    within a model's position limit), else 2. The rows come from ``feed`` itself (cyclically), so
+    token ids and masks keep values the model accepts."""
+    probe = {}
+    for name, value in feed.items():
+        arr = np.asarray(value)
+        for axis in sorted(axes.get(name, {})):
+            if 0 <= axis < arr.ndim:
+                size = arr.shape[axis]
+                new = size - 1 if size > 1 else 2
+                arr = np.take(arr, np.arange(new) % size, axis=axis)
+        probe[name] = np.ascontiguousarray(arr)
+    return probe
+
+
+def static_output_dims(shapes: Sequence[Mapping[str, Sequence[int]]], declared: Mapping[str, Mapping[int, str]]
+                       ) -> dict[str, dict[int, int | None]]:
+    """Which output axes are static: ``shapes`` holds each output's shape in runs that differ in
+    every declared dynamic input axis (batch included); ``declared`` the output axes declared
+    dynamic. An undeclared axis is static (its size) when it has the same size in every run, and
+    dynamic (None) when it varies: a per-token output whose sequence axis was not declared stays
+    dynamic rather than being fixed to the sample's length. Declared axes and outputs whose rank
+    differs between runs are left out (left as the exporter wrote them)."""
+    result: dict[str, dict[int, int | None]] = {}
+    for name in shapes[0] if shapes else {}:
+        runs = [tuple(s[name]) for s in shapes if name in s]
+        if len(runs) != len(shapes) or len({len(r) for r in runs}) != 1:
+            continue
+        dims: dict[int, int | None] = {}
+        for axis in range(len(runs[0])):
+            if axis in declared.get(name, {}):
+                continue
+            sizes = {r[axis] for r in runs}
+            dims[axis] = sizes.pop() if len(sizes) == 1 and runs[0][axis] > 0 else None
+        result[name] = dims
+    return result
+
+
+def _write_static_output_dims(model: Any, path: Path, feed: Mapping[str, np.ndarray],
+                              axes: Mapping[str, Mapping[int, str]], notes: list[str]) -> Any:
+    """The exported ``model`` (saved at ``path``) with the sizes of its static output axes written
+    into the graph outputs, saved back to ``path``: the legacy exporter often leaves them symbolic
+    (a pooled ``[batch, 384]`` embedding comes out as two symbolic dims), and Triton's config and
+    metadata then say ``-1``. The axes are judged by :func:`static_output_dims` on ONNX Runtime's
+    outputs for the export sample and for :func:`probe_feed` of it (batch and declared dynamic axes
+    resized). An undeclared axis that varies stays dynamic, named ``{output}_dim{axis}`` unless the
+    exporter tied it to a declared axis name, with a note. When the model does not run on the
+    resized sample, or ``onnx.checker`` refuses the result, the model stays as exported (a note
+    says why)."""
+    import onnx
+
+    names = [o.name for o in model.graph.output]
+    feed = {k: np.asarray(v) for k, v in feed.items()}
+    probe = probe_feed(feed, {n: {0: "batch", **dict(a)} for n, a in axes.items()})
+    try:
+        sess = _ort_session(path)
+        runs = [dict(zip(names, (o.shape for o in sess.run(names, f)), strict=True)) for f in (feed, probe)]
+    except Exception as exc:
+        notes.append(f"output dims left as exported: ONNX Runtime fails on the export sample with batch 1 and each "
+                     f"declared dynamic axis resized by one, so an axis declared dynamic may be fixed in the graph "
+                     f"({type(exc).__name__}: {one_line(exc, 160)})")
+        return model
+    decided = static_output_dims(runs, {n: axes.get(n, {}) for n in names})
+    labels = {label for a in axes.values() for label in a.values()}
+    changed = False
+    patched = onnx.ModelProto()
+    patched.CopyFrom(model)
+    for out in patched.graph.output:
+        if not out.type.HasField("tensor_type"):
+            continue
+        dims = out.type.tensor_type.shape.dim
+        for axis, size in decided.get(out.name, {}).items():
+            d = dims[axis]
+            if d.HasField("dim_value") and d.dim_value > 0:
+                continue  # the exporter knew it
+            if size is not None:
+                d.dim_value = size  # clears dim_param (one field of a oneof)
+                changed = True
+            elif d.dim_param not in labels:
+                d.dim_param = f"{out.name}_dim{axis}"
+                changed = True
+                notes.append(f"output '{out.name}' axis {axis} varies with the input sizes but is not declared dynamic: "
+                             f"kept dynamic as '{out.name}_dim{axis}' (--dynamic-axis {out.name}:{axis}:LABEL names it)")
+    if not changed:
+        return model
+    try:
+        onnx.checker.check_model(patched, full_check=True)
+    except Exception as exc:
+        notes.append(f"output dims left as exported: onnx.checker refused the static sizes ({one_line(exc)})")
+        return model
+    if any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer):
+        light = onnx.load(str(path), load_external_data=False)  # the graph only: the weights files stay
+        light.graph.ClearField("output")
+        light.graph.output.extend(patched.graph.output)
+        onnx.save(light, str(path))
+    else:
+        onnx.save(patched, str(path))
+    return patched
 
 
 def _without_batch(inputs: Sequence[InputShape]) -> list[InputShape] | None:
