@@ -279,3 +279,63 @@ def test_no_reference_speed_skips_the_comparison(run_cli, server, tmp_path):
     assert "## Speed" not in (report / "validate.md").read_text()
     _, desc = _png_panels(report / "latency.png")
     assert desc == "panels: latency vs throughput"
+
+
+# A bursty CPU load: busy for 50-300 ms, idle for 50-300 ms, forever.
+BURN = ("import random, time\n"
+        "while True:\n"
+        "    end = time.perf_counter() + random.uniform(0.05, 0.3)\n"
+        "    while time.perf_counter() < end:\n"
+        "        pass\n"
+        "    time.sleep(random.uniform(0.05, 0.3))\n")
+
+
+@pytest.mark.triton
+def test_a_loaded_machine_marks_unstable_timings_and_prints_no_bare_speedup(run_cli, server, tmp_path):
+    """Issue 27: with CPU burners beside validate, a timing that misses the stability rule is
+    printed with its spread and a marker, its row gets no speedup number, and the summary lines
+    count the stable rows and levels."""
+    import re
+    import subprocess
+    import sys
+
+    burners = [subprocess.Popen([sys.executable, "-c", BURN]) for _ in range(2)]
+    try:
+        r, data, _ = _run(run_cli, server, tmp_path, "loaded", "--model", "demo", "--reference", "demo", "--onnx",
+                          server.onnx["demo"], "--data", "demo:val", "--limit", "64", "--speed-batch-sizes", "1,8",
+                          "--reference-threads", "1", "--stability-percentage", "2", "--max-trials", "3")
+    finally:
+        for b in burners:
+            b.kill()
+            b.wait()
+    assert r.exit_code == 0, r.output
+    rows = data["speed_vs_reference"]["rows"]
+    settled = [all(row[s]["stability"]["stable"] for s in ("reference", "served")) for row in rows]
+    assert not all(settled), "the burners left every timing stable: the test measured nothing"
+    for row, ok in zip(rows, settled, strict=True):
+        (line,) = [ln for ln in r.output.splitlines() if ln.strip().startswith(f"batch {row['batch_size']}")]
+        if ok:
+            assert re.search(r"speedup \d+\.\d+x$", line), line
+        else:
+            assert line.strip().startswith(f"batch {row['batch_size']}*") and "NOT STABLE ±" in line, line
+            assert "speedup not computed" in line and not re.search(r"speedup \d", line), line
+    assert f"{sum(settled)} of {len(rows)} batch size(s) stable on both sides" in r.output
+    levels = data["latency"]["levels"]
+    assert f"latency: {sum(lv['stable'] for lv in levels)} of {len(levels)} level(s) stable" in r.output
+
+
+def test_speed_console_lines_mark_each_unstable_side():
+    from trtrepo.speed import speed_console_lines
+
+    def side(ms, stable, spread=3.0):
+        return {"median_ms": ms, "p99_ms": 2 * ms,
+                "stability": {"stable": stable, "spread_pct": {"throughput_pct": spread / 2, "latency_pct": spread},
+                              "windows": 10}}
+
+    rows = [{"batch_size": 1, "reference": side(10.0, True), "served": side(2.0, True), "speedup_median": 5.0},
+            {"batch_size": 8, "reference": side(1592.08, False, 46.0), "served": side(14.55, True), "speedup_median": 109.43}]
+    lines = speed_console_lines(rows)
+    assert lines[0].endswith("speedup 5.00x") and "*" not in lines[0]
+    assert lines[1].startswith("batch 8*: reference median 1592.08 ms (p99 3184.16; * NOT STABLE ±46% over 10 windows)")
+    assert "109.43" not in lines[1] and lines[1].endswith("speedup not computed (reference timing not stable)")
+    assert lines[2] == "1 of 2 batch size(s) stable on both sides; * rows are not figures to quote"

@@ -30,6 +30,9 @@ from ._output import json_option, summary_output
                    "off the --data samples.")
 @click.option("--onnx", type=click.Path(dir_okay=False), default=None,
               help="The ONNX model that was deployed: the IO contract is read from it (default: from the reference).")
+@click.option("--no-cache", "no_cache", is_flag=True, default=False,
+              help="Export a PyTorch --reference afresh instead of reusing its cached export ($TRTREPO_CACHE_DIR/reference, "
+                   "else ~/.cache/trtrepo/reference; keyed by the content of its source and weights files).")
 @data_options(required=True, batch_size=1)
 @click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Requests in flight, per level.")
 @click.option("--request-rate", "request_rate", default=None, metavar="R1,R2",
@@ -94,7 +97,7 @@ from ._output import json_option, summary_output
 @io_paths({"reference": "--reference", "weights": "--weights", "onnx": "--onnx", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"report_dir": "--report", "csv_path": "--csv"})
 def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: float, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
-            output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None,
+            output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None, no_cache: bool,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             concurrency: str, request_rate: str | None, request_distribution: str, measurement_interval: float,
             requests: int | None, stability_percentage: float, max_trials: int, percentiles: str,
@@ -112,7 +115,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     the message; the report is written), 2 for usage and connection errors.
     """
     from ..errors import TrtrepoError, UsageError
-    from ..speed import SpeedOptions, parse_batch_sizes
+    from ..speed import SpeedOptions, parse_batch_sizes, speed_console_lines
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
     from ..validate.report import level_label, write_latency_csv
 
@@ -137,7 +140,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     with summary_output(as_json) as emit:
         report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                           preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
-                          input_shapes=input_shapes,
+                          input_shapes=input_shapes, cache=not no_cache,
                           output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
         s = report.server
         click.echo(f"model {s['model']} v{s['version']} at {', '.join(s.get('servers') or [s['url']])} "
@@ -158,24 +161,26 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                 ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
                 sp = lv["spread_pct"]["throughput_pct"]
                 steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
-                          else f"NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
+                          else f"* NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
                 total = f"{len(lv['servers'])} servers together: " if lv.get("servers") else ""
                 click.echo(f"  {level_label(lv)}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
                            f"client overhead {ov} ms, {steady}")
                 for sv in lv.get("servers", []):
                     click.echo(f"    {sv['url']}: {sv['throughput']:.1f} infer/s, p50 {sv['client_ms']['p50']:.2f} ms, "
                                f"p99 {sv['client_ms']['p99']:.2f} ms")
+            levels = report.latency["levels"]
+            stable = sum(1 for lv in levels if lv["stable"])
+            click.echo(f"  latency: {stable} of {len(levels)} level(s) stable"
+                       + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter machine "
+                                                           "or raise --max-trials)"))
             for w in report.latency.get("warnings", []):
                 click.echo(f"  warning: {w}")
         sp = report.speed_vs_reference
         if sp:
             r = sp["reference"]
             click.echo(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
-            for row in sp["rows"]:
-                a, b = row["reference"], row["served"]
-                x = "-" if row["speedup_median"] is None else f"{row['speedup_median']:.2f}x"
-                click.echo(f"    batch {row['batch_size']}: reference median {a['median_ms']:.2f} ms (p99 {a['p99_ms']:.2f}), "
-                           f"served median {b['median_ms']:.2f} ms (p99 {b['p99_ms']:.2f}), speedup {x}")
+            for line in speed_console_lines(sp["rows"]):
+                click.echo(f"    {line}")
         for t in report.thresholds:
             click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
         if csv_path is not None:
