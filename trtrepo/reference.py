@@ -1,22 +1,48 @@
-"""PyTorch reference runner: the source model's outputs on a data source.
+"""PyTorch reference runner: the source model's outputs on a data source, and the reference's
+export, cached.
 
 The reference is what served models are compared against (evaluation, ``trtrepo validate``).
 It runs on the CPU by default and on CUDA when asked for (``device="auto"`` picks CUDA when
 available).
+
+**The reference's export cache.** ``trtrepo validate`` reads a PyTorch reference's IO contract
+(names, dtypes, dims) off its ONNX export (:func:`export_reference`). The export is done once and
+kept in ``$TRTREPO_CACHE_DIR/reference`` (default ``$XDG_CACHE_HOME/trtrepo/reference``, else
+``~/.cache/trtrepo/reference``) as ``<source>-<key>.onnx`` with a ``.json`` beside it (what the key
+was made of and the export's notes). The key (:func:`reference_key`) is a SHA-256 over what
+determines the export: the source's files (an entry point's package: its ``.py`` and weights files;
+a top-level module: the ``.py`` and weights files beside it; a TorchScript file; a built-in model's
+folder), the ``--weights`` file, the export inputs, dynamic axes, output names and opset, the torch
+and onnx versions and trtrepo's exporter source. Editing any of them exports again; files the
+factory reads from elsewhere are not in the key (``--no-cache`` exports afresh). A new entry
+replaces the older ones of the same source, so the cache holds one export per source. An entry is
+written atomically; one that cannot be read is exported again, and a cache folder that cannot be
+written only costs the reuse (a warning).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+import hashlib
+import importlib.util
+import json
+import logging
+import os
+import re
+import shutil
+import sys
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from .data import DataSource, iter_batches
-from .errors import UsageError
-from .export import ModelSource, _import_torch, load_torch_model, resolve_source
+from .errors import UsageError, one_line
+from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, load_torch_model, resolve_source
 from .modelio import ModelIO
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -121,3 +147,245 @@ def run_reference(
 ) -> ReferenceResult:
     """Run the PyTorch source model over ``data``; outputs are keyed by ``io``'s output names."""
     return Reference.for_io(source, io, weights=weights, device=device).run(data, batch_size=batch_size, io=io)
+
+
+# --------------------------------------------------------------------------------------------
+# The reference's export, cached
+
+CACHE_ENV = "TRTREPO_CACHE_DIR"
+CACHE_FORMAT = 1
+# what an entry point's package or folder contributes to the key: its source and weights files
+SOURCE_SUFFIXES = (".py",)
+WEIGHTS_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
+
+
+def cache_dir() -> Path:
+    """Where reference exports are kept: ``$TRTREPO_CACHE_DIR/reference``, else
+    ``$XDG_CACHE_HOME/trtrepo/reference`` (an absolute ``XDG_CACHE_HOME`` only, as the XDG spec
+    says), else ``~/.cache/trtrepo/reference``."""
+    root = os.environ.get(CACHE_ENV)
+    if root:
+        return Path(root).expanduser() / "reference"
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
+    return base / "trtrepo" / "reference"
+
+
+def _file_digest(path: Path, h: Any) -> None:
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+
+
+def _files_digest(root: Path, files: Sequence[Path]) -> str:
+    """SHA-256 over each file's path relative to ``root`` and its content, in path order."""
+    h = hashlib.sha256()
+    for f in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
+        h.update(f.relative_to(root).as_posix().encode() + b"\0")
+        _file_digest(f, h)
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def _folder_files(folder: Path, suffixes: Sequence[str], recursive: bool) -> list[Path]:
+    """The files of ``folder`` with one of ``suffixes`` (hidden folders and ``__pycache__``
+    skipped; symlinked folders not followed)."""
+    if not recursive:
+        return [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes]
+    out = []
+    for dirpath, dirnames, filenames in os.walk(folder):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+        out += [Path(dirpath) / f for f in filenames if Path(f).suffix.lower() in suffixes]
+    return out
+
+
+def _installed_version(folder: Path, top: str) -> str | None:
+    """``dist==version`` for a package installed in site-packages (its files change with its
+    version only), else None."""
+    if not any(part in ("site-packages", "dist-packages") for part in folder.parts):
+        return None
+    import importlib.metadata as md
+
+    dists = md.packages_distributions().get(top) or []
+    return f"{dists[0]}=={md.version(dists[0])}" if dists else None
+
+
+def source_files_key(source: ModelSource) -> str | None:
+    """The part of the key that stands for the source's own files, or None when they cannot be
+    found (the export is then not cached): a TorchScript file's digest; an entry point's top-level
+    package, every ``.py`` and weights file under it (an installed package: its version); a
+    top-level module, the ``.py`` and weights files beside it; a built-in model, every file of its
+    plug-in's folder; a torchvision architecture, torchvision's version."""
+    from .contracts import builtin
+
+    suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
+    if source.kind in builtin.PLUGINS:
+        spec = importlib.util.find_spec(builtin.PLUGINS[source.kind])
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            return None
+        folder = Path(spec.origin).parent
+        return _files_digest(folder, [p for p in folder.iterdir() if p.is_file()])
+    if source.kind == "torchscript":
+        path = Path(source.location)
+        return _files_digest(path.parent, [path])
+    if source.kind == "torchvision":
+        import importlib.metadata as md
+
+        try:
+            return f"torchvision=={md.version('torchvision')}"
+        except md.PackageNotFoundError:
+            return None
+    if source.kind != "entry_point":
+        return None
+    top = source.location.partition(":")[0].split(".")[0]
+    if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())  # where the factory is imported from (trtrepo.data._import_callable)
+    try:
+        spec = importlib.util.find_spec(top)
+    except (ImportError, ValueError):
+        return None
+    if spec is None:
+        return None
+    if spec.submodule_search_locations:  # a package (namespace packages have several folders)
+        folders = [Path(p) for p in spec.submodule_search_locations if Path(p).is_dir()]
+        if not folders:
+            return None
+        installed = _installed_version(folders[0], top)
+        if installed is not None:
+            return installed
+        return "+".join(_files_digest(f, _folder_files(f, suffixes, recursive=True)) for f in folders)
+    if not spec.origin or not Path(spec.origin).is_file():
+        return None  # built-in or frozen modules
+    folder = Path(spec.origin).parent
+    installed = _installed_version(folder, top)
+    if installed is not None:
+        return installed
+    return _files_digest(folder, _folder_files(folder, suffixes, recursive=False))
+
+
+def _version(dist: str) -> str | None:
+    import importlib.metadata as md
+
+    try:
+        return md.version(dist)
+    except md.PackageNotFoundError:
+        return None
+
+
+def reference_key(source: ModelSource, *, inputs: Sequence[InputShape] | None,
+                  dynamic_axes: Mapping[str, Mapping[int, str]] | None, output_names: Sequence[str] | None,
+                  opset: int = DEFAULT_OPSET) -> tuple[str, dict[str, Any]] | None:
+    """``(key, parts)``: the SHA-256 (hex) of what determines the reference's export and the
+    parts it was made of (JSON-ready), or None when the source's files cannot be found."""
+    from . import __version__, export
+
+    files = source_files_key(source)
+    if files is None:
+        return None
+    weights = None
+    if source.weights is not None:
+        h = hashlib.sha256()
+        _file_digest(Path(source.weights), h)
+        weights = h.hexdigest()
+    exporter = hashlib.sha256()
+    _file_digest(Path(export.__file__), exporter)
+    parts = {
+        "format": CACHE_FORMAT,
+        "source": {"kind": source.kind, "location": source.location},
+        "source_files": files,
+        "weights": weights,
+        "inputs": None if inputs is None else [[i.name, list(i.shape), i.dtype, i.given] for i in inputs],
+        "dynamic_axes": {k: {str(a): str(n) for a, n in sorted(v.items())} for k, v in sorted((dynamic_axes or {}).items())},
+        "output_names": None if output_names is None else list(output_names),
+        "opset": opset,
+        "versions": {"trtrepo": __version__, "torch": _version("torch"), "onnx": _version("onnx")},
+        "exporter": exporter.hexdigest(),
+    }
+    text = json.dumps(parts, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest(), parts
+
+
+def _entry_stem(source: ModelSource, key: str) -> tuple[str, str]:
+    """(prefix shared by every entry of this source, this entry's file stem)."""
+    readable = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(source.location).name if source.kind == "torchscript"
+                      else source.location)[:48]
+    ident = hashlib.sha256(f"{source.kind}\0{source.location}\0{source.weights or ''}".encode()).hexdigest()[:8]
+    prefix = f"{readable}-{ident}-"
+    return prefix, prefix + key[:32]
+
+
+@dataclass
+class ExportedReference:
+    """The reference's IO as read off its export; ``path`` is the cache entry (None when not
+    cached), ``from_cache`` whether this run reused it."""
+
+    io: ModelIO
+    notes: list[str] = field(default_factory=list)
+    path: Path | None = None
+    from_cache: bool = False
+
+
+def export_reference(source: ModelSource, *, inputs: Sequence[InputShape] | None = None,
+                     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
+                     output_names: Sequence[str] | None = None, workdir: str | Path | None = None,
+                     cache: bool = True) -> ExportedReference:
+    """The PyTorch ``source`` exported to ONNX (:func:`trtrepo.export.export_onnx`) for its IO:
+    from the cache when an entry of the same key is there (no export, no exporter warnings),
+    else exported in a temporary folder and then copied into the cache. ``cache=False``
+    (``--no-cache``) neither reads nor writes the cache."""
+    from .export import export_onnx
+    from .fsutil import temp_dir
+
+    keyed = reference_key(source, inputs=inputs, dynamic_axes=dynamic_axes, output_names=output_names) if cache else None
+    if cache and keyed is None:
+        log.info("%s: its files cannot be located, so its export is not cached", source.location)
+    entry = meta = None
+    if keyed is not None:
+        prefix, stem = _entry_stem(source, keyed[0])
+        entry, meta = cache_dir() / f"{stem}.onnx", cache_dir() / f"{stem}.json"
+        if entry.is_file():
+            try:
+                io = ModelIO.from_onnx(entry)
+            except UsageError as exc:
+                log.warning("%s: unreadable reference cache entry, exported again (%s)", entry, exc.message)
+            else:
+                notes: list[str] = []
+                try:
+                    notes = [str(n) for n in json.loads(meta.read_text()).get("notes", [])]
+                except (OSError, ValueError, AttributeError):
+                    pass
+                log.info("%s: reference export from the cache (%s)", source.location, entry)
+                return ExportedReference(io, notes, entry, True)
+    with temp_dir("reference", dir=workdir) as tmp:
+        result = export_onnx(source, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=dynamic_axes,
+                             output_names=output_names)
+        if entry is None or meta is None or keyed is None:
+            return ExportedReference(result.io, list(result.notes))
+        try:
+            _store(result.path, entry, meta, {"key": keyed[0], "parts": keyed[1], "notes": result.notes})
+        except OSError as exc:
+            log.warning("%s: cannot write the reference cache (%s); the export is not kept", cache_dir(), one_line(exc))
+            return ExportedReference(result.io, list(result.notes))
+    _prune(entry.parent, prefix, keep=entry.stem)
+    log.info("%s: reference exported into the cache (%s)", source.location, entry)
+    return ExportedReference(ModelIO(result.io.inputs, result.io.outputs, source=str(entry)), list(result.notes), entry)
+
+
+def _store(model: Path, entry: Path, meta: Path, record: Mapping[str, Any]) -> None:
+    """The model copied to ``entry`` and ``record`` to ``meta``, each written atomically (the
+    model last: an entry is there only once complete)."""
+    from .fsutil import atomic_path, atomic_write_text
+
+    atomic_write_text(meta, json.dumps(record, indent=2, sort_keys=True) + "\n")
+    with atomic_path(entry) as tmp:
+        shutil.copyfile(model, tmp)
+
+
+def _prune(folder: Path, prefix: str, keep: str) -> None:
+    """Remove the older entries of one source (``prefix``), keeping ``keep``."""
+    for p in folder.glob(f"{prefix}*"):
+        if p.stem != keep and p.suffix in (".onnx", ".json"):
+            try:
+                p.unlink()
+            except OSError:
+                pass

@@ -13,7 +13,6 @@ import numpy as np
 from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..errors import UsageError
-from ..fsutil import temp_dir
 from ..modelio import ModelIO
 from .client import TritonTarget
 
@@ -26,10 +25,11 @@ log = logging.getLogger(__name__)
 
 def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str | None = None,
                  workdir: str | Path | None = None, input_shapes: Sequence[str] = (), data: Any = None,
-                 output_names: Sequence[str] = ()) -> ModelIO:
+                 output_names: Sequence[str] = (), cache: bool = True) -> ModelIO:
     """The reference's IO: from ``onnx`` (the model that was deployed) when given, from the
     reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX with
-    its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource)."""
+    its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource); the
+    export is cached (:func:`trtrepo.reference.export_reference`; ``cache=False`` bypasses it)."""
     from ..export import resolve_inputs, resolve_source
 
     if onnx is not None:
@@ -40,19 +40,18 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
 
-    from ..export import export_onnx
+    from ..reference import export_reference
 
-    with temp_dir("validate", dir=workdir) as tmp:
-        try:
-            inputs, axes = resolve_inputs(src, input_shapes, data)
-            result = export_onnx(src, Path(tmp) / "reference.onnx", inputs=inputs, dynamic_axes=axes or None,
-                                 output_names=list(output_names) or None)
-            for note in result.notes:
-                log.warning("--reference %s: %s", reference, note)
-        except UsageError as exc:
-            raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
-                             f"give --input-shape or the deployed ONNX model with --onnx") from exc
-        return result.io
+    try:
+        inputs, axes = resolve_inputs(src, input_shapes, data)
+        result = export_reference(src, inputs=inputs, dynamic_axes=axes or None, output_names=list(output_names) or None,
+                                  workdir=workdir, cache=cache)
+        for note in result.notes:
+            log.warning("--reference %s: %s", reference, note)
+    except UsageError as exc:
+        raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
+                         f"give --input-shape or the deployed ONNX model with --onnx") from exc
+    return result.io
 
 
 def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, device: str = "cpu"

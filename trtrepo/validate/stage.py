@@ -77,8 +77,9 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
              labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
              weights: str | None = None, limit: int | None = None, seed: int | None = 0,
              thresholds: Thresholds | None = None, input_shapes: Sequence[str] = (),
-             output_names: Sequence[str] = ()) -> ValidationReport:
-    """Run the deployment check; write the report to ``report_dir`` when given.
+             output_names: Sequence[str] = (), cache: bool = True) -> ValidationReport:
+    """Run the deployment check; write the report to ``report_dir`` when given. A PyTorch
+    reference's export is cached (``cache=False``: exported afresh, :func:`reference_io`).
 
     Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
     or the options are wrong, and :class:`ContractError` (exit 1, after the report is written)
@@ -101,7 +102,7 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
         raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
     io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw,
-                      output_names=output_names)
+                      output_names=output_names, cache=cache)
     source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
