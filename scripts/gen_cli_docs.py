@@ -27,6 +27,35 @@ Generated from the click commands by `python scripts/gen_cli_docs.py`; do not ed
 printed by `trtrepo --help` and `trtrepo COMMAND [SUBCOMMAND] --help` (here at {width} columns).
 Prose about the commands: [README](../README.md), [quantization](quantization.md),
 [serving](serving.md), [fleet](fleet.md).
+
+`trtrepo --help` lists every command; `trtrepo COMMAND --help` its options. Errors are one line
+naming the file, tensor or option at fault; exit code 2 for usage errors, 1 for failures;
+`trtrepo --debug ...` shows the traceback.
+"""
+
+# Written by hand (edit it here): what holds for every command.
+CONVENTIONS = """\
+## In pipelines: `-v`/`-q`, `--json`, `--csv`, exit codes
+
+- Every command takes `-v`/`-q` before or after its name (`trtrepo -q deploy ...` or
+  `trtrepo deploy ... -q`). Status lines (`[2/4] int8 done in 6.4s: ...` per deploy step) and
+  progress bars go to stderr on a terminal; `-v` shows them (and INFO logs) in pipes and CI logs
+  too, `-q` leaves only results and errors. `-v` and `-q` together are a usage error.
+- `--json` on `calibrate`, `quantize`, `evaluate`, `deploy` and `validate` prints one JSON object on
+  stdout (the human lines go to stderr): `calibrate` {samples, written, amax per tensor},
+  `quantize` {output, target, method, layers, activations, weights, accuracy_check, methods},
+  `evaluate` {outputs (per-output metrics), thresholds, passed}, `deploy` {precision, steps,
+  models, notes, warnings}, `validate` {the whole report: contract, accuracy with per_sample rows,
+  latency, thresholds, passed}. Example: `trtrepo deploy m.onnx --data imgs/ --preprocess pre.json --json | jq .precision`.
+- `validate --csv lat.csv` writes the latency table with perf_analyzer's `-f` columns (times in
+  microseconds, one row per concurrency; `Client Send`/`Client Recv` empty, `Network+Server Send/Recv`
+  = client mean minus the server's request time). `--report DIR` is optional.
+- `evaluate --max-top1-drop POINTS --min-cosine C` gate like `validate`'s thresholds.
+- Exit codes everywhere: 0 success, 1 a failure (a threshold, the contract, a server that answered
+  with an error), 2 bad input or options, or a server that cannot be reached or went away. Errors
+  are one line starting with `error:`; `--debug` adds the traceback and keeps the exit code. A closed
+  stdout (`trtrepo calibrate ... | head -1`) ends the run quietly with exit 0. SIGTERM unwinds like
+  Ctrl-C (temporary folders and the server child are cleaned up; exit 143).
 """
 
 
@@ -50,7 +79,7 @@ def render() -> str:
     root = click.Context(cli, info_name="trtrepo", terminal_width=WIDTH, max_content_width=WIDTH,
                          **cli.context_settings)
     pages = list(_walk(cli, root))
-    lines = [HEADER.format(width=WIDTH), "## Commands\n"]
+    lines = [HEADER.format(width=WIDTH), CONVENTIONS, "## Commands\n"]
     for path, _ in pages:
         anchor = path.replace(" ", "-")
         lines.append(f"- [`{path}`](#{anchor})")
