@@ -276,17 +276,22 @@ def reference_key(source: ModelSource, *, inputs: Sequence[InputShape] | None,
                   dynamic_axes: Mapping[str, Mapping[int, str]] | None, output_names: Sequence[str] | None,
                   opset: int = DEFAULT_OPSET) -> tuple[str, dict[str, Any]] | None:
     """``(key, parts)``: the SHA-256 (hex) of what determines the reference's export and the
-    parts it was made of (JSON-ready), or None when the source's files cannot be found."""
+    parts it was made of (JSON-ready), or None when the source's files cannot be found or read
+    (the export then happens as if there were no cache, and reports its own errors)."""
     from . import __version__, export
 
-    files = source_files_key(source)
+    try:
+        files = source_files_key(source)
+        weights = None
+        if files is not None and source.weights is not None:
+            h = hashlib.sha256()
+            _file_digest(Path(source.weights), h)
+            weights = h.hexdigest()
+    except OSError as exc:
+        log.info("%s: cannot read its files for the cache key (%s)", source.location, one_line(exc))
+        return None
     if files is None:
         return None
-    weights = None
-    if source.weights is not None:
-        h = hashlib.sha256()
-        _file_digest(Path(source.weights), h)
-        weights = h.hexdigest()
     exporter = hashlib.sha256()
     _file_digest(Path(export.__file__), exporter)
     parts = {
