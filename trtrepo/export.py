@@ -315,9 +315,10 @@ def export_onnx(
 
     ``inputs`` gives names, per-sample shapes and dtypes (the demo models know their own).
     Axis 0 of every input and output is dynamic (``batch``); ``dynamic_axes`` adds more, as
-    ``{tensor: {axis: name}}``. The check runs ONNX Runtime and PyTorch on a random batch of
-    ``check_batch`` samples (another size than the export's, so the dynamic axis is exercised)
-    and fails when the outputs differ beyond ``atol + rtol*|ref|``.
+    ``{tensor: {axis: name}}``. Every other output axis whose size does not change with them is
+    written with its size (:func:`_write_static_output_dims`). The check runs ONNX Runtime and
+    PyTorch on a random batch of ``check_batch`` samples (another size than the export's, so the
+    dynamic axis is exercised) and fails when the outputs differ beyond ``atol + rtol*|ref|``.
     """
     import onnx
 
