@@ -95,6 +95,46 @@ def test_deploy_cli_refuses_conflicting_batch_flags_before_any_work(tmp_path: Pa
     assert not repo.exists() and not (tmp_path / "w").exists()
 
 
+@pytest.mark.parametrize(("shape", "message"), [
+    ("bogus:1x1x32x32", "error: --shape names unknown input(s) bogus (inputs: input)"),
+    ("input:1x3x24x24", "error: --shape input:1x3x24x24,1x3x24x24,1x3x24x24: axis 1 is fixed at 1 in the model"),
+    ("input:1x32x32", "error: --shape input: rank 3 but the input has shape [-1, 1, 32, 32]"),
+])
+def test_deploy_refuses_a_shape_the_model_cannot_take_whatever_the_backend(tmp_path: Path, shape: str,
+                                                                          message: str) -> None:
+    """Issue 27: a --shape naming an unknown input, or not fitting it, is a usage error even where
+    backend auto picks one that builds no engine; nothing is written."""
+    repo = tmp_path / "repo"
+    result = CliRunner().invoke(cli, ["deploy", "demo", "--repo", str(repo), "--precision", "fp32", "--shape", shape])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == message
+    assert not repo.exists()
+
+
+@pytest.mark.parametrize("backend", ["python", "onnxruntime"])
+def test_deploy_refuses_shapes_on_a_backend_that_builds_no_engine(tmp_path: Path, backend: str) -> None:
+    repo = tmp_path / "repo"
+    result = CliRunner().invoke(cli, ["deploy", "demo", "--repo", str(repo), "--backend", backend, "--precision", "fp32",
+                                      "--shape", "input:1x1x32x32,4x1x32x32,16x1x32x32"])
+    assert result.exit_code == 2, result.output
+    assert result.stderr.strip() == (f"error: --shape: the {backend} backend builds no TensorRT engine, so the shapes are "
+                                     "not used; drop them (--max-batch-size sets Triton's batch range)")
+    assert not repo.exists()
+
+
+def test_deploy_warns_when_backend_auto_leaves_the_shapes_unused(tmp_path: Path) -> None:
+    from trtrepo.build import tensorrt_status
+
+    if tensorrt_status().available:
+        pytest.skip("TensorRT is installed: backend auto builds an engine here")
+    repo = tmp_path / "repo"
+    result = CliRunner().invoke(cli, ["deploy", "demo", "--repo", str(repo), "--precision", "fp32",
+                                      "--shape", "input:1x1x32x32,8x1x32x32,32x1x32x32"])
+    assert result.exit_code == 0, result.output
+    assert "warning: --shape: the python backend builds no TensorRT engine, so the shapes are not used (backend auto " \
+           "chose python on this machine)" in result.stderr
+
+
 def test_deploy_max_batch_size_zero_writes_a_config_without_batching(tmp_path: Path) -> None:
     repo = tmp_path / "repo"
     result = CliRunner().invoke(cli, ["deploy", "demo", "--repo", str(repo), "--backend", "onnxruntime",

@@ -602,3 +602,22 @@ def test_max_top1_drop_without_labels_judges_the_confident_samples_like_quantize
     assert ok.passed and ok.value == 0.0 and "50 confident samples" in ok.detail
     (bad,) = check_thresholds(report(49 / 50), Thresholds(max_top1_drop=1.0))
     assert not bad.passed and abs(bad.value - 2.0) < 1e-9
+
+
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_a_refused_connection_ends_the_default_wait_with_the_serve_hint(run_cli, demo_onnx, tmp_path, protocol):
+    """Issue 27: nothing listens on the port: exit 2 after the short grace, not the 30 s ready
+    timeout, and the message says how to start a server."""
+    from trtrepo.server import free_port
+    from trtrepo.validate.options import REFUSED_GRACE_S
+
+    port = free_port()
+    t0 = time.monotonic()
+    r = run_cli("validate", "--url", f"127.0.0.1:{port}", "--protocol", protocol, "--model", "demo", "--reference", "demo",
+                "--onnx", demo_onnx, "--data", "demo:val", "--limit", "8", "--report", tmp_path / "r")
+    took = time.monotonic() - t0
+    assert r.exit_code == 2, r.output
+    assert r.stderr.strip() == (f"error: cannot reach Triton at 127.0.0.1:{port} ({protocol}): connection refused "
+                                "(nothing listens there); start one with: trtrepo serve REPO")
+    assert REFUSED_GRACE_S <= took < 20  # the ready timeout's default is 30 s
+    assert not (tmp_path / "r" / "validate.json").exists()

@@ -440,6 +440,13 @@ def deploy(opts: DeployOptions) -> DeployReport:
         onnx_path, io = _export_step(opts, work, report)
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
+        if opts.shapes:  # a mistyped or misfitting --shape is an error whatever the backend
+            batch_profile(opts, io).check_shapes(io)
+            if not spec.engine:
+                unused = f"--shape: the {backend} backend builds no TensorRT engine, so the shapes are not used"
+                if opts.backend != "auto":
+                    raise UsageError(f"{unused}; drop them (--max-batch-size sets Triton's batch range)")
+                report.warnings.append(f"{unused} (backend auto chose {backend} on this machine)")
         target = spec.quantize_target if opts.target == "auto" else opts.target
         if target != spec.quantize_target:
             report.notes.append(f"--target {target}: Q/DQ placed by {target}'s rules for the {backend} backend "

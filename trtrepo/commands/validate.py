@@ -67,8 +67,9 @@ from ._output import json_option, summary_output
 @click.option("--max-p99-ms", type=float, default=None, help="Fail when the client p99 latency exceeds this at any level.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds each request (and each server call) may take.")
-@click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=30.0, show_default=True,
-              help="Seconds to wait for the server and the model to become ready.")
+@click.option("--ready-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+              help="Seconds to wait for the server and the model to become ready [default: 30; a refused connection "
+                   "ends the wait after 3 s unless this is given: nothing listens there].")
 @click.option("--label-output", default=None, metavar="NAME",
               help="Output the labels and --max-top1-drop apply to (default: the first [N, C] output).")
 @click.option("--worst", type=click.IntRange(min=0), default=5, show_default=True, help="Worst samples listed per output.")
@@ -104,7 +105,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
             stability_percentile: int | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float,
             max_p99_ms: float | None, timeout: float,
-            ready_timeout: float, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
+            ready_timeout: float | None, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
             speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
             reference_threads: int | None, progress: bool | None, report_dir: str | None) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
@@ -117,6 +118,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     from ..errors import TrtrepoError, UsageError
     from ..speed import SpeedOptions, parse_batch_sizes, speed_console_lines
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
+    from ..validate.options import REFUSED_GRACE_S
     from ..validate.report import level_label, write_latency_csv
 
     if csv_path is not None and not latency:
@@ -133,7 +135,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                               request_rates=parse_rates(request_rate) if request_rate else (),
                               distribution=request_distribution,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
-                              ready_timeout=ready_timeout, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
+                              ready_timeout=30.0 if ready_timeout is None else ready_timeout,
+                              refused_grace=REFUSED_GRACE_S if ready_timeout is None else None, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
                               speed=speed, max_server_diff=max_server_diff)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
                             min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine)

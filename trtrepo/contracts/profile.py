@@ -218,25 +218,15 @@ class BatchProfile:
         """Triton's ``max_batch_size``: the batch maximum, 0 without a batch axis."""
         return self.max_batch if self.batched else 0
 
-    def resolve(self, io: ModelIO) -> dict[str, ShapeRange]:
-        """TensorRT's optimization profile: a shape range for every input with a dynamic axis.
-
-        A dynamic axis 0 takes the batch range (when ``batched``); every other dynamic axis needs
-        a ``--shape``. A ``--shape`` must fit the input's rank and fixed dims, and on a batched
-        model its axis 0 must equal the batch range (one batch range for the whole model, which
-        Triton's ``max_batch_size`` follows).
-
-        Inputs that share a symbolic axis (``input_ids`` and ``attention_mask`` both
-        ``[batch, sequence]``) must get the same range on it. An input without ``--shape`` whose
-        other dynamic axes are all named after axes that another input's ``--shape`` ranges
-        takes those ranges (``--shape input_ids:...`` alone covers ``attention_mask``).
-        """
+    def check_shapes(self, io: ModelIO) -> dict[str, ShapeRange]:
+        """Every ``--shape`` names an input of ``io`` and fits its rank, its fixed dims and the
+        batch range; returns the given ranges of the inputs with dynamic axes. Any backend checks
+        this (a mistyped name is an error even where no engine is built)."""
         overrides = dict(self.shapes)
         unknown = [n for n in overrides if n not in io.input_names]
         if unknown:
             raise UsageError(f"--shape names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})")
         lo, mid, hi = self.batch_range
-        batch_axis = 0 if self.batched else None
         given: dict[str, ShapeRange] = {}
         for spec in io.inputs:
             if spec.name not in overrides:
@@ -253,6 +243,25 @@ class BatchProfile:
                     f"{self.origin} {lo},{mid},{hi}")
             if spec.dynamic_axes:
                 given[spec.name] = r
+        return given
+
+    def resolve(self, io: ModelIO) -> dict[str, ShapeRange]:
+        """TensorRT's optimization profile: a shape range for every input with a dynamic axis.
+
+        A dynamic axis 0 takes the batch range (when ``batched``); every other dynamic axis needs
+        a ``--shape``. A ``--shape`` must fit the input's rank and fixed dims, and on a batched
+        model its axis 0 must equal the batch range (one batch range for the whole model, which
+        Triton's ``max_batch_size`` follows).
+
+        Inputs that share a symbolic axis (``input_ids`` and ``attention_mask`` both
+        ``[batch, sequence]``) must get the same range on it. An input without ``--shape`` whose
+        other dynamic axes are all named after axes that another input's ``--shape`` ranges
+        takes those ranges (``--shape input_ids:...`` alone covers ``attention_mask``).
+        """
+        overrides = dict(self.shapes)
+        lo, mid, hi = self.batch_range
+        batch_axis = 0 if self.batched else None
+        given = self.check_shapes(io)
 
         # Symbolic axes ranged by --shape: name -> ((min, opt, max), input that gave it)
         symbols: dict[str, tuple[tuple[int, int, int], str]] = {}

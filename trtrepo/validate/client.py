@@ -143,8 +143,11 @@ class TritonTarget:
         last_error = ""
         live = False
         info: dict[str, Any] = {}
+        refused_since: float | None = None
+        grace = self.options.refused_grace
         while True:
             state = None
+            refused = False
             try:
                 left = deadline - time.monotonic()
                 live = bool(self._run(self._call("is_server_live", bound=left), None))
@@ -161,8 +164,14 @@ class TritonTarget:
                 raise
             except Exception as exc:
                 last_error = _one_line(exc)
+                refused = _refused(exc)
             if state is not None:
                 last_error = state
+            now = time.monotonic()
+            refused_since = (refused_since or now) if refused else None
+            if refused_since is not None and grace is not None and now - refused_since >= grace:
+                raise UsageError(f"cannot reach {self._where()}: connection refused (nothing listens there); "
+                                 f"start one with: trtrepo serve REPO")
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 if not live:
@@ -854,6 +863,14 @@ class Measurement:
 
 _CONNECTION_SIGNS = ("unavailable", "connection refused", "socket closed", "connection reset", "failed to connect",
                      "server disconnected", "cannot connect", "broken pipe", "connection aborted")
+
+
+def _refused(exc: BaseException) -> bool:
+    """The server's port refused the connection (nothing listens), as opposed to a timeout."""
+    if isinstance(exc, ConnectionRefusedError) or isinstance(getattr(exc, "os_error", None), ConnectionRefusedError):
+        return True  # aiohttp's ClientConnectorError carries the socket's error
+    text = f"{type(exc).__name__} {exc}".lower()
+    return "refused" in text or "connect call failed" in text
 
 
 def _lost_connection(exc: BaseException) -> bool:

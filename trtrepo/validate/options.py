@@ -28,6 +28,9 @@ MAX_CONCURRENCY = 1024  # requests in flight (one asyncio task each)
 MAX_REQUESTS = 10_000_000  # measured requests per level
 MAX_DURATION_S = 3600.0  # measured seconds per level
 
+
+REFUSED_GRACE_S = 3.0
+
 @dataclass(frozen=True)
 class ValidateOptions:
     """How to reach the model and how much traffic to send."""
@@ -49,6 +52,9 @@ class ValidateOptions:
     shared_memory: str = "none"
     timeout: float = 10.0
     ready_timeout: float = 30.0
+    # A connection refused this long ends the wait at once: nothing listens there (None: wait the
+    # whole ready_timeout, for a server that is still starting).
+    refused_grace: float | None = REFUSED_GRACE_S
     worst: int = 5
     label_output: str | None = None
     accuracy: bool = True
