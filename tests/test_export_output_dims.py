@@ -127,3 +127,25 @@ def test_probe_feed_resizes_batch_and_declared_axes_only():
     assert probe["img"].shape == (1, 2, 3)  # a size-1 axis grows to 2; the undeclared axis keeps 3
     assert probe["ids"].tolist() == [[0, 1, 2, 3, 4, 5]]  # rows of the sample itself
     assert probe["ids"].dtype == feed["ids"].dtype
+
+
+@pytest.mark.triton
+def test_served_metadata_says_how_wide_the_embedding_is(run_cli, encoder_module, triton_server):
+    """The symptom itself: a real tritonserver's model metadata gives the pooled output's width."""
+    import tritonclient.http as httpclient
+
+    from trtrepo.repository import add_onnx_model
+    from trtrepo.server import find_python_env
+    from trtrepo.tritonconfig import ModelOptions
+
+    env = find_python_env()
+    if env is None:
+        pytest.skip("no numpy<2 environment for the Python backend (run scripts/install_tritonserver.sh)")
+    out = encoder_module / "enc.onnx"
+    assert run_cli(*EXPORT_ARGS, "--dynamic-axis", "tokens:1:seq", "-o", out).exit_code == 0
+    repo = encoder_module / "served"
+    add_onnx_model(repo, "enc", out, backend="python", options=ModelOptions(execution_env=str(env)))
+    server = triton_server(repo)
+    meta = httpclient.InferenceServerClient(server.http_url).get_model_metadata("enc")
+    assert {o["name"]: [int(d) for d in o["shape"]] for o in meta["outputs"]} == {"embedding": [-1, 12],
+                                                                                   "tokens": [-1, -1, 24]}
