@@ -172,6 +172,10 @@ def _validate_walkthrough(user_project: Path, monkeypatch: pytest.MonkeyPatch, r
         agree = [r["top1_agree"] for r in rows]
         assert sum(agree) / len(agree) == pytest.approx(report["accuracy"]["outputs"]["output"]["top1_agreement"])
         assert all(w["file"] in files for w in report["accuracy"]["worst_samples"]["output"])
+        # the console names the three worst samples by file, worst first
+        (line,) = [ln.strip() for ln in res.output.splitlines() if ln.strip().startswith("output worst: ")]
+        named = [part.split(" (cosine")[0] for part in line.removeprefix("output worst: ").split("; ")]
+        assert named == [w["file"] for w in report["accuracy"]["worst_samples"]["output"][:3]]
         with open(user_project / f"report-{model}" / "samples.csv", newline="") as f:
             table = list(csv.DictReader(f))
         assert [r["file"] for r in table] == files and {r["top1_agree"] for r in table} <= {"0", "1"}

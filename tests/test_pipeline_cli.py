@@ -114,6 +114,9 @@ def test_validate_without_report_with_csv_and_json(tmp_path, run_cli, triton_ser
     assert res.returncode == 0, res.stderr
     summary = json.loads(res.stdout)
     assert summary["passed"] is True and summary["files"] == {}  # no --report: nothing else written
+    m = summary["accuracy"]["outputs"]["logits"]  # demo:val has labels: the console gives both accuracies
+    assert (f"logits: label accuracy {100 * m['reference_accuracy']:.2f}% (reference) -> "
+            f"{100 * m['candidate_accuracy']:.2f}% (served), top-1 agreement") in res.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lat.csv", "repo"]
     with open(tmp_path / "lat.csv", newline="") as f:
         rows = list(csv.DictReader(f))

@@ -119,7 +119,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     from ..speed import SpeedOptions, parse_batch_sizes, speed_console_lines
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
     from ..validate.options import REFUSED_GRACE_S
-    from ..validate.report import level_label, write_latency_csv
+    from ..validate.report import accuracy_console_lines, level_label, write_latency_csv
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
@@ -154,10 +154,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                 click.echo(f"  {r['server']} vs {a['reference_server']}: {r['output']} max abs diff {r['max_abs_diff']:.3g}"
                            f"{' (identical)' if r['identical'] else ''}")
         if report.accuracy:
-            for name, m in report.accuracy["outputs"].items():
-                top1 = m.get("top1_agreement")
-                agree = f"top-1 agreement {100 * top1:.2f}%, " if top1 is not None else ""
-                click.echo(f"  {name}: {agree}cosine {m['cosine_mean']:.6f}, max abs err {m['max_abs_error']:.3g}")
+            for line in accuracy_console_lines(report.accuracy):
+                click.echo(f"  {line}")
         if report.latency:
             for lv in report.latency["levels"]:
                 c = lv["client_ms"]

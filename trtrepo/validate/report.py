@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -133,6 +134,37 @@ class ValidationReport:
             write_samples_csv(self.accuracy["per_sample"], paths["samples"])  # type: ignore[index]
         write_report(folder, "validate", self.to_json(), self.to_markdown())
         return paths
+
+
+def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[str]:
+    """Per output: label accuracy (reference -> served) when the data has labels, top-1
+    agreement, cosine and the largest error; then the ``worst`` samples of each output by cosine,
+    named by file when the data has files."""
+    lines = []
+    for name, m in accuracy["outputs"].items():
+        bits = []
+        if m.get("reference_accuracy") is not None and m.get("candidate_accuracy") is not None:
+            bits.append(f"label accuracy {100 * m['reference_accuracy']:.2f}% (reference) -> "
+                        f"{100 * m['candidate_accuracy']:.2f}% (served)")
+        if m.get("top1_agreement") is not None:
+            bits.append(f"top-1 agreement {100 * m['top1_agreement']:.2f}%")
+        bits.append(f"cosine {m['cosine_mean']:.6f}")
+        bits.append(f"max abs err {m['max_abs_error']:.3g}")
+        lines.append(f"{name}: " + ", ".join(bits))
+    for name, rows in (accuracy.get("worst_samples") or {}).items():
+        if not rows or worst <= 0:
+            continue
+        shown = []
+        for r in rows[:worst]:
+            who = r.get("file") or f"sample {r['sample']}"
+            top = ""
+            if r.get("reference_top1") is not None:
+                top = f", top-1 {r['reference_top1']} -> {r['served_top1']}"
+                if r.get("label") is not None:
+                    top += f" (label {r['label']})"
+            shown.append(f"{who} (cosine {r['cosine']:.4f}{top})")
+        lines.append(f"{name} worst: " + "; ".join(shown))
+    return lines
 
 
 def level_label(level: dict[str, Any]) -> str:
