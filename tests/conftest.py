@@ -20,6 +20,21 @@ def demo_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _reference_cache(tmp_path_factory: pytest.TempPathFactory):
+    """The reference export cache (trtrepo.reference) of this test run: a temporary folder, never
+    the user's ~/.cache; shared by the session's tests, so a reference is exported once per run."""
+    import os
+
+    old = os.environ.get("TRTREPO_CACHE_DIR")
+    os.environ["TRTREPO_CACHE_DIR"] = str(tmp_path_factory.mktemp("trtrepo-cache"))
+    yield
+    if old is None:
+        os.environ.pop("TRTREPO_CACHE_DIR", None)
+    else:
+        os.environ["TRTREPO_CACHE_DIR"] = old
+
+
 @pytest.fixture
 def run_cli():
     """Run the trtrepo CLI in-process; returns click's Result (exit_code, output, stderr)."""

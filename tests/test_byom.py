@@ -93,6 +93,30 @@ def test_deploy_an_entry_point_with_shapes_from_the_data(user_project, monkeypat
     assert (user_project / "repo1" / "tiny" / "1" / "model.onnx").is_file()
 
 
+def test_a_non_image_file_in_the_folder_is_an_error_unless_skipped_by_option(user_project, monkeypatch, run_cli,
+                                                                              tmp_path, caplog):
+    """Issue 27: a stray file in an image folder is refused, naming it and the option; with
+    --skip-non-images it is skipped and named (a warning, and deploy's summary)."""
+    import shutil
+
+    imgs = tmp_path / "imgs"
+    shutil.copytree(user_project / "imgs", imgs)
+    (imgs / "README.txt").write_text("not a picture")
+    args = ("deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt", "--data", str(imgs), "--preprocess", "pre.json",
+            "--backend", "onnxruntime", "--precision", "fp32", "--name", "tiny")
+    res = _cli(user_project, monkeypatch, run_cli, *args, "--repo", "repo-refused")
+    assert res.exit_code == 2
+    assert res.stderr.strip() == (f"error: {imgs / 'README.txt'}: not an image file (expected one of .jpg, .jpeg, .png, "
+                                  ".bmp, .webp; --skip-non-images skips such files)")
+    assert not (user_project / "repo-refused").exists()
+    res = _cli(user_project, monkeypatch, run_cli, *args, "--repo", "repo-skipped", "--skip-non-images",
+               "--precision", "int8")
+    assert res.exit_code == 0, res.output
+    warned = [r.getMessage() for r in caplog.records if r.name == "trtrepo.data"]
+    assert warned == [f"{imgs}: skipped 1 file(s) that are not images (--skip-non-images): README.txt"]
+    assert f"note: --skip-non-images: skipped 1 file(s) of {imgs}: README.txt" in res.output
+
+
 def test_deploy_an_entry_point_with_input_shape_and_no_data(user_project, monkeypatch, run_cli):
     res = _cli(user_project, monkeypatch, run_cli, "deploy", "mymodels.tinycnn:build", "--weights", "tiny.pt",
                "--input-shape", "pixels:3x24x24", "--backend", "onnxruntime", "--repo", "repo2", "--name", "tiny")

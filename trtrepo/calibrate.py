@@ -684,10 +684,12 @@ class Calibrator:
         unknown = [t for t in self.tensors if t not in known]
         if unknown:
             raise UsageError(f"{self.model_path}: no tensor named {', '.join(unknown[:5])}")
+        skip = False
         if isinstance(data, DataOptions):  # the shared data options: spec and how to open it
             preprocess, labels, limit, seed = data.preprocess, data.labels, data.limit, data.seed
+            skip = data.skip_non_images
             data = data.spec
-        self._data_args = dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+        self._data_args = dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed, skip_non_images=skip)
         self._data_spec = data
         self._source: Any = None
         self._session: Any = None

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import logging
 import numbers
 import os
 import sys
@@ -34,6 +35,9 @@ import numpy as np
 from .contracts import builtin
 from .errors import UsageError, one_line
 from .modelio import ModelIO
+
+log = logging.getLogger(__name__)
+_SKIP_WARNED: set[tuple[str, str]] = set()
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
@@ -320,13 +324,24 @@ class ArraySource(DataSource):
 class ImageFolderSource(DataSource):
     """Images under a folder; sub-folders are classes (labels by sorted folder name)."""
 
-    def __init__(self, folder: Path, preprocess: Preprocess, labels: np.ndarray | None = None) -> None:
+    def __init__(self, folder: Path, preprocess: Preprocess, labels: np.ndarray | None = None,
+                 skip_non_images: bool = False) -> None:
         files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
         if not files:
             raise UsageError(f"{folder}: image folder is empty")
         bad = [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+        self.skipped = bad if skip_non_images else []
+        if bad and not skip_non_images:
+            raise UsageError(f"{bad[0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
+                             f"--skip-non-images skips such files)")
         if bad:
-            raise UsageError(f"{bad[0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)})")
+            files = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
+            names = ", ".join(str(p.relative_to(folder)) for p in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+            if (str(folder), names) not in _SKIP_WARNED:  # a command may open the folder twice: one warning
+                _SKIP_WARNED.add((str(folder), names))
+                log.warning("%s: skipped %d file(s) that are not images (--skip-non-images): %s", folder, len(bad), names)
+            if not files:
+                raise UsageError(f"{folder}: no image file left after skipping {len(bad)} non-image file(s)")
         classes = sorted({p.parent for p in files} - {folder})
         if labels is None and classes and all(p.parent != folder for p in files):
             index = {c: i for i, c in enumerate(classes)}
@@ -462,8 +477,11 @@ def open_data(
     labels: str | Path | None = None,
     limit: int | None = None,
     seed: int | None = None,
+    skip_non_images: bool = False,
 ) -> DataSource:
-    """Resolve a data spec into a :class:`DataSource` bound to ``io``'s input names."""
+    """Resolve a data spec into a :class:`DataSource` bound to ``io``'s input names.
+    ``skip_non_images``: an image folder's files without an image extension are skipped (and
+    named in a warning) instead of refused."""
     if isinstance(spec, DataSource):
         source = spec
     else:
@@ -471,7 +489,7 @@ def open_data(
             preprocess = Preprocess.load(preprocess)
         if limit is not None and limit <= 0:
             raise UsageError(f"--limit must be positive, got {limit}")
-        source = _open_spec(str(spec), preprocess, labels, io, limit)
+        source = _open_spec(str(spec), preprocess, labels, io, limit, skip_non_images)
     if labels is not None and isinstance(spec, DataSource):
         raise UsageError("--labels cannot be combined with an in-memory data source")
     source = _bind_names(source, io)
@@ -479,7 +497,7 @@ def open_data(
 
 
 def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None,
-               limit: int | None = None) -> DataSource:
+               limit: int | None = None, skip_non_images: bool = False) -> DataSource:
     label_array = _load_labels(labels) if labels is not None else None
     found = builtin.data_spec(spec)
     if found is not None:
@@ -495,7 +513,7 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
             if len(io.inputs) != 1:
                 raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
             preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
-        return ImageFolderSource(path, preprocess, label_array)
+        return ImageFolderSource(path, preprocess, label_array, skip_non_images)
     if path.suffix.lower() in (".npy", ".npz"):
         if not path.is_file():
             raise UsageError(f"{path}: data file not found")
@@ -664,6 +682,8 @@ class DataOptions:
     seed: int | None = 0
     batch_size: int = 32
     extra: dict[str, Any] = field(default_factory=dict)
+    skip_non_images: bool = False
 
     def open(self, io: ModelIO | None = None) -> DataSource:
-        return open_data(self.spec, io=io, preprocess=self.preprocess, labels=self.labels, limit=self.limit, seed=self.seed)
+        return open_data(self.spec, io=io, preprocess=self.preprocess, labels=self.labels, limit=self.limit, seed=self.seed,
+                         skip_non_images=self.skip_non_images)

@@ -65,6 +65,7 @@ class DeployOptions:
     smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
+    skip_non_images: bool = False  # --skip-non-images: an image folder's other files are skipped (named in a note)
     output_names: tuple[str, ...] = ()  # --output-names of a PyTorch source (default: output, output0, ...)
     cache: str | None = None  # TensorRT calibration cache (trtrepo calibrate --cache): quantize without calibrating
     ranges: str | None = None  # ranges JSON (trtrepo calibrate --ranges): the same
@@ -196,7 +197,7 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
             from .data import open_data  # the input shapes from the calibration data (no model IO yet)
 
             data = open_data(opts.data, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
-                             seed=opts.seed)
+                             seed=opts.seed, skip_non_images=opts.skip_non_images)
         inputs, axes = resolve_inputs(src, opts.input_shapes, data)
         if opts.output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
             raise UsageError(f"--output-names does not apply to {opts.source} (its outputs are named already)")
@@ -225,8 +226,12 @@ class CalibrationData:
 
             o = self._opts
             self._source = open_data(self.spec, io=self._io, preprocess=o.preprocess, labels=o.data_labels,
-                                     limit=o.limit, seed=o.seed)
+                                     limit=o.limit, seed=o.seed, skip_non_images=o.skip_non_images)
         return self._source
+
+    def skipped(self) -> list[str]:
+        """Files of an image folder skipped by --skip-non-images (empty when not opened)."""
+        return [str(p) for p in getattr(self._source, "skipped", None) or []]
 
 
 def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
@@ -484,6 +489,10 @@ def deploy(opts: DeployOptions) -> DeployReport:
             if store is not None:
                 _publish(store, Path(repo), report)
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
+            skipped = calibration.skipped()
+            if skipped:
+                report.notes.append(f"--skip-non-images: skipped {len(skipped)} file(s) of {calibration.spec}: "
+                                    + ", ".join(Path(p).name for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
             report.warnings.extend(_local_server_warnings(opts, [c for _, c, _ in written]))
     if precision == "fp32":
         report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")

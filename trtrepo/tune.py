@@ -424,7 +424,7 @@ def _cpu_name() -> str:
 
 
 def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str | None = None, labels: str | None = None,
-         limit: int | None = None, seed: int = 0, apply: bool = False, report_dir: str | Path | None = None,
+         limit: int | None = None, seed: int = 0, skip_non_images: bool = False, apply: bool = False, report_dir: str | Path | None = None,
          say: Callable[[str], None] = lambda s: None) -> TuneResult:
     """Search the serving config of ``options.model`` in ``repo`` on a tritonserver started here in
     explicit model-control mode; write the report to ``report_dir`` and, with ``apply``, the
@@ -463,7 +463,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
     extra = ("--model-control-mode=explicit", f"--load-model={options.model}")
     with TritonServer(repo, binary=options.server_binary, extra_args=extra, timeout=120) as server:
         runner = CandidateRunner(server.grpc_url, options, msg, data=data, preprocess=preprocess, labels=labels, limit=limit,
-                         seed=seed)
+                                 seed=seed, skip_non_images=skip_non_images)
         try:
             def evaluate(c: Candidate) -> float:
                 if c not in cache:
@@ -526,7 +526,7 @@ class CandidateRunner:
     """Loads candidates into the explicit-mode server and measures them."""
 
     def __init__(self, url: str, options: TuneOptions, msg: Any, *, data: Any, preprocess: str | None,
-                 labels: str | None, limit: int | None, seed: int) -> None:
+                 labels: str | None, limit: int | None, seed: int, skip_non_images: bool = False) -> None:
         import tritonclient.grpc as grpcclient
 
         from .validate import TritonTarget, ValidateOptions, make_payloads
@@ -542,7 +542,8 @@ class CandidateRunner:
         self.target.prepare(io)
         from .data import open_data
 
-        source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+        source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                           skip_non_images=skip_non_images)
         self.payloads, _ = make_payloads(source, io, options.batch_size)
 
     def measure(self, c: Candidate) -> dict[str, Any]:

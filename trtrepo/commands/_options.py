@@ -11,7 +11,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 
 def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F]:
-    """``--data --preprocess --labels --limit --seed --batch-size``."""
+    """``--data --preprocess --labels --limit --seed --batch-size --skip-non-images``."""
 
     def deco(f: F) -> F:
         opts = [
@@ -24,6 +24,9 @@ def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F
             click.option("--limit", type=click.IntRange(min=1), default=None, help="Use N samples (a deterministic subset)."),
             click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --limit subset."),
             click.option("--batch-size", type=click.IntRange(min=1), default=batch_size, show_default=True),
+            click.option("--skip-non-images", is_flag=True,
+                         help="Skip files of an image folder whose extension is not an image's (named in a warning); "
+                              "without it such a file is an error."),
         ]
         for o in reversed(opts):
             f = o(f)

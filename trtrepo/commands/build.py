@@ -49,7 +49,7 @@ from ._options import data_options
 def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_batch: int, shapes: tuple[str, ...],
             workspace: str | None, opt_level: int, timing_cache: str | None, legacy_calibrator: str | None,
             calib_cache: str | None, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None,
-            seed: int, batch_size: int, allow_fp32: bool, fp16: bool, keep_fp32: tuple[str, ...], fp16_onnx: str | None,
+            seed: int, batch_size: int, skip_non_images: bool, allow_fp32: bool, fp16: bool, keep_fp32: tuple[str, ...], fp16_onnx: str | None,
             print_trtexec: bool, for_major: int | None, force: bool) -> None:
     """Build a TensorRT engine (model.plan) from MODEL.
 
@@ -70,7 +70,8 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
                          f"batches have --opt-batch ({opt_batch}) samples; set --opt-batch instead")
     data = None
     if data_spec is not None:
-        data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size)
+        data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed, batch_size=batch_size,
+                           skip_non_images=skip_non_images)
     options = BuildOptions(
         profile=BatchProfile.for_build(min_batch, opt_batch, max_batch, shapes),
         workspace=parse_size(workspace) if workspace else None,

@@ -45,7 +45,7 @@ CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibrat
 @io_paths({"model": "MODEL", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"cache_path": "--cache", "ranges_path": "--ranges", "dynamic_range_path": "--dynamic-range"})
 def command(as_json: bool, model: str, data_spec: str | None, preprocess: str | None, labels: str | None, limit: int | None, seed: int,
-            batch_size: int, method: str, percentile: float, num_bins: int, cache_path: str | None, ranges_path: str | None,
+            batch_size: int, skip_non_images: bool, method: str, percentile: float, num_bins: int, cache_path: str | None, ranges_path: str | None,
             dynamic_range_path: str | None, recalibrate: bool, trt_version: str, cache_algorithm: str | None,
             memory_budget_mb: float, progress: bool) -> None:
     """Compute INT8 ranges of MODEL (ONNX) from calibration data.
@@ -58,7 +58,8 @@ def command(as_json: bool, model: str, data_spec: str | None, preprocess: str | 
     from ..calibrate import CalibrateOptions, run_calibrate
     from ..data import DataOptions
 
-    data = DataOptions(data_spec, preprocess, labels, limit, seed, batch_size) if data_spec is not None else None
+    data = DataOptions(data_spec, preprocess, labels, limit, seed, batch_size,
+                       skip_non_images=skip_non_images) if data_spec is not None else None
     options = CalibrateOptions(
         data=data, method=method, percentile=percentile, num_bins=num_bins, cache=cache_path, ranges=ranges_path,
         dynamic_range=dynamic_range_path, recalibrate=recalibrate, trt_version=trt_version,

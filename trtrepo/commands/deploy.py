@@ -85,7 +85,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
             metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
             tune_after: bool, tune_budget_s: float, s3_endpoint: str | None, data_spec: str | None, preprocess: str | None,
-            labels: str | None, limit: int | None, seed: int, batch_size: int, **kw: Any) -> None:
+            labels: str | None, limit: int | None, seed: int, batch_size: int, skip_non_images: bool, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
     Triton model repository (default model_repository/), then print a summary table.
 
@@ -103,6 +103,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
     opts = DeployOptions(
         source=source, repo=repo, name=name, backend=backend, python_variant=python_variant, ensemble=ensemble,
         precision=precision, data=data_spec, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
+        skip_non_images=skip_non_images,
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,

@@ -29,7 +29,7 @@ from ._output import json_option, summary_output
 @io_paths({"reference": "REFERENCE", "candidate": "CANDIDATE", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"report_dir": "--report"})
 def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None, reference: str, candidate: str, data_spec: str, preprocess: str | None, labels: str | None,
-            limit: int | None, seed: int, batch_size: int, threads: int | None, report_dir: str | None,
+            limit: int | None, seed: int, batch_size: int, skip_non_images: bool, threads: int | None, report_dir: str | None,
             label_output: str | None) -> None:
     """Run REFERENCE (FP32 ONNX) and CANDIDATE (e.g. the Q/DQ model) with ONNX Runtime on the same
     data; print per output max/mean absolute error and cosine similarity, and top-1/top-5
@@ -48,7 +48,8 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
     if io_ref.input_names != io_cand.input_names or io_ref.output_names != io_cand.output_names:
         raise UsageError(f"{candidate}: inputs/outputs {io_cand.input_names}/{io_cand.output_names} differ from "
                          f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
-    source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+    source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                       skip_non_images=skip_non_images)
     from ..errors import TrtrepoError
     from ..validate.contract import check_thresholds
     from ..validate.options import Thresholds

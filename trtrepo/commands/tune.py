@@ -36,7 +36,7 @@ from ._output import json_option, summary_output
 @json_option
 @io_paths({"data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"}, {"report_dir": "--report"})
 def command(repo: str, model: str, data_spec: str, preprocess: str | None, labels: str | None, limit: int | None,
-            seed: int, batch_size: int, concurrency: int, objective: str, max_p99_ms: float | None, exhaustive: bool,
+            seed: int, batch_size: int, skip_non_images: bool, concurrency: int, objective: str, max_p99_ms: float | None, exhaustive: bool,
             budget_s: float, measurement_interval: float, stability_percentage: float, max_trials: int,
             cores: int | None, server_binary: str | None, apply: bool, report_dir: str | None, as_json: bool) -> None:
     """Search MODEL's serving config on a tritonserver started here: instance count x ONNX Runtime
@@ -59,7 +59,7 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
                           cores=cores, server_binary=server_binary)
     with summary_output(as_json) as emit:
         result = tune(repo, options, data=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                      apply=apply, report_dir=report_dir, say=click.echo)
+                      skip_non_images=skip_non_images, apply=apply, report_dir=report_dir, say=click.echo)
         a, b = result.result_of(result.start), result.result_of(result.chosen)
         click.echo(f"start:  {result.start.label()}: {a['throughput']:.1f} infer/s, p99 {a['p99_ms']:.2f} ms"
                    if not a.get("error") else f"start:  {result.start.label()}: failed ({a['error']})")

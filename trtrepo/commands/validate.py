@@ -100,6 +100,7 @@ from ._output import json_option, summary_output
 def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: float, protocol: str, model: str, model_version: str, reference: str, weights: str | None,
             output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None, no_cache: bool,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
+            skip_non_images: bool,
             concurrency: str, request_rate: str | None, request_distribution: str, measurement_interval: float,
             requests: int | None, stability_percentage: float, max_trials: int, percentiles: str,
             stability_percentile: int | None, warmup: int, shared_memory: str,
@@ -143,7 +144,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     with summary_output(as_json) as emit:
         report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
                           preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
-                          input_shapes=input_shapes, cache=not no_cache,
+                          input_shapes=input_shapes, cache=not no_cache, skip_non_images=skip_non_images,
                           output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
         s = report.server
         click.echo(f"model {s['model']} v{s['version']} at {', '.join(s.get('servers') or [s['url']])} "

@@ -77,7 +77,7 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
              labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
              weights: str | None = None, limit: int | None = None, seed: int | None = 0,
              thresholds: Thresholds | None = None, input_shapes: Sequence[str] = (),
-             output_names: Sequence[str] = (), cache: bool = True) -> ValidationReport:
+             output_names: Sequence[str] = (), cache: bool = True, skip_non_images: bool = False) -> ValidationReport:
     """Run the deployment check; write the report to ``report_dir`` when given. A PyTorch
     reference's export is cached (``cache=False``: exported afresh, :func:`reference_io`).
 
@@ -100,10 +100,12 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
     src = resolve_source(reference, weights)
     if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
-        raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+        raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                        skip_non_images=skip_non_images)
     io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw,
                       output_names=output_names, cache=cache)
-    source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed)
+    source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                       skip_non_images=skip_non_images)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
         _cuda_shm()  # fail before any traffic on a machine without a GPU
