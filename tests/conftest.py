@@ -10,6 +10,21 @@ from click.testing import CliRunner
 from trtrepo.cli import cli
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n N``) each worker, and every process it starts (tritonserver
+    included), runs on its own share of the CPUs: ONNX Runtime's and torch's thread pools size
+    themselves to the machine and spin, so N workers sharing every core slow each other far more
+    than N times. Without xdist nothing changes."""
+    import os
+
+    worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if not worker or not count or not hasattr(os, "sched_setaffinity"):
+        return
+    cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
+    if n > 1 and len(cpus) >= n:
+        os.sched_setaffinity(0, set(cpus[i::n]))
+
+
 @pytest.fixture(scope="session")
 def demo_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The demo CNN exported once per test session (FP32, dynamic batch)."""

@@ -18,9 +18,9 @@ Decisions:
   patches (:data:`ROWS_PER_LAYER`): memory is ``K x K`` per group and layer however many samples.
 * Sequential inputs (:func:`round_weights_sequential`, AdaRound for the tensorrt target, see
   :func:`sequential_inputs`): each layer's quantized input comes from the Q/DQ network with the
-  weights rounded so far, so a layer also absorbs its predecessors' error; one Q/DQ pass of
-  :data:`SEQUENTIAL_BATCHES` batches per layer, and one FP32 pass per group of layers whose input
-  patches fit :data:`FP32_PATCH_BYTES`. Bias correction stays local for both
+  weights rounded so far, so a layer also absorbs its predecessors' error; the Q/DQ network runs
+  piece by piece over :data:`SEQUENTIAL_BATCHES` batches (each node once per batch), the FP32 one
+  once per group of layers whose input patches fit :data:`FP32_PATCH_BYTES`. Bias correction stays local for both
   targets: its sequential form over-corrects (measured in docs/benchmarks.md, "Issue 26").
 * AdaRound's iterations fit a time budget: each layer gets a share proportional to its cost per
   iteration, at most :data:`ADAROUND_ITERATIONS` and at least :data:`MIN_ITERATIONS`.
@@ -350,14 +350,18 @@ def _drop_dead(model: Any) -> None:
 
 class QuantizedProbe:
     """The target's Q/DQ model with each layer's weight and bias turned into graph inputs, run in
-    float by ONNX Runtime: one session serves every pass of a sequential weight step, fed the
-    weights rounded so far. Its outputs are each layer's input as the Q/DQ network computes it."""
+    float by ONNX Runtime piece by piece: :meth:`run` computes a layer's input from the tensors
+    the previous pieces left (the frontier), so every node runs once per batch however many layers
+    the network has (one full-network pass per layer would cost depth x network). Valid for
+    layers visited in graph order with each layer's weights final before a later layer asks: a
+    piece holds only ancestors of the asked layer's input, and a layer's own weights change only
+    after its input was computed."""
 
     def __init__(self, model: Any, layers: Sequence[Layer], ranges: Mapping[str, Any], options: QuantizeOptions,
                  threads: int | None = None) -> None:
         import onnx
 
-        from .evaluate import make_session
+        from .modelio import without_weights
         from .quantize import insert_qdq
 
         q = insert_qdq(model, ranges, options, warn=False).model
@@ -376,17 +380,94 @@ class QuantizedProbe:
             self.w_name[la.node], self.b_name[la.node] = w, b
             q.graph.input.append(onnx.helper.make_tensor_value_info(w, onnx.TensorProto.FLOAT, list(la.weight_shape)))
             q.graph.input.append(onnx.helper.make_tensor_value_info(b, onnx.TensorProto.FLOAT, [la.outputs]))
-        q = with_outputs(q, list(dict.fromkeys(self.inputs.values())))
         _drop_dead(q)
-        self.session = make_session(q, threads=threads, arena=False)
+        self.model = q
+        self.threads = threads
+        inferred = onnx.shape_inference.infer_shapes(without_weights(q))
+        self.types = {v.name: v.type.tensor_type.elem_type
+                      for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
+        self.nodes = list(q.graph.node)
+        self.producer = {o: k for k, n in enumerate(self.nodes) for o in n.output if o}
+        self.consumers: dict[str, list[int]] = {}
+        for k, n in enumerate(self.nodes):
+            for x in dict.fromkeys(n.input):
+                if x:
+                    self.consumers.setdefault(x, []).append(k)
+        self.inits = {t.name: t for t in q.graph.initializer}
+        self.graph_outputs = {o.name for o in q.graph.output}
+        self._weight_of = {w: node for node, w in self.w_name.items()}
+        self._bias_of = {b: node for node, b in self.b_name.items()}
+        self.done: set[int] = set()
+        self.values: dict[int, dict[str, np.ndarray]] = {}  # per batch: the frontier
+        self._piece: tuple[Any, list[str], list[str], list[int]] | None = None
+        self._piece_for: str | None = None
 
-    def run(self, layer: Layer, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
+    def _build(self, target: str) -> tuple[Any, list[str], list[str], list[int]]:
+        """The session of the nodes not run yet that ``target`` needs; its inputs and outputs."""
+        import onnx
+
+        from .evaluate import make_session
+
+        need: set[int] = set()
+        stack = [target]
+        while stack:
+            k = self.producer.get(stack.pop())
+            if k is None or k in self.done or k in need:
+                continue
+            need.add(k)
+            stack.extend(x for x in self.nodes[k].input if x)
+        order = sorted(need)
+        produced = {o for k in order for o in self.nodes[k].output if o}
+        ins = list(dict.fromkeys(x for k in order for x in self.nodes[k].input
+                                 if x and x not in produced and x not in self.inits))
+        outs = [o for k in order for o in self.nodes[k].output if o and (
+            o == target or o in self.graph_outputs
+            or any(c not in need and c not in self.done for c in self.consumers.get(o, ())))]
+        graph = onnx.helper.make_graph(
+            [self.nodes[k] for k in order], "piece",
+            [onnx.helper.make_tensor_value_info(x, self.types.get(x) or onnx.TensorProto.FLOAT, None) for x in ins],
+            [onnx.helper.make_tensor_value_info(o, self.types.get(o) or onnx.TensorProto.FLOAT, None) for o in outs],
+            [self.inits[x] for x in dict.fromkeys(x for k in order for x in self.nodes[k].input) if x in self.inits])
+        piece = onnx.helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
+        session = make_session(piece, threads=self.threads, arena=False) if order else None
+        return session, ins, outs, order
+
+    def run(self, layer: Layer, batch: int, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
             biases: Mapping[str, np.ndarray]) -> np.ndarray:
-        full = dict(feeds)
-        for node, w in weights.items():
-            full[self.w_name[node]] = w
-            full[self.b_name[node]] = biases[node]
-        return self.session.run([self.inputs[layer.node]], full)[0]
+        """``layer``'s input on batch number ``batch`` (``feeds``: its network inputs) as the Q/DQ
+        network computes it with ``weights``/``biases`` (the layers rounded so far)."""
+        target = self.inputs[layer.node]
+        if self._piece_for != target:
+            self.finish()
+            self._piece, self._piece_for = self._build(target), target
+        assert self._piece is not None
+        session, ins, outs, _ = self._piece
+        values = self.values.setdefault(batch, dict(feeds))
+        if session is not None:
+            full = {}
+            for x in ins:
+                if x in values:
+                    full[x] = values[x]
+                elif x in feeds:
+                    full[x] = feeds[x]
+                elif x in self._weight_of:
+                    full[x] = weights[self._weight_of[x]]
+                else:
+                    full[x] = biases[self._bias_of[x]]
+            for name, value in zip(outs, session.run(outs, full), strict=True):
+                values[name] = value
+        return values[target]
+
+    def finish(self) -> None:
+        """Mark the current piece's nodes as run and drop the tensors no later node reads."""
+        if self._piece is None:
+            return
+        self.done.update(self._piece[3])
+        for values in self.values.values():
+            for name in [n for n in values if self.consumers.get(n)
+                         and all(c in self.done for c in self.consumers[n])]:
+                del values[name]
+        self._piece = self._piece_for = None
 
 
 def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Sequence[Any], ranges: Mapping[str, Any],
@@ -396,8 +477,9 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     """Like :func:`round_weights`, one layer at a time in graph order, each layer's quantized
     input taken from the Q/DQ network (run in float) with the weights rounded so far, so that a
     layer also absorbs the error its quantized predecessors pass on (AdaRound's and empirical
-    bias correction's sequential form). One Q/DQ pass over ``batches`` per layer; the FP32 side
-    comes from :func:`_fp32_patches`, one pass per group of layers."""
+    bias correction's sequential form). The Q/DQ side runs piece by piece
+    (:class:`QuantizedProbe`: each node once per batch); the FP32 side comes from
+    :func:`_fp32_patches`, one pass per group of layers."""
     from onnx import numpy_helper
 
     from .evaluate import make_session
@@ -424,7 +506,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
         m = W.InputMoments(layer.groups, layer.k)
         for i, batch in enumerate(batches):
             p = fp_patches.pop((j, i))
-            xq = probe.run(layer, batch.inputs, weights, biases)
+            xq = probe.run(layer, i, batch.inputs, weights, biases)
             rows = _rows(layer, xq, rows_per_layer, _count(batch), n_images)
             pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
             m.add(p, pq)
