@@ -172,7 +172,10 @@ def test_serve_command_runs_in_foreground_and_stops_on_sigint(deployed_repo):
     env = dict(os.environ)
     cmd = [sys.executable, "-m", "trtrepo.cli", "serve", str(deployed_repo), "--http-port", "0", "--grpc-port", "0",
            "--metrics-port", "0"]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True)
+    # Started with SIGINT ignored, as a background job of a shell script (or a pytest-xdist worker's
+    # child) is: serve still stops on SIGINT.
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         lines = []

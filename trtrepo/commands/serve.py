@@ -81,6 +81,9 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
         click.echo(f"models: {models}")
         click.echo(f"log: {server.log_path}  (Ctrl-C to stop)")
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C / kill -INT stop it even when started with SIGINT ignored (a background job of a
+        # non-interactive shell, a test runner's worker): Python then installs no handler itself.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         while server.proc is not None and server.proc.poll() is None:
             time.sleep(0.5)
         code = server.proc.returncode if server.proc is not None else 0
