@@ -87,7 +87,7 @@ def test_deploy_ships_fp32_unless_accuracy_loss_is_accepted(hard_case, tmp_path,
 
 def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
     res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
-                       options=QuantizeOptions(target="tensorrt"))
+                       options=QuantizeOptions(target="tensorrt"), weight_rounding="nearest")
     assert res.report["accuracy_check"]["ok"] is True
     assert res.report["input_methods"] == {"input": res.method}
 
@@ -95,7 +95,7 @@ def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
 def test_labels_change_the_rule(demo_onnx, tmp_path):
     """With labelled evaluation data the gate is the label accuracy drop (the user's metric)."""
     res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
-                       eval_data="demo:val", options=QuantizeOptions(target="onnxruntime"))
+                       eval_data="demo:val", options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")
     verdict = res.report["accuracy_check"]["verdict"]
     assert verdict["rule"] == "label accuracy drop" and verdict["samples"] == 597
     assert verdict["reference_accuracy"] > 0.97 and verdict["ok"] is True
@@ -143,7 +143,7 @@ def test_deploy_json_and_console_say_what_int8_cost(demo_onnx, tmp_path, run_cli
 
     res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
                   "--repo", tmp_path / "repo", "--name", "d", "--method", "minmax",
-                  "--exclude-node", "/head/Gemm", "--json")
+                  "--exclude-node", "/head/Gemm", "--weight-rounding", "nearest", "--json")
     assert res.exit_code == 0, res.output
     acc = json.loads(res.stdout)["accuracy"]
     assert acc["shipped"] == "int8" and acc["method"] == "minmax" and acc["target"] == "onnxruntime"

@@ -340,7 +340,7 @@ def test_deploy_a_qdq_model_as_given(tmp_path, monkeypatch, run_cli, demo_onnx):
     """A model quantized earlier (trtrepo quantize here) is deployed byte for byte and reported int8."""
     qdq = tmp_path / "demo.qdq.onnx"
     res = run_cli("quantize", demo_onnx, "--data", "demo:calib", "--limit", "64", "--method", "minmax",
-                  "--target", "onnxruntime", "-o", qdq, "--no-progress")
+                  "--target", "onnxruntime", "-o", qdq, "--no-progress", "--weight-rounding", "nearest")
     assert res.exit_code == 0, res.output
     res = run_cli("deploy", qdq, "--backend", "onnxruntime", "--repo", tmp_path / "repo", "--name", "q")
     assert res.exit_code == 0, res.output
@@ -376,10 +376,10 @@ def onnx_ops(path: Path) -> list[str]:
 
 def test_deploy_passes_exclusions_and_accuracy_target_to_quantize(tmp_path, run_cli, demo_onnx):
     base = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
-                   "--repo", tmp_path / "r0", "--name", "d", "--method", "minmax")
+                   "--repo", tmp_path / "r0", "--name", "d", "--method", "minmax", "--weight-rounding", "nearest")
     assert base.exit_code == 0 and "int8" in base.output, base.output
     res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "256", "--backend", "onnxruntime",
-                  "--repo", tmp_path / "r1", "--name", "d", "--method", "minmax", "--exclude-op", "Conv")
+                  "--repo", tmp_path / "r1", "--name", "d", "--method", "minmax", "--exclude-op", "Conv", "--weight-rounding", "nearest")
     assert res.exit_code == 0 and "int8" in res.output, res.output
     ops0, ops1 = onnx_ops(tmp_path / "r0" / "d" / "1" / "model.onnx"), onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
     assert ops1.count("DequantizeLinear") < ops0.count("DequantizeLinear")
@@ -449,7 +449,8 @@ def test_deploy_passes_target_to_quantize(tmp_path, run_cli, demo_onnx):
     counts = {}
     for target in ("onnxruntime", "tensorrt"):
         res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "128", "--backend", "onnxruntime",
-                      "--repo", tmp_path / target, "--name", "d", "--method", "minmax", "--target", target)
+                      "--repo", tmp_path / target, "--name", "d", "--method", "minmax", "--target", target,
+                      "--weight-rounding", "nearest")
         assert res.exit_code == 0 and "int8" in res.output, res.output + res.stderr
         assert ("--target tensorrt: Q/DQ placed by tensorrt's rules" in res.output) == (target == "tensorrt")
         assert f"Q/DQ INT8 for {target}" in res.output

@@ -18,7 +18,7 @@ from conftest import requires_tritonserver
 def _deploy(tmp_path: Path, repo: str) -> subprocess.Popen[str]:
     env = {**os.environ, "TMPDIR": str(tmp_path / "tmp")}
     return subprocess.Popen([sys.executable, "-m", "trtrepo.cli", "deploy", "--repo", str(tmp_path / repo),
-                             "--backend", "onnxruntime", "--limit", "512"],
+                             "--backend", "onnxruntime", "--limit", "512", "--weight-rounding", "nearest"],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 

@@ -491,7 +491,7 @@ def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli
 def test_auto_selects_best_method_on_held_out_split(demo_onnx, tmp_path, run_cli):
     out, rep = tmp_path / "q.onnx", tmp_path / "rep"
     res = run_cli("quantize", demo_onnx, "-o", out, "--data", "demo:calib", "--limit", "400", "--method", "auto",
-                  "--target", "onnxruntime", "--report", rep, "--no-progress")
+                  "--target", "onnxruntime", "--report", rep, "--no-progress", "--weight-rounding", "nearest")
     assert res.exit_code == 0, res.output
     report = json.loads((rep / "quantize.json").read_text())
     assert report["evaluation_data"]["samples"] == 80 and report["calibration_samples"] == 320
@@ -511,7 +511,7 @@ def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx,
 
     held_out = open_data("demo:val").subset(200, seed=0)
     common = dict(data="demo:calib", eval_data=held_out, method="entropy", data_args={"limit": 256, "seed": 0},
-                  options=QuantizeOptions(target="onnxruntime"))
+                  options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")
     base = run_quantize(demo_onnx, tmp_path / "base.onnx", **common)
     baseline = base.report["metrics"]["logits"]["cosine_mean"]
     assert baseline < 0.99999
@@ -544,7 +544,7 @@ def test_quantize_for_deploy(demo_onnx, tmp_path):
     from trtrepo.data import open_data
 
     source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
-    res = quantize_for_deploy(demo_onnx, source, tmp_path / "d.onnx", "onnxruntime")
+    res = quantize_for_deploy(demo_onnx, source, tmp_path / "d.onnx", "onnxruntime", weight_rounding="nearest")
     assert res.method == "entropy" and Path(res.path).is_file()
     ops = integer_kernels(res.path, tmp_path)
     assert "QLinearConv" in ops

@@ -1227,7 +1227,8 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         force: bool = True, progress: bool = False, metric_output: str | None = None,
                         reduce_range: bool = False, smooth_quant: float | str | None = "auto",
                         exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
-                        accuracy_target: AccuracyTarget | str | None = None) -> QuantizeResult:
+                        accuracy_target: AccuracyTarget | str | None = None,
+                        weight_rounding: str = "auto") -> QuantizeResult:
     """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
     ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
@@ -1254,4 +1255,4 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
                                                 exclude_nodes=tuple(exclude_nodes)),
                         batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-                        smooth_quant=smooth_quant, accuracy_target=accuracy_target)
+                        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding)

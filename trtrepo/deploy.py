@@ -63,6 +63,7 @@ class DeployOptions:
     reduce_range: bool = False  # 7-bit weights for the ONNX Runtime backends (x86 CPUs without VNNI)
     method: str = "auto"  # calibration method (auto: chosen on held-out data)
     smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
+    weight_rounding: str = "auto"  # Conv/Gemm weight rounding (trtrepo quantize --weight-rounding)
     accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
     skip_non_images: bool = False  # --skip-non-images: an image folder's other files are skipped (named in a note)
@@ -287,7 +288,8 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
     result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
                                            method=opts.method, smooth_quant=opts.smooth_quant,
                                            exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
-                                           accuracy_target=opts.accuracy_target, **extra)
+                                           accuracy_target=opts.accuracy_target,
+                                           weight_rounding=opts.weight_rounding, **extra)
     method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
     sq = (result.report or {}).get("smooth_quant") or {}
     if sq.get("alpha") is not None:

@@ -8,6 +8,7 @@ import click
 
 from .. import histogram as H
 from ..contracts import backends
+from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
 from ._options import data_options, s3_endpoint_option
@@ -66,6 +67,9 @@ from ._output import json_option, summary_output
                    "onnxruntime for the ONNX Runtime and Python backends).")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
               help="SmoothQuant on MatMul/Gemm inputs (auto: alpha chosen on held-out data, or none).")
+@click.option("--weight-rounding", type=click.Choice(("auto",) + ROUNDING_STEPS), default="auto", show_default=True,
+              help="How Conv/Gemm weights are rounded to INT8 (as in trtrepo quantize): auto keeps the best of bias "
+                   "correction, AdaRound and nearest rounding on held-out data; nearest is the fastest.")
 @click.option("--accept-accuracy-loss", is_flag=True,
               help="Ship the INT8 model even when the held-out check against FP32 fails (top-1 agreement drop "
                    "> 1 point or cosine < 0.99); without it the FP32 model is deployed instead.")
@@ -83,7 +87,8 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
             exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
             cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
-            metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str, accept_accuracy_loss: bool,
+            metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str,
+            weight_rounding: str, accept_accuracy_loss: bool,
             tune_after: bool, tune_budget_s: float, s3_endpoint: str | None, data_spec: str | None, preprocess: str | None,
             labels: str | None, limit: int | None, seed: int, batch_size: int, skip_non_images: bool, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
@@ -107,6 +112,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
         batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
         template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
         metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
+        weight_rounding=weight_rounding,
         accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
         output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else (),
         ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
