@@ -174,8 +174,8 @@ def test_serve_command_runs_in_foreground_and_stops_on_sigint(deployed_repo):
            "--metrics-port", "0"]
     # Started with SIGINT ignored, as a background job of a shell script (or a pytest-xdist worker's
     # child) is: serve still stops on SIGINT.
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True, start_new_session=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True,
+                            start_new_session=True, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     try:
         deadline = time.monotonic() + 120
         lines = []

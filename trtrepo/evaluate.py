@@ -379,8 +379,18 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
                  arena: bool = True) -> Any:
     """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto. ``config``:
     extra session config entries (they override trtrepo's own). ``arena=False``: no CPU memory
-    arena (memory goes back after each run; for sessions that fetch many large tensors)."""
+    arena (memory goes back after each run; for sessions that fetch many large tensors).
+    ``threads=None``: ONNX Runtime's default, except where this process may run on fewer cores than
+    the machine has (a container's cpuset, ``taskset``): then one thread per core it may use, since
+    ONNX Runtime sizes its pool to the machine and its spinning threads would fight over them."""
+    import os
+
     import onnxruntime as ort
+
+    from .contracts.backends import available_cores
+
+    if threads is None and available_cores() < (os.cpu_count() or 1):
+        threads = available_cores()
 
     so = ort.SessionOptions()
     so.log_severity_level = 3

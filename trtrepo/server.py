@@ -419,8 +419,8 @@ class TritonServer:
             self.log_path, self._own_log = name, True
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd, stdout=self._log_file, stderr=subprocess.STDOUT, start_new_session=True,
-                                     env=self.environment())
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                     start_new_session=True, env=self.environment())
         try:
             self.wait_ready()
         except _StartFailed as exc:

@@ -76,14 +76,15 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
                           keep_log=True)
     server.start()
     try:
+        # Before the lines that say it is ready: a signal sent on reading them must find the handlers.
+        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+        # Ctrl-C / kill -INT stop it even when started with SIGINT ignored (a background job of a
+        # non-interactive shell): Python then installs no handler itself.
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         models = ", ".join(names if remote else [e.name for e in list_repository(repo)])
         click.echo(f"tritonserver ready: HTTP {server.http_url}  gRPC {server.grpc_url}  metrics {host}:{server.metrics_port}")
         click.echo(f"models: {models}")
         click.echo(f"log: {server.log_path}  (Ctrl-C to stop)")
-        signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
-        # Ctrl-C / kill -INT stop it even when started with SIGINT ignored (a background job of a
-        # non-interactive shell, a test runner's worker): Python then installs no handler itself.
-        signal.signal(signal.SIGINT, signal.default_int_handler)
         while server.proc is not None and server.proc.poll() is None:
             time.sleep(0.5)
         code = server.proc.returncode if server.proc is not None else 0
