@@ -2,27 +2,34 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-from click.testing import CliRunner
-
-from trtrepo.cli import cli
+import os
 
 
-def pytest_configure(config):
+def _pin_xdist_worker() -> None:
     """Under pytest-xdist (``-n N``) each worker, and every process it starts (tritonserver
-    included), runs on its own share of the CPUs: ONNX Runtime's and torch's thread pools size
-    themselves to the machine and spin, so N workers sharing every core slow each other far more
-    than N times. Without xdist nothing changes."""
-    import os
-
+    included), runs on its own share of the CPUs, and the thread pools of OpenBLAS, OpenMP (torch)
+    and ONNX Runtime are sized to that share: they size themselves to the machine and spin, so N
+    workers sharing every core slow each other far more than N times. Runs on import, before numpy
+    or torch start their pools. Without xdist nothing changes."""
     worker, count = os.environ.get("PYTEST_XDIST_WORKER"), os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
     cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
     if n > 1 and len(cpus) >= n:
-        os.sched_setaffinity(0, set(cpus[i::n]))
+        share = set(cpus[i::n])
+        os.sched_setaffinity(0, share)
+        for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(var, str(len(share)))
+
+
+_pin_xdist_worker()
+
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+from click.testing import CliRunner  # noqa: E402
+
+from trtrepo.cli import cli  # noqa: E402
 
 
 @pytest.fixture(scope="session")
