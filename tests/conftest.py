@@ -15,8 +15,8 @@ def _pin_xdist_worker() -> None:
     if not worker or not count or not hasattr(os, "sched_setaffinity"):
         return
     cpus, n, i = sorted(os.sched_getaffinity(0)), int(count), int(worker.removeprefix("gw"))
-    if n > 1 and len(cpus) >= n:
-        share = set(cpus[i::n])
+    if n > 1:  # more workers than cores: several single-threaded workers share a core
+        share = set(cpus[i::n]) if len(cpus) >= n else {cpus[i % len(cpus)]}
         os.sched_setaffinity(0, share)
         for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
             os.environ.setdefault(var, str(len(share)))
@@ -30,6 +30,18 @@ import pytest  # noqa: E402
 from click.testing import CliRunner  # noqa: E402
 
 from trtrepo.cli import cli  # noqa: E402
+
+# Modules that take longest (a minute or more of one worker; docs/benchmarks.md, "The test run"):
+# handed out first under pytest-xdist, so that no long module starts last and runs alone.
+LONG_MODULES = ("test_validate.py", "test_gauntlet_mobilenet_trt.py", "test_gauntlet_mobilenet.py", "test_tune.py",
+                "test_objectstore.py", "test_commit_protocol.py", "test_byom.py")
+
+
+def pytest_collection_modifyitems(config, items):
+    if os.environ.get("PYTEST_XDIST_WORKER") is None and not getattr(config.option, "numprocesses", None):
+        return
+    rank = {name: i for i, name in enumerate(LONG_MODULES)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: order inside a module kept
 
 
 @pytest.fixture(scope="session")

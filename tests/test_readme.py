@@ -88,7 +88,7 @@ def test_the_set_up_commands_are_what_ci_runs():
         if line and not line.startswith("#") and not line.startswith(("if ", "fi", "then", "else", "set ", "cd ")):
             ci.append(" ".join(w for w in shlex.split(line) if w != "-q"))
     steps = _steps(second[0])
-    assert steps[-1] == "python -m pytest" and steps[-1] in ci
+    assert steps[-1] == "python -m pytest -n logical" and steps[-1] in ci
     for step in steps:
         assert step in ci, f"README's test set-up step {step!r} is not in .ci/run"
     assert ci.index(steps[0]) < ci.index(steps[-1])
