@@ -39,7 +39,8 @@ def deployed_repo(tmp_path_factory) -> Path:
     repo = tmp_path_factory.mktemp("e2e") / "model_repository"
     # The calibration subset keeps the INT8 step short; the precision is whatever deploy can do here.
     args = ["deploy", "--repo", str(repo), "--backend", "python", "--ensemble", "--limit", "256",
-            "--preferred-batch-size", "4", "--preferred-batch-size", "8", "--max-queue-delay", "2000"]
+            "--preferred-batch-size", "4", "--preferred-batch-size", "8", "--max-queue-delay", "2000",
+            "--weight-rounding", "nearest"]
     result = CliRunner().invoke(cli, args, catch_exceptions=False)
     assert result.exit_code == 0, result.output
     assert "demo_ensemble" in result.output

@@ -236,7 +236,8 @@ def models(tmp_path_factory, demo_onnx):
     from trtrepo.export import export_onnx
 
     d = tmp_path_factory.mktemp("validate-models")
-    int8 = quantize_for_deploy(demo_onnx, "demo:calib", d / "demo_int8.onnx", target="onnxruntime", method="minmax").path
+    int8 = quantize_for_deploy(demo_onnx, "demo:calib", d / "demo_int8.onnx", target="onnxruntime", method="minmax",
+                               weight_rounding="nearest").path
     text = export_onnx("demo-text", d / "demo_text.onnx").path
     return {"fp32": Path(demo_onnx), "int8": Path(int8), "text": Path(text)}
 
@@ -514,10 +515,13 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, mod
     return total / (t_end - t_mid)
 
 
+ROUNDS = 2  # back-to-back rounds per level; the test holds the median ratio (the mean of two)
+
+
 @pytest.mark.triton
 def test_latency_figures_agree_with_an_independent_client(server, models):
     """Issue 17: validate's figures against a plainly written synchronous client on the same
-    server, each level measured by both, back to back, for three rounds. On the demo's ~1 ms
+    server, each level measured by both, back to back, for two rounds. On the demo's ~1 ms
     requests these 2-core VMs drift by 2-66% from minute to minute, for both clients (Intel: with
     20-37% hypervisor steal; AMD EPYC: with none), and at c=16 the synchronous client reads
     1.13-1.21x less than validate's asyncio one in 1, 2 or 4 processes alike (median ratios
@@ -536,7 +540,7 @@ def test_latency_figures_agree_with_an_independent_client(server, models):
     with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, progress=False, speed=None)) as t:
         t.wait_ready()
         t.prepare(io)
-        for _ in range(3):
+        for _ in range(ROUNDS):
             for c in levels:
                 opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), warmup=20, progress=False,
                                        stability=Stability(interval_s=0.5), speed=None)
