@@ -53,7 +53,7 @@ BATCH_SIZE = 16  # samples per collection batch
 MAX_SAMPLES = 512  # calibration samples the statistics pass reads
 ITERATION_RATE = 2.5e9  # multiply-adds per second assumed for AdaRound's budget
 SEQUENTIAL_BATCHES = 4  # batches (of BATCH_SIZE) a sequential step passes through the network per layer
-FP32_PATCH_BYTES = 128 << 20  # FP32 input patches a sequential step holds ahead of the layers that use them
+FP32_PATCH_BYTES = 256 << 20  # FP32 input patches a sequential step holds ahead of the layers that use them
 
 
 def sequential_inputs(target: str) -> bool:
