@@ -37,7 +37,7 @@ DEFAULT_PERCENTILES = (50, 90, 95, 99)
 DISTRIBUTIONS = ("constant", "poisson")
 ALWAYS_PERCENTILES = (50, 99)  # computed whatever --percentiles says: the p99 gate and the plot read them
 
-# Machine warnings (documented in README "Measuring"): thresholds on what a run saw
+# Machine warnings (documented in docs/serving.md, "trtrepo validate"): thresholds on what a run saw
 BUSY_BEFORE = 0.5  # load average / cores before the run
 CLIENT_SHARE = 0.30  # share of the machine's CPU time the load generator itself used
 STEAL_SHARE = 0.05  # hypervisor steal time share

@@ -19,7 +19,7 @@ from ._output import json_option, summary_output
 @click.argument("source", default="demo")
 @click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False),
               help="The repository folder, or s3://BUCKET/PREFIX (written by an upload protocol under which a "
-                   "server never loads a partial version; see 'Serving from a fleet' in README).")
+                   "server never loads a partial version; see 'Serving from a fleet' in docs/fleet.md).")
 @s3_endpoint_option
 @click.option("--name", default=None, help="Model name (default: from SOURCE; 'demo' for the demo).")
 @click.option("--backend", type=click.Choice(("auto", *backends.options())), default="auto", show_default=True,
