@@ -205,21 +205,20 @@ def speed_console_lines(rows: Sequence[Mapping[str, Any]]) -> list[str]:
     """One line per batch size. A side whose timing did not meet the stability rule is marked
     ``*`` with its spread, and its speedup is not printed as a number: an unstable timing is not a
     figure. The last line counts the stable batch sizes."""
+    def side(label: str, t: Mapping[str, Any]) -> str:
+        st = t.get("stability") or {}
+        mark = "" if st.get("stable", True) else \
+            f"; * NOT STABLE ±{_worst(st.get('spread_pct')):.0f}% over {st.get('windows', '?')} windows"
+        return f"{label} median {t['median_ms']:.2f} ms (p99 {t['p99_ms']:.2f}{mark})"
+
     lines = []
     stable_rows = 0
     for row in rows:
         r, s = row["reference"], row["served"]
-        unstable = [(name, side["stability"]) for name, side in (("reference", r), ("served", s))
-                    if not (side.get("stability") or {}).get("stable", True)]
-
-        def side(label: str, t: Mapping[str, Any]) -> str:
-            st = t.get("stability") or {}
-            mark = "" if st.get("stable", True) else \
-                f"; * NOT STABLE ±{_worst(st.get('spread_pct')):.0f}% over {st.get('windows', '?')} windows"
-            return f"{label} median {t['median_ms']:.2f} ms (p99 {t['p99_ms']:.2f}{mark})"
-
+        unstable = [name for name, t in (("reference", r), ("served", s))
+                    if not (t.get("stability") or {}).get("stable", True)]
         if unstable:
-            x = "not computed (" + " and ".join(n for n, _ in unstable) + " timing not stable)"
+            x = "not computed (" + " and ".join(unstable) + " timing not stable)"
         else:
             stable_rows += 1
             x = "-" if row["speedup_median"] is None else f"{row['speedup_median']:.2f}x"
@@ -369,10 +368,11 @@ def time_stable(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[di
             lats.append(lat)
             if len(windows) >= stability.max_trials or is_stable(windows, stability.pct, stability.latency_key):
                 break
-        if best is None or _worst(spread(windows, stability.latency_key)) < _worst(spread(best[0], stability.latency_key)):
+        stable = is_stable(windows, stability.pct, stability.latency_key)
+        if stable or best is None or \
+                _worst(spread(windows, stability.latency_key)) < _worst(spread(best[0], stability.latency_key)):
             best = (windows, lats)
-        if is_stable(windows, stability.pct, stability.latency_key):
-            best = (windows, lats)
+        if stable:
             break
     assert best is not None
     windows, lats = best
