@@ -119,7 +119,7 @@ def triton_server():
 
     yield start
     for server in servers:
-        server.stop()
+        server.stop(grace=0)  # killed: see tests/_servers.py
 
 
 # --- the bad-input suite's count (tests/test_fuzz_inputs.py) ----------------------------------

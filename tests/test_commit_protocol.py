@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 import pytest
+from _servers import live_server
 from conftest import requires_tritonserver
 
 from trtrepo import repository
@@ -105,7 +106,6 @@ def _kill_at(repo: Path, onnx: Path, scenario: str, step: str) -> None:
 @pytest.mark.parametrize("scenario", SCENARIOS)
 def test_sigkill_at_every_step_leaves_a_repository_the_real_server_loads_and_loses_no_version(tmp_path, demo_onnx,
                                                                                              scenario):
-    from trtrepo.server import TritonServer
 
     before, after = _expected_states(tmp_path, demo_onnx, scenario)
     for step in COMMIT_STEPS:
@@ -116,7 +116,7 @@ def test_sigkill_at_every_step_leaves_a_repository_the_real_server_loads_and_los
         assert state == (after if step == "live" else before), step  # old or new, complete
         assert leftovers(repo), "a killed writer leaves its staging folder (outside what Triton scans)"
         if state:  # the server starts on the repository in place and loads every version
-            with TritonServer(repo, copy=False, timeout=120) as server:
+            with live_server(repo, copy=False, timeout=120) as server:
                 index = {(m["name"], m.get("version")): m.get("state") for m in server.repository_index()}
                 want = {("demo", str(v)) for v in versions_of(repo / "demo")}
                 assert {k for k, v in index.items() if v == "READY"} == want, (step, index)
@@ -165,7 +165,6 @@ def test_sigkill_during_the_copy_of_a_large_model_leaves_the_repository_servable
     import onnx
     from onnx import TensorProto, helper, numpy_helper
 
-    from trtrepo.server import TritonServer
 
     big = np.ones((64, 1024, 1024), np.float32)  # 256 MiB, added to the input (broadcast)
     graph = helper.make_graph([helper.make_node("ReduceSum", ["w"], ["s"], keepdims=0),
@@ -200,7 +199,7 @@ def test_sigkill_during_the_copy_of_a_large_model_leaves_the_repository_servable
     proc.join(30)
     assert partial is not None, "the copy was never seen half-done"
     assert snapshot(repo) == before
-    with TritonServer(repo, copy=False, timeout=120) as server:
+    with live_server(repo, copy=False, timeout=120) as server:
         assert server.model_ready("big")
     add_onnx_model(repo, "big", small, backend="python", options=_options(2))
     assert leftovers(repo) == [] and versions_of(repo / "big") == [1, 2]

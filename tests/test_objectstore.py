@@ -20,6 +20,7 @@ import urllib.request
 from pathlib import Path
 
 import pytest
+from _servers import live_server
 from conftest import requires_tritonserver
 
 from trtrepo.errors import UsageError
@@ -182,7 +183,6 @@ def test_repo_add_list_and_versions_on_s3(s3, tmp_path, run_cli):
 @requires_tritonserver
 @pytest.mark.triton
 def test_deploy_to_s3_then_tritonserver_serves_it_and_validate_passes(s3, tmp_path, run_cli):
-    from trtrepo.server import TritonServer
 
     url = f"s3://{s3}/models/deployed"
     res = run_cli("deploy", "demo", "--repo", "s3://models/deployed", "--s3-endpoint", s3, "--precision", "fp32",
@@ -191,7 +191,7 @@ def test_deploy_to_s3_then_tritonserver_serves_it_and_validate_passes(s3, tmp_pa
     report = json.loads(res.output[res.output.index("{"):])
     assert report["models"][0]["path"] == f"{url}/demo/1"
     assert list(_config(s3, "deployed/demo/config.pbtxt").version_policy.specific.versions) == [1]
-    with TritonServer(url, timeout=120) as server:  # tritonserver reads the bucket itself
+    with live_server(url, timeout=120) as server:  # tritonserver reads the bucket itself
         assert server.model_ready("demo")
         res = run_cli("validate", "--url", server.grpc_url, "--model", "demo", "--reference", "demo", "--data",
                       "demo:val", "--limit", "64", "--concurrency", "1", "--measurement-interval", "0.3",
@@ -236,7 +236,6 @@ def _kill_mid_upload(s3: str, url: str, onnx: Path, name: str, version: int, key
 @pytest.mark.triton
 @pytest.mark.slow
 def test_kill_9_during_the_upload_of_a_large_model_leaves_a_loadable_repository(s3, tmp_path, run_cli):
-    from trtrepo.server import TritonServer
 
     url = f"s3://{s3}/models/killed"
     small, big = _tiny_onnx(tmp_path / "small.onnx"), _tiny_onnx(tmp_path / "big.onnx", extra_mib=192)
@@ -249,7 +248,7 @@ def test_kill_9_during_the_upload_of_a_large_model_leaves_a_loadable_repository(
     assert "2/model.py" in _keys(s3, "killed/big/")
     res = run_cli("repo", "list", url)
     assert "version(s) 2 left by an interrupted upload" in res.output, res.output
-    with TritonServer(url, timeout=120) as server:
+    with live_server(url, timeout=120) as server:
         assert server.model_ready("big")
         status, body = server._get("/v2/models/big/versions/2/ready")
         assert status != 200, "the partial version must not be served"
@@ -273,7 +272,6 @@ def test_kill_9_during_a_models_first_upload_leaves_the_other_models_served(s3, 
     without config.pbtxt, which tritonserver filled a config in for, failed to load, and so
     refused to start (measured): the upload goes beside the repository, so the server starts and
     serves the other models; repo check names the staged objects and --fix removes them."""
-    from trtrepo.server import TritonServer
 
     url = f"s3://{s3}/models/first"
     small, big = _tiny_onnx(tmp_path / "small.onnx"), _tiny_onnx(tmp_path / "big.onnx", extra_mib=192)
@@ -282,7 +280,7 @@ def test_kill_9_during_a_models_first_upload_leaves_the_other_models_served(s3, 
     assert _keys(s3, "first/fresh/") == [] and any(k.endswith("fresh/1/model.py") for k in _keys(s3, "first.trtrepo-staging/"))
     res = run_cli("repo", "list", url)
     assert "fresh" not in res.output and "kept  [python" in res.output, res.output
-    with TritonServer(url, timeout=120) as server:
+    with live_server(url, timeout=120) as server:
         assert server.model_ready("kept")
         assert [m["name"] for m in server.repository_index()] == ["kept"]
     res = run_cli("repo", "check", url)
@@ -303,12 +301,11 @@ def test_two_servers_of_one_s3_repository_validated_together(s3, tmp_path, demo_
     """Two tritonservers read the same s3:// repository; ``validate --url a,b`` sends every
     accuracy request to both (outputs compared) and each level to both at once."""
     from trtrepo.modelio import ModelIO
-    from trtrepo.server import TritonServer
 
     url = f"s3://{s3}/models/fleet"
     res = run_cli("deploy", "demo", "--repo", url, "--precision", "fp32", "--backend", "python")
     assert res.exit_code == 0, res.output
-    with TritonServer(url, timeout=120) as a, TritonServer(url, timeout=120) as b:
+    with live_server(url, timeout=120) as a, live_server(url, timeout=120) as b:
         report = tmp_path / "report"
         res = run_cli("validate", "--url", f"{a.grpc_url},{b.grpc_url}", "--model", "demo", "--reference", "demo",
                       "--data", "demo:val", "--limit", "64", "--concurrency", "1,4", "--measurement-interval", "0.3",
@@ -344,7 +341,6 @@ def test_servers_that_disagree_fail_validate_naming_server_and_output(tmp_path, 
     from onnx import numpy_helper
 
     from trtrepo.repository import add_onnx_model
-    from trtrepo.server import TritonServer
     from trtrepo.tritonconfig import ModelOptions
 
     changed = onnx.load(str(demo_onnx))
@@ -354,7 +350,7 @@ def test_servers_that_disagree_fail_validate_naming_server_and_output(tmp_path, 
     onnx.save(changed, str(other))
     add_onnx_model(tmp_path / "a", "demo", demo_onnx, backend="python", options=ModelOptions(max_batch_size=32))
     add_onnx_model(tmp_path / "b", "demo", other, backend="python", options=ModelOptions(max_batch_size=32))
-    with TritonServer(tmp_path / "a", timeout=120) as a, TritonServer(tmp_path / "b", timeout=120) as b:
+    with live_server(tmp_path / "a", timeout=120) as a, live_server(tmp_path / "b", timeout=120) as b:
         res = run_cli("validate", "--url", f"{a.grpc_url},{b.grpc_url}", "--model", "demo", "--reference", "demo",
                       "--data", "demo:val", "--limit", "32", "--no-latency", "--min-embedding-cosine", "-1")
         assert res.exit_code == 1, res.output

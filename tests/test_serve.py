@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from _servers import live_server
 from conftest import requires_tritonserver
 
 from trtrepo.errors import TrtrepoError
@@ -273,7 +274,7 @@ def test_packed_python_env_is_shipped_in_the_model_folder(tmp_path, demo_onnx, r
     assert '"$$TRITON_MODEL_DIRECTORY/penv.tar.gz"' in (repo / "demo" / "config.pbtxt").read_text()
     assert run_cli("repo", "check", repo).exit_code == 0
     # Not the local env on PATH: the model runs in the archive Triton unpacks from the model folder.
-    with TritonServer(repo, python_env=False, timeout=120) as server:
+    with live_server(repo, python_env=False, timeout=120) as server:
         logits = _infer(server.http_url, "demo", "input", np.zeros((1, 1, 32, 32), np.float32), "logits")
         assert logits.shape == (1, 10)
         assert re.search(r"Using Python execution env \S+/demo/penv\.tar\.gz", server.log_text()), server.log_tail()

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
+from _servers import live_server
 
 from trtrepo.errors import UsageError
 from trtrepo.tune import (
@@ -170,7 +171,7 @@ def test_replace_config_refuses_other_inputs_and_writes_atomically(tmp_path, dem
 @pytest.mark.triton
 def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run_cli, demo_onnx):
     from trtrepo.repository import add_onnx_model, read_config
-    from trtrepo.server import TritonServer, find_python_env, find_server_binary
+    from trtrepo.server import find_python_env, find_server_binary
 
     if find_server_binary(None) is None or find_python_env() is None:
         pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
@@ -189,12 +190,12 @@ def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run
     assert data["candidates_measured"] >= 3 and data["start_result"]["measurements"] == 2
     assert data["chosen_result"]["measurements"] == 2
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"tune.json", "tune.md", "tune.png"}
-    with TritonServer(repo, timeout=120) as server:  # the written config serves
+    with live_server(repo, timeout=120) as server:  # the written config serves
         assert server.model_ready("demo")
     # a budget nothing meets: exit 1 naming it, the repository left as it was
     before = (repo / "demo" / "config.pbtxt").read_text()
     r = run_cli("tune", repo, "--model", "demo", "--data", "demo:val", "--limit", "16", "--concurrency", "2",
-                "--measurement-interval", "0.2", "--max-trials", "3", "--budget-s", "5", "--max-p99-ms", "0.001", "--apply")
+                "--measurement-interval", "0.2", "--max-trials", "3", "--budget-s", "2", "--max-p99-ms", "0.001", "--apply")
     assert r.exit_code == 1 and "no candidate met --max-p99-ms 0.001" in r.output, r.output
     assert (repo / "demo" / "config.pbtxt").read_text() == before
 
