@@ -21,6 +21,7 @@ def test_ruff_is_clean():
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
 
 
+@pytest.mark.typecheck  # outside the README's test command (about 40 s cold); .ci/run runs it
 def test_mypy_is_clean():
     mypy = shutil.which("mypy") or str(Path(sys.executable).with_name("mypy"))
     if not Path(mypy).exists():
