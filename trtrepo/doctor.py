@@ -107,7 +107,11 @@ def diagnose() -> dict[str, Any]:
         "serve": {"available": have["tritonserver"], "detail": "needs a tritonserver binary (or the container)"},
         "validate": {"available": have["tritonclient"], "detail": "needs tritonclient and a running server"},
     }
-    return {"components": components, "stages": stages, "leftovers": leftovers()}
+    from .server import reap_leftover_servers
+
+    # servers of killed trtrepo runs still hold ports and a repository copy: stopped here, not only listed
+    removed = [lo.describe() for lo in reap_leftover_servers()]
+    return {"components": components, "stages": stages, "servers_removed": removed, "leftovers": leftovers()}
 
 
 def leftovers() -> list[str]:

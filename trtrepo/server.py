@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import os
@@ -171,6 +172,100 @@ def group_owns_port(pgid: int, port: int) -> bool | None:
                         return True
     return False
 
+
+
+# --- servers that outlive trtrepo -------------------------------------------------------------
+# Each server trtrepo starts has a folder ``<tmp>/trtrepo-server-<our pid>-*`` holding its record
+# (``server.json``: the tritonserver's pid and start time) and the repository copy it serves. The
+# server gets SIGKILL when the thread that started it exits (Linux ``PR_SET_PDEATHSIG``), so a
+# trtrepo process killed with SIGKILL takes its server along (the Python backend stubs see their
+# parent go and exit). Where that cannot work (no prctl; a parent gone before the hook ran) the
+# record stays behind: the next server start and ``trtrepo doctor`` kill a recorded server whose
+# trtrepo process is gone and remove its folder (:func:`reap_leftover_servers`).
+
+SERVER_DIR_KIND = "server"  # fsutil.temp_dir kind: <tmp>/trtrepo-server-<pid>-*
+_RECORD = "server.json"
+_PR_SET_PDEATHSIG = 1
+
+
+def _prctl() -> Any:
+    """libc's prctl, looked up in the parent (a dlopen between fork and exec can deadlock on a
+    lock another thread held at the fork); None where there is none."""
+    try:
+        import ctypes
+
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _die_with_parent(prctl: Any, parent: int) -> None:
+    """preexec hook of the server process: SIGKILL when the starting thread exits."""
+    if prctl is None:  # no prctl here: the record lets the next run reap it
+        return
+    prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != parent:  # the parent died before the hook ran: no signal will come
+        os._exit(1)
+
+
+def _start_ticks(pid: int) -> int | None:
+    """The process's start time in clock ticks since boot (/proc/PID/stat field 22): with the pid
+    it names one process, whatever the pid is reused for later. None: no such process (or no /proc)."""
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+@dataclass(frozen=True)
+class Leftover:
+    """A server record whose trtrepo process is gone."""
+
+    folder: Path
+    owner: int  # the trtrepo process that started it
+    pid: int | None  # the tritonserver, when it still runs
+    ports: tuple[int, ...] = ()
+
+    def describe(self) -> str:
+        what = (f"tritonserver pid {self.pid} (ports {', '.join(map(str, self.ports))})" if self.pid
+                else "the files of a server that is gone")
+        return f"{what} left by trtrepo process {self.owner}, which was killed: {self.folder}"
+
+
+def leftover_servers(root: str | Path | None = None) -> list[Leftover]:
+    """Records of servers whose trtrepo process is gone (see the section comment above)."""
+    from .fsutil import pid_alive
+
+    prefix = f"trtrepo-{SERVER_DIR_KIND}-"
+    out = []
+    for folder in sorted(Path(root or tempfile.gettempdir()).glob(f"{prefix}*")):
+        owner_text = folder.name[len(prefix):].split("-", 1)[0]
+        if not owner_text.isdigit() or int(owner_text) == os.getpid() or pid_alive(int(owner_text)):
+            continue
+        pid: int | None = None
+        ports: tuple[int, ...] = ()
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            rec = json.loads((folder / _RECORD).read_text())
+            if _start_ticks(int(rec["pid"])) == rec["start_ticks"]:
+                pid = int(rec["pid"])
+            ports = tuple(int(p) for p in rec.get("ports", ()))
+        out.append(Leftover(folder, int(owner_text), pid, ports))
+    return out
+
+
+def reap_leftover_servers(root: str | Path | None = None) -> list[Leftover]:
+    """Kill the leftover servers (their process group: the stubs with them), remove their folders
+    and shared-memory regions; returns what was found."""
+    found = leftover_servers(root)
+    for lo in found:
+        if lo.pid is not None:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(lo.pid, signal.SIGKILL)
+        shutil.rmtree(lo.folder, ignore_errors=True)
+        for region in Path("/dev/shm").glob(f"{SHM_PREFIX}{lo.owner}_*") if Path("/dev/shm").is_dir() else ():
+            with contextlib.suppress(OSError):
+                region.unlink()
+    return found
 
 # Lines of Triton's log that say why models did not load or the server did not start.
 _LOG_ERROR = re.compile(r"failed to load|unable to find backend|UNAVAILABLE|failed to start|[Aa]ddress (already )?in use|"
@@ -345,6 +440,7 @@ class TritonServer:
     _own_log: bool = field(default=False, init=False)
     _tmp: tempfile.TemporaryDirectory[str] | None = field(default=None, init=False)
     _log_file: Any = field(default=None, init=False)
+    reaped: list[Leftover] = field(default_factory=list, init=False)  # leftovers of killed runs removed at start
 
     @property
     def http_url(self) -> str:
@@ -390,7 +486,7 @@ class TritonServer:
         return python_env_vars(env)
 
     def start(self) -> TritonServer:
-        from .fsutil import reap_stale
+        from .fsutil import reap_stale, temp_dir
 
         if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
             reap_stale(SHM_PREFIX, "/dev/shm")
@@ -410,8 +506,11 @@ class TritonServer:
         self.grpc_port = self.grpc_port or next(picked)
         self.metrics_port = self.metrics_port or next(picked)
         cmd = self.command(str(self.repo) if remote else repo)  # fails (no server binary) before anything is copied
+        self.reaped = reap_leftover_servers()
+        for lo in self.reaped:
+            log.warning("removed %s", lo.describe())
+        self._tmp = temp_dir(SERVER_DIR_KIND)
         if self.copy and not remote:
-            self._tmp = tempfile.TemporaryDirectory(prefix="trtrepo-serve-")
             cmd = self.command(copy_repository(repo, Path(self._tmp.name) / "repo"))
         if self.log_path is None:
             fd, name = tempfile.mkstemp(prefix=f"trtrepo-tritonserver-{self.http_port}-", suffix=".log")
@@ -420,7 +519,13 @@ class TritonServer:
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
         self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=self.environment())
+                                     start_new_session=True, env=self.environment(),
+                                     preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid()))
+        record = {"pid": self.proc.pid, "start_ticks": _start_ticks(self.proc.pid), "owner": os.getpid(),
+                  "ports": [self.http_port, self.grpc_port, self.metrics_port], "repo": str(self.repo)}
+        staged = Path(self._tmp.name) / f".{_RECORD}"
+        staged.write_text(json.dumps(record))
+        os.replace(staged, Path(self._tmp.name) / _RECORD)  # a reader sees the whole record or none
         try:
             self.wait_ready()
         except _StartFailed as exc:

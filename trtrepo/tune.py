@@ -462,6 +462,8 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
 
     extra = ("--model-control-mode=explicit", f"--load-model={options.model}")
     with TritonServer(repo, binary=options.server_binary, extra_args=extra, timeout=120) as server:
+        for lo in server.reaped:
+            say(f"note: removed {lo.describe()}")
         runner = CandidateRunner(server.grpc_url, options, msg, data=data, preprocess=preprocess, labels=labels, limit=limit,
                                  seed=seed, skip_non_images=skip_non_images)
         try:

@@ -25,6 +25,10 @@ def command(as_json: bool) -> None:
     for stage, info in report["stages"].items():
         mark = "yes" if info["available"] else "no "
         click.echo(f"{mark} {stage:<10} {info['detail']}")
+    if report["servers_removed"]:
+        click.echo("")
+        for text in report["servers_removed"]:
+            click.echo(f"removed {text}")
     if report["leftovers"]:
         click.echo("")
         for path in report["leftovers"]:

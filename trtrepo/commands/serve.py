@@ -75,6 +75,8 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
                           metrics_port=metrics_port or None, timeout=timeout, copy=not in_place, extra_args=server_args,
                           keep_log=True)
     server.start()
+    for lo in server.reaped:
+        click.echo(f"note: removed {lo.describe()}", err=True)
     try:
         # Before the lines that say it is ready: a signal sent on reading them must find the handlers.
         signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
