@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 
+from .arrayfile import declared_samples, read_npy, read_npz, subset_rows
 from .contracts import builtin
 from .errors import UsageError, one_line
 from .modelio import ModelIO
@@ -257,11 +258,8 @@ class DataSource:
         if limit is not None and limit <= 0:
             raise UsageError(f"--limit must be positive, got {limit}")
         n = len(self._indices)
-        if limit is None or limit >= n:
-            return self.take(np.arange(n))
-        if seed is None:
-            return self.take(np.arange(limit))
-        return self.take(np.sort(np.random.default_rng(seed).choice(n, size=limit, replace=False)))
+        rows = subset_rows(n, limit, seed)
+        return self.take(np.arange(n) if rows is None else rows)
 
     def take(self, positions: Sequence[int] | np.ndarray) -> DataSource:
         """A source of the same kind holding the samples at ``positions`` (indices into this
@@ -429,13 +427,24 @@ def _to_sample(item: Any, name: str) -> Sample:
 # Resolving a spec
 
 
+def _first(labels: np.ndarray | None, declared: int, pick: Any, path: Path) -> np.ndarray | None:
+    """``--labels`` for a file read as ``pick``'s rows: checked against the count the file
+    declares, then cut like the arrays."""
+    if labels is None:
+        return None
+    if len(labels) != declared:
+        raise UsageError(f"{path}: {len(labels)} labels for {declared} samples")
+    rows = pick(declared)
+    return labels if rows is None else labels[rows]
+
+
 def _load_labels(path: str | Path) -> np.ndarray:
     p = Path(path)
     if not p.is_file():
         raise UsageError(f"{p}: labels file not found")
     try:
         if p.suffix == ".npy":
-            return np.load(p, allow_pickle=False).astype(np.int64).reshape(-1)
+            return read_npy(p).astype(np.int64).reshape(-1)
         return np.asarray([int(line) for line in p.read_text().split()], dtype=np.int64)
     except ValueError as exc:
         raise UsageError(f"{p}: labels must be integers, one per sample ({exc})") from exc
@@ -489,7 +498,7 @@ def open_data(
             preprocess = Preprocess.load(preprocess)
         if limit is not None and limit <= 0:
             raise UsageError(f"--limit must be positive, got {limit}")
-        source = _open_spec(str(spec), preprocess, labels, io, limit, skip_non_images)
+        source = _open_spec(str(spec), preprocess, labels, io, limit, skip_non_images, seed)
     if labels is not None and isinstance(spec, DataSource):
         raise UsageError("--labels cannot be combined with an in-memory data source")
     source = _bind_names(source, io)
@@ -497,7 +506,7 @@ def open_data(
 
 
 def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None,
-               limit: int | None = None, skip_non_images: bool = False) -> DataSource:
+               limit: int | None = None, skip_non_images: bool = False, seed: int | None = None) -> DataSource:
     label_array = _load_labels(labels) if labels is not None else None
     found = builtin.data_spec(spec)
     if found is not None:
@@ -517,22 +526,15 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
     if path.suffix.lower() in (".npy", ".npz"):
         if not path.is_file():
             raise UsageError(f"{path}: data file not found")
-        try:
-            loaded = np.load(path, allow_pickle=False)
-        except Exception as exc:
-            raise UsageError(f"{path}: cannot read array file ({exc})") from exc
-        if isinstance(loaded, np.ndarray):
-            if loaded.ndim < 1:
-                raise UsageError(f"{path}: expected an array with samples on axis 0, got a scalar")
-            return ArraySource(str(path), {None: loaded}, label_array)  # type: ignore[dict-item]
-        with loaded:
-            arrays = {}
-            for k in loaded.files:
-                try:
-                    arrays[k] = loaded[k]
-                except Exception as exc:  # object (pickled) arrays, truncated members
-                    raise UsageError(f"{path}: key '{k}': cannot read it ({one_line(exc)}); trtrepo reads plain "
-                                     f"numeric arrays, never pickles") from exc
+        def pick(n: int) -> np.ndarray | None:
+            return subset_rows(n, limit, seed)
+
+        if path.suffix.lower() == ".npy":
+            array = read_npy(path, pick)
+            label_array = _first(label_array, declared_samples(path), pick, path)
+            return ArraySource(str(path), {None: array}, label_array)  # type: ignore[dict-item]
+        arrays, declared = read_npz(path, pick)
+        label_array = _first(label_array, declared, pick, path)
         file_labels = None
         for key in LABEL_KEYS:
             if key in arrays and (io is None or key not in io.input_names):
