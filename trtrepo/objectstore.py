@@ -142,8 +142,31 @@ def complete_versions(msg: Any | None, versions: Sequence[int]) -> list[int]:
 # The store
 
 
+S3_TIMEOUT_ENV = "TRTREPO_S3_TIMEOUT"
+S3_TIMEOUT_S = 20.0  # connect (at most 5 s) and read timeout of each S3 request ...
+S3_ATTEMPTS = 2  # ... and the attempts per request: an endpoint that never answers ends one in about 45 s
+
+
+def s3_timeout() -> float:
+    """Seconds each S3 request may wait for the endpoint: ``$TRTREPO_S3_TIMEOUT`` or
+    :data:`S3_TIMEOUT_S`. One setting for every command that reads or writes ``s3://``."""
+    text = os.environ.get(S3_TIMEOUT_ENV)
+    if not text:
+        return S3_TIMEOUT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = 0.0
+    if not value > 0:
+        raise UsageError(f"{S3_TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+    return value
+
+
 class S3Store:
-    """A thin adapter over boto3's S3 client for one repository location (keys relative to it)."""
+    """A thin adapter over boto3's S3 client for one repository location (keys relative to it).
+    Each request waits at most :func:`s3_timeout` seconds for the endpoint, :data:`S3_ATTEMPTS`
+    times; an endpoint that cannot be reached or does not answer is exit 2, like a Triton server
+    that cannot be reached."""
 
     def __init__(self, loc: S3Location) -> None:
         self.loc = loc
@@ -153,9 +176,10 @@ class S3Store:
         except ImportError:
             raise UsageError(f"{loc.url}: s3:// repositories need boto3 (pip install boto3)") from None
         region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
+        self.timeout = s3_timeout()
         self.client = boto3.client("s3", endpoint_url=loc.endpoint, region_name=region,
-                                   config=Config(retries={"max_attempts": 3, "mode": "standard"}, connect_timeout=5,
-                                                 read_timeout=120))
+                                   config=Config(retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"},
+                                                 connect_timeout=min(self.timeout, 5.0), read_timeout=self.timeout))
 
     def key(self, rel: str) -> str:
         return f"{self.loc.prefix}/{rel}" if self.loc.prefix else rel
@@ -168,7 +192,7 @@ class S3Store:
                              f"staged beside the repository, where tritonserver does not look)")
         other = object.__new__(S3Store)
         other.loc = S3Location(self.loc.bucket, self.loc.prefix + STAGING_SUFFIX, self.loc.endpoint)
-        other.client = self.client
+        other.client, other.timeout = self.client, self.timeout
         return other
 
     def copy_from(self, source: S3Store, src_rel: str, rel: str) -> None:
@@ -179,10 +203,22 @@ class S3Store:
     def _call(self, what: str, fn: Callable[..., Any], *, absent_ok: bool = False, **kw: Any) -> Any:
         """``fn(**kw)`` with boto's errors as one-line trtrepo errors; with ``absent_ok`` a missing
         object gives None."""
-        from botocore.exceptions import BotoCoreError, ClientError, EndpointConnectionError, NoCredentialsError
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionClosedError,
+            ConnectTimeoutError,
+            EndpointConnectionError,
+            NoCredentialsError,
+            ReadTimeoutError,
+        )
 
         try:
             return fn(**kw)
+        except (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError):
+            raise UsageError(f"{self.loc.url}: {what}: the S3 endpoint {self.loc.endpoint or 'of AWS'} did not answer "
+                             f"within {self.timeout:g} s ({S3_ATTEMPTS} attempts); set {S3_TIMEOUT_ENV}=SECONDS to "
+                             f"wait longer") from None
         except NoCredentialsError:
             raise UsageError(f"{self.loc.url}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
                              f"or configure ~/.aws)") from None
