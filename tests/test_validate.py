@@ -527,8 +527,11 @@ def test_latency_figures_agree_with_an_independent_client(server, models):
     1.13-1.21x less than validate's asyncio one in 1, 2 or 4 processes alike (median ratios
     0.80-0.99 / 0.98-1.08 / 1.13-1.31 at c=1/4/16, four runs of five rounds,
     bench/measurement.py, bench/independent_layout.py). So the test holds the median ratio to
-    0.67-1.5, which a counting or windowing error (a factor of 2 or more) would break; the 10%
-    agreement is measured by the benches (docs/benchmarks.md)."""
+    0.67-1.5 (0.67-1.8 at c=16), which a counting or windowing error (a factor of 2 or more) would
+    break; the 10% agreement is measured by the benches (docs/benchmarks.md). At c=16 the threaded
+    synchronous client falls further behind on a Zen 3 core shared with the other test worker's
+    memory traffic: rounds of 1.17 and 1.89 (median 1.53), and 1.11 and 2.25 (median 1.68, two
+    workers per core), 2026-11-26: two of six suite runs failed the 1.5 bound there."""
     from trtrepo.data import open_data
     from trtrepo.validate import TritonTarget, make_payloads, run_latency
 
@@ -551,7 +554,7 @@ def test_latency_figures_agree_with_an_independent_client(server, models):
                 plain[c].append(_plain_client_loop(server.grpc_url, payloads, c, 2.0))
     for c in levels:
         ratio = float(np.median([a / b for a, b in zip(ours[c], plain[c], strict=True)]))
-        assert 0.67 <= ratio <= 1.5, (c, ours[c], plain[c])
+        assert 0.67 <= ratio <= (1.8 if c == 16 else 1.5), (c, ours[c], plain[c])
 
 
 @pytest.mark.triton
