@@ -779,7 +779,7 @@ def run_quantize(
         raise UsageError(f"--smooth-quant {smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
     onnx_path = Path(onnx_path)
     model = fp32_model = load_model(onnx_path)
-    io = ModelIO.from_onnx(model)
+    io = ModelIO.from_onnx(model, source=onnx_path)
     outputs = [o.name for o in model.graph.output]
     if metric_output is not None and metric_output not in outputs:
         raise UsageError(f"--metric-output '{metric_output}': {onnx_path.name} has no such output (outputs: {', '.join(outputs)})")

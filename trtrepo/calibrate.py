@@ -635,6 +635,7 @@ def _gather_weights(model: Any, source: Path, target: Path) -> None:
                 entry.key, entry.value = key, value
 
 
+MIN_NUM_BINS = 128  # TensorRT's entropy calibration quantizes the histogram into 128 levels
 MAX_NUM_BINS = 65536  # TensorRT's calibrators and ModelOpt use 2048
 
 
@@ -659,16 +660,17 @@ class Calibrator:
             raise UsageError(f"--batch-size must be positive, got {batch_size}")
         if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
             raise UsageError(f"--memory-budget-mb must be a positive number, got {memory_budget_mb}")
-        if not 1 <= num_bins <= MAX_NUM_BINS:
-            raise UsageError(f"--num-bins {num_bins}: expected 1..{MAX_NUM_BINS} (each calibrated tensor keeps one "
-                             f"int64 count per bin)")
+        if not MIN_NUM_BINS <= num_bins <= MAX_NUM_BINS:
+            raise UsageError(f"--num-bins {num_bins}: expected {MIN_NUM_BINS}..{MAX_NUM_BINS} (entropy compares "
+                             f"quantizations into {MIN_NUM_BINS} levels, and with fewer bins every method falls back to "
+                             f"the maximum; each calibrated tensor keeps one int64 count per bin)")
         if histogram_sample is not None and histogram_sample < 1:
             raise UsageError(f"histogram_sample must be positive, got {histogram_sample}")
         self.histogram_sample = histogram_sample
         self.model_path = Path(model)
         # The graph; the data of its large initializers stays in the model's files (external data).
         self.model = _load_graph(self.model_path)
-        self.io = ModelIO.from_onnx(self.model)
+        self.io = ModelIO.from_onnx(self.model, source=self.model_path)
         self.batch_size = batch_size
         self.num_bins = num_bins
         self.progress = progress

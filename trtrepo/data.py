@@ -502,6 +502,8 @@ def open_data(
     if labels is not None and isinstance(spec, DataSource):
         raise UsageError("--labels cannot be combined with an in-memory data source")
     source = _bind_names(source, io)
+    if limit is not None and limit > len(source):
+        log.warning("--limit %d: %s holds %d samples; all of them are used", limit, source.name, len(source))
     return source.subset(limit, seed)
 
 

@@ -343,7 +343,7 @@ def export_onnx(
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:
             raise UsageError(f"{source.location}: onnx.checker rejected the model: {str(exc).splitlines()[0]}") from exc
-        io = ModelIO.from_onnx(model)
+        io = ModelIO.from_onnx(model, source=source.location)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
         if Path(source.location).resolve() != output.resolve():
             with atomic_path(output, force=force) as tmp:

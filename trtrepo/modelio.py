@@ -231,8 +231,9 @@ class ModelIO:
         return json.dumps(self.to_dict(), indent=2)
 
     @classmethod
-    def from_onnx(cls, model: Any) -> ModelIO:
-        """Read the IO description from an ONNX model (a path or a loaded ``ModelProto``).
+    def from_onnx(cls, model: Any, *, source: str | Path = "") -> ModelIO:
+        """Read the IO description from an ONNX model (a path or a loaded ``ModelProto``;
+        ``source`` names the file of a loaded one in messages).
 
         A dimension with a symbolic name or no value is dynamic (-1). The batch axis is axis 0
         when axis 0 is dynamic on every input and output; otherwise the model has no batch
@@ -240,7 +241,7 @@ class ModelIO:
         """
         import onnx
 
-        source = ""
+        source = str(source)
         if isinstance(model, (str, Path)):
             source = str(model)
             model = load_onnx(model, load_weights=False)

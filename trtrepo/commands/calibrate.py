@@ -25,7 +25,8 @@ CACHE_ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibrat
               help="Range calibrator: " + "; ".join(f"{m.name} = {m.help}" for m in H.METHODS.values()) + ".")
 @click.option("--percentile", type=click.FloatRange(0, 100, min_open=True), default=99.99, show_default=True,
               help="Percentile of |x| for --method percentile.")
-@click.option("--num-bins", type=click.IntRange(min=1, max=65536), default=2048, show_default=True, help="Histogram bins of |x| per tensor.")
+@click.option("--num-bins", type=click.IntRange(min=128, max=65536), default=2048, show_default=True,
+              help="Histogram bins of |x| per tensor (at least 128: entropy quantizes into 128 levels).")
 @click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
               help="TensorRT calibration cache: written, or reused without data when it exists (see --recalibrate).")
 @click.option("--ranges", "ranges_path", type=click.Path(dir_okay=False), default=None,
