@@ -428,24 +428,32 @@ def test_python_api_mirrors_the_command(server, models):
 
 
 @pytest.mark.triton
-def test_throughput_at_concurrency_4_exceeds_concurrency_1_with_dynamic_batching(server, models):
-    """Side by side on the shared machine: the levels alternate for 3 rounds, medians compared."""
+def test_dynamic_batching_forms_batches_at_concurrency_4_and_keeps_throughput(server, models):
+    """Side by side on the shared machine, the levels alternating for 5 rounds: at concurrency 4
+    the server executes batches (Triton's statistics: more inferences than executions), at 1 it
+    cannot, and throughput at 4 keeps at least 0.8x that at 1 (medians). Whether batching also
+    raises the demo's throughput depends on the machine: with the client and the server on one
+    Zen 3 core (2026-11-26) the medians were 439 against 477 infer/s in one run and higher at 4 in
+    the next; where the cores are free, validate's own runs show the gain (docs/benchmarks.md)."""
     from trtrepo.data import open_data
     from trtrepo.validate import TritonTarget, make_payloads, run_latency
 
     io = ModelIO.from_onnx(models["fp32"])
     payloads, _ = make_payloads(open_data("demo:val", io=io, limit=100), io, 1)
     thr: dict[int, list[float]] = {1: [], 4: []}
+    batch: dict[int, list[float]] = {1: [], 4: []}
     with TritonTarget(ValidateOptions(model="demo", url=server.grpc_url, requests=300, warmup=20, progress=False)) as t:
         t.wait_ready()
         t.prepare(io)
-        for _ in range(3):
+        for _ in range(5):
             for c in (1, 4):
                 opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(c,), requests=300, warmup=20,
                                        progress=False)
                 level = run_latency(t, payloads, opts, "1")["levels"][0]
                 thr[c].append(level["throughput"])
-    assert np.median(thr[4]) > np.median(thr[1]), thr
+                batch[c].append(level["server"]["avg_batch"])
+    assert all(b == 1.0 for b in batch[1]) and all(b > 1.2 for b in batch[4]), batch
+    assert np.median(thr[4]) >= 0.8 * np.median(thr[1]), thr
 
 
 def _plain_threads(url: str, feeds, concurrency: int, t_mid: float, t_end: float, counts, model: str = "demo",
