@@ -246,7 +246,8 @@ def leftover_servers(root: str | Path | None = None) -> list[Leftover]:
         ports: tuple[int, ...] = ()
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             rec = json.loads((folder / _RECORD).read_text())
-            if _start_ticks(int(rec["pid"])) == rec["start_ticks"]:
+            ticks = rec["start_ticks"]
+            if ticks is not None and _start_ticks(int(rec["pid"])) == ticks:  # that very process (no /proc: never)
                 pid = int(rec["pid"])
             ports = tuple(int(p) for p in rec.get("ports", ()))
         out.append(Leftover(folder, int(owner_text), pid, ports))
