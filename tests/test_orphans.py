@@ -61,6 +61,13 @@ def _record(tmp_path: Path, owner: int, timeout: float = 120) -> tuple[Path, dic
     raise AssertionError(f"no server record of process {owner} in {tmp_path / 'tmp'}")
 
 
+def _sigkill_and_check(proc: subprocess.Popen[str], server_pid: int, folder: Path) -> None:
+    """SIGKILL the trtrepo process, then its server and stubs must be gone within 10 s."""
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(10)
+    _assert_gone_within(server_pid, folder)
+
+
 def _assert_gone_within(pid: int, folder: Path, seconds: float = 10) -> None:
     deadline = time.monotonic() + seconds
     while time.monotonic() < deadline and (_running(pid) or _processes_mentioning(str(folder))):
@@ -96,9 +103,7 @@ def test_sigkill_of_serve_leaves_no_server_and_doctor_removes_its_files(tmp_path
             raise AssertionError(f"serve ended before the server was ready (exit {serve.wait()})")
         folder, rec = _record(tmp_path, serve.pid)
         assert _running(rec["pid"]) and _processes_mentioning(str(folder)), "the server and its stub serve the copy"
-        serve.send_signal(signal.SIGKILL)
-        serve.wait(10)
-        _assert_gone_within(rec["pid"], folder)
+        _sigkill_and_check(serve, rec["pid"], folder)
     finally:
         if serve.poll() is None:
             serve.kill()
@@ -119,9 +124,7 @@ def test_sigkill_of_tune_mid_run_leaves_no_server(tmp_path, repo):
             time.sleep(0.2)
         time.sleep(1.0)
         assert tune.poll() is None, "tune ended before it could be killed mid-run"
-        tune.send_signal(signal.SIGKILL)
-        tune.wait(10)
-        _assert_gone_within(rec["pid"], folder)
+        _sigkill_and_check(tune, rec["pid"], folder)
     finally:
         if tune.poll() is None:
             tune.kill()

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .arrayfile import declared_samples, read_npy, read_npz, subset_rows
+from .arrayfile import Pick, declared_samples, read_npy, read_npz, subset_rows
 from .contracts import builtin
 from .errors import UsageError, one_line
 from .modelio import ModelIO
@@ -427,7 +427,7 @@ def _to_sample(item: Any, name: str) -> Sample:
 # Resolving a spec
 
 
-def _first(labels: np.ndarray | None, declared: int, pick: Any, path: Path) -> np.ndarray | None:
+def _first(labels: np.ndarray | None, declared: int, pick: Pick, path: Path) -> np.ndarray | None:
     """``--labels`` for a file read as ``pick``'s rows: checked against the count the file
     declares, then cut like the arrays."""
     if labels is None:
