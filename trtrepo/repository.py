@@ -23,9 +23,16 @@ staging folder: either way a complete model, and the staging folder is removed b
 write (or ``trtrepo repo check --fix``). Where the exchange is not supported, the live folder
 is moved into the staging folder and the staged one into place (two renames); a kill between
 them leaves the model missing until recovery moves the old folder back (``phase`` file).
-Where the repository's parent is not writable or on another filesystem, staging falls back to
-the model folder (``REPO/NAME/.trtrepo-staging-<id>``, ignored by Triton: versions are
-numeric folders) with per-file renames, logged as not atomic.
+Where the repository's parent is not writable or on another filesystem (the repository is a
+mount point: a Kubernetes volume, a docker bind mount), the staging folder goes inside another
+model's folder (``REPO/OTHER/.trtrepo-staging-<name>-<id>``): on the repository's filesystem,
+and ignored by Triton there (versions are numeric folders), so steps 3-4 stay one rename or one
+exchange. Every folder at the repository's top level is not an option: tritonserver 2.51 tries
+to load each one as a model, hidden ones too, and refuses to start when one fails (measured,
+``tests/test_commit_protocol.py``). Only where no other model exists is the model written in
+place (``REPO/NAME/.trtrepo-staging-<id>``, per-file renames, config last, logged as not
+atomic): for a new model there, a kill can leave a folder without ``config.pbtxt``, which
+``repo check`` names and ``--fix`` removes.
 
 A new config whose IO (names, data types, dims, batching on/off) differs from the live one is
 refused while its version policy would serve an old version under it.
@@ -358,12 +365,18 @@ def _hook(step: str) -> None:
 def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: Mapping[str, FileSource],
            model_files: Mapping[str, FileSource]) -> None:
     root = _staging_parent(repo)
-    if root is None:
-        log.warning("%s: the repository's parent is not writable on the same filesystem: writing %s with per-file "
-                    "renames (not atomic for a server polling the repository)", repo, model_dir.name)
-        _write_in_place(model_dir, version, text, version_files, model_files)
-        return
-    stage = root / f"{model_dir.name}-{uuid.uuid4().hex[:12]}"
+    tag = f"{model_dir.name}-{uuid.uuid4().hex[:12]}"
+    if root is not None:
+        stage = root / tag
+    else:
+        host = _host_folder(repo, model_dir)
+        if host is None:
+            log.warning("%s: the repository's parent is not writable on the same filesystem and no other model folder "
+                        "can hold the staging folder: writing %s with per-file renames (not atomic for a server "
+                        "polling the repository)", repo, model_dir.name)
+            _write_in_place(model_dir, version, text, version_files, model_files)
+            return
+        stage = host / f"{STAGING_NAME}-{tag}"
     stage.mkdir(parents=True)
     (stage / "target").write_text(str(model_dir.resolve()))
     try:
@@ -389,8 +402,23 @@ def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: 
         _hook("live")
     finally:
         _remove_stage(stage)
-        with contextlib.suppress(OSError):
-            root.rmdir()  # only when empty
+        if root is not None:
+            with contextlib.suppress(OSError):
+                root.rmdir()  # only when empty
+
+
+def _host_folder(repo: Path, model_dir: Path) -> Path | None:
+    """Another model's folder on the repository's filesystem, to hold a staging folder where the
+    repository's parent cannot (Triton ignores a non-numeric folder inside a model folder)."""
+    try:
+        dev = repo.stat().st_dev
+        for d in sorted(repo.iterdir()):
+            if (d.is_dir() and not d.is_symlink() and not d.name.startswith(".") and d.name != model_dir.name
+                    and (d / "config.pbtxt").is_file() and d.stat().st_dev == dev):
+                return d
+    except OSError:
+        pass
+    return None
 
 
 def _stage_files(folder: Path, version: int, text: str, version_files: Mapping[str, FileSource],
@@ -418,21 +446,43 @@ def _remove_stage(stage: Path) -> None:
 def recover(repo: Path) -> list[str]:
     """Finish or undo interrupted writes (call under the repository lock): a model moved aside by
     an interrupted two-rename swap goes back; staging folders (beside the repository, inside
-    model folders, and the in-repository folder of older trtrepo versions) are removed. Returns
-    what was done, one line each."""
+    model folders, and the in-repository folder of older trtrepo versions) are removed, and a model
+    folder that held nothing else (a new model written in place) too. Returns what was done, one
+    line each."""
     done = []
     for stage in _leftover_paths(repo):
         target = (stage / "target").read_text() if (stage / "target").is_file() else None
         if target and (stage / "old").is_dir() and not Path(target).exists():
             done.append(f"{target}: restored from an interrupted write")
+        holder = stage.parent
+        if (holder.parent == repo and not holder.name.startswith(".") and not (holder / "config.pbtxt").exists()
+                and (stage / "config.pbtxt").is_file() and versions_of(holder)):
+            # a write in place was killed after its version went live, before its config: finish it
+            rest = sorted((p for p in stage.iterdir() if not p.name.isdigit() and p.name != "old-version"),
+                          key=lambda p: p.name == "config.pbtxt")
+            for item in rest:
+                os.replace(item, holder / item.name)
+            done.append(f"{holder}: completed (an interrupted write had made its version live, not yet its config)")
         done.append(f"{stage}: removed (left by an interrupted write)")
         _remove_stage(stage)
+        if holder.parent == repo and not holder.name.startswith(".") and not any(holder.iterdir()):
+            holder.rmdir()
+            done.append(f"{holder}: removed (an empty model folder: Triton fails to load it)")
     return done
 
 
 def leftovers(repo: str | Path) -> list[Path]:
     """Staging folders of interrupted writes (what :func:`recover` removes)."""
     return _leftover_paths(Path(repo))
+
+
+def leftover_note(repo: str | Path, stage: Path) -> str:
+    """What Triton makes of a leftover staging folder, for ``repo check``."""
+    if stage == Path(repo) / STAGING_NAME:
+        return "Triton tries to load this top-level folder as a model and fails"
+    if stage.parent.parent == Path(repo):
+        return "inside a model folder: Triton ignores it (not a version folder)"
+    return "outside the repository: Triton does not see it"
 
 
 def _leftover_paths(repo: Path) -> list[Path]:
@@ -445,6 +495,30 @@ def _leftover_paths(repo: Path) -> list[Path]:
     if repo.is_dir():
         found += sorted(p for d in repo.iterdir() if d.is_dir() and not d.name.startswith(".")
                         for p in d.glob(f"{STAGING_NAME}-*") if p.is_dir())
+    return found
+
+
+def load_problems(repo: str | Path) -> list[tuple[Path, str]]:
+    """Folders at the top of ``repo`` that tritonserver would fail to load (it tries every folder,
+    hidden ones too, and does not start while one fails): no ``config.pbtxt``, a config that does
+    not parse, no version folder with a file in it. Staging leftovers are not repeated here."""
+    repo = Path(repo)
+    found: list[tuple[Path, str]] = []
+    if not repo.is_dir():
+        return found
+    for d in sorted(p for p in repo.iterdir() if p.is_dir() and p.name != STAGING_NAME):
+        if not (d / "config.pbtxt").is_file():
+            found.append((d, "no config.pbtxt: Triton fails to load this folder (unless its backend can auto-complete "
+                             "a config), and tritonserver does not start while it is here"))
+            continue
+        try:
+            read_config(d)
+        except UsageError as exc:
+            found.append((d, f"config.pbtxt does not parse ({exc.message}): Triton fails to load it"))
+            continue
+        if not any(any((d / str(v)).iterdir()) for v in versions_of(d)):
+            found.append((d, "no version folder with a model file: Triton fails to load it "
+                             "(at least one version must be available)"))
     return found
 
 
@@ -766,10 +840,11 @@ def add_image_ensemble(
 
 @dataclass(frozen=True)
 class Finding:
-    """Something in a repository tied to this machine (``host``) or to a GPU/TensorRT (``note``)."""
+    """Something in a repository tied to this machine (``host``), a folder Triton fails to load
+    (``broken``) or a GPU/TensorRT fact (``note``)."""
 
     path: str  # relative to the repository
-    kind: str  # "host" | "note"
+    kind: str  # "host" | "broken" | "note"
     message: str
 
     def to_dict(self) -> dict[str, str]:

@@ -28,44 +28,56 @@ def check_cmd(repo: str, s3_endpoint: str | None, as_json: bool, fix: bool) -> N
     Also the leftovers of interrupted writes (a killed 'deploy' or 'repo add'), which --fix
     removes (a model moved aside by an interrupted swap goes back first).
 
-    Exit code 0 when REPO can be copied to another machine or container, 1 when something
-    host-specific or left over is found, 2 when REPO is not a directory."""
+    Also every top-level folder tritonserver would fail to load (it tries each one, hidden ones
+    too, and does not start while one fails): no config.pbtxt, a config that does not parse, no
+    version with a model file.
+
+    Exit code 0 when REPO can be copied to another machine or container and Triton loads every
+    folder, 1 when something host-specific, left over or not loadable is found, 2 when REPO is
+    not a directory."""
     import json
 
     from ..contracts.location import is_remote
 
+    fixed: list[str] = []
     if is_remote(repo):
-        findings = _check_remote(repo, s3_endpoint, fix, as_json)
+        findings = _check_remote(repo, s3_endpoint, fix, fixed)
     else:
-        findings = _check_local(repo, fix, as_json)
+        findings = _check_local(repo, fix, fixed)
+    if not as_json:
+        for line in fixed:
+            click.echo(f"fixed: {line}")
     host = [f for f in findings if f.kind == "host"]
+    broken = [f for f in findings if f.kind == "broken"]
     if as_json:
-        click.echo(json.dumps({"repo": repo, "portable": not host, "findings": [f.to_dict() for f in findings]}, indent=2))
+        click.echo(json.dumps({"repo": repo, "portable": not host, "loadable": not broken, "fixed": fixed,
+                               "findings": [f.to_dict() for f in findings]}, indent=2))
     else:
         for f in findings:
-            click.echo(f"{'host-specific' if f.kind == 'host' else 'note'}: {f.path}: {f.message}")
-        click.echo(f"{repo}: {'not portable' if host else 'portable'} ({len(host)} host-specific finding(s))")
-    if host:
+            label = {"host": "host-specific", "broken": "not loadable"}.get(f.kind, "note")
+            click.echo(f"{label}: {f.path}: {f.message}")
+        click.echo(f"{repo}: {'not portable' if host else 'portable'} ({len(host)} host-specific finding(s))"
+                   + (f"; {len(broken)} folder(s) Triton fails to load" if broken else ""))
+    if host or broken:
         raise SystemExit(1)
 
 
-def _check_local(repo: str, fix: bool, as_json: bool) -> list[Any]:
+def _check_local(repo: str, fix: bool, fixed: list[str]) -> list[Any]:
     from pathlib import Path
 
-    from ..repository import Finding, host_specific, leftovers, recover, repository_lock
+    from ..repository import Finding, host_specific, leftover_note, leftovers, load_problems, recover, repository_lock
 
     findings = host_specific(repo)
     if fix:
         with repository_lock(Path(repo)):
-            for line in recover(Path(repo)):
-                if not as_json:
-                    click.echo(f"fixed: {line}")
-    findings += [Finding(str(p), "host", "left by an interrupted write (Triton does not see it; "
+            fixed += recover(Path(repo))
+    findings += [Finding(str(p), "host", f"left by an interrupted write ({leftover_note(repo, p)}; "
                          "'trtrepo repo check --fix' or the next write removes it)") for p in leftovers(repo)]
+    findings += [Finding(str(p), "broken", why) for p, why in load_problems(repo)]
     return findings
 
 
-def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, as_json: bool) -> list[Any]:
+def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, fixed: list[str]) -> list[Any]:
     """An s3:// repository: its configs' host-specific paths, and the objects of interrupted uploads."""
     from pathlib import Path
 
@@ -75,9 +87,7 @@ def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, as_json: bool) 
 
     store = open_store(repo, s3_endpoint)
     if fix:
-        for line in remove_leftovers(store):
-            if not as_json:
-                click.echo(f"fixed: {line}")
+        fixed += remove_leftovers(store)
     with temp_dir("s3-check") as tmp:
         local = snapshot(store.loc.url, Path(tmp) / "repo")
         findings = [Finding(f"{store.loc.url}/{Path(f.path).relative_to(local)}", f.kind, f.message)
