@@ -489,7 +489,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
                 report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir,
                                                    replaced=ens.replaced))
             if store is not None:
-                _publish(store, Path(repo), report)
+                _publish(store, Path(repo), report, allocated=opts.version is None)
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
             skipped = calibration.skipped()
             if skipped:
@@ -503,16 +503,19 @@ def deploy(opts: DeployOptions) -> DeployReport:
     return report
 
 
-def _publish(store: Any, local: Path, report: DeployReport) -> None:
+def _publish(store: Any, local: Path, report: DeployReport, *, allocated: bool) -> None:
     """Upload the models written into the local stand-in of an s3:// repository, in the order they
     were written (an ensemble after its steps), by :mod:`trtrepo.objectstore`'s commit protocol."""
     from .objectstore import publish
 
     for m in report.models:
-        pub = publish(store, local, m.name, m.version, replaced=m.replaced, say=status)
-        if pub.version != m.version:
+        pub = publish(store, local, m.name, m.version, replaced=m.replaced, allocated=allocated, say=status)
+        if pub.version != m.version and m.replaced:
             report.notes.append(f"{m.name}: version {m.version} exists in {store.loc.url} and object storage has no "
                                 f"rename: written as version {pub.version}, version {m.version} retired")
+        elif pub.version != m.version:
+            report.notes.append(f"{m.name}: another writer took version {m.version} meanwhile: written as version "
+                                f"{pub.version}")
         m.version, m.path = pub.version, pub.url
 
 

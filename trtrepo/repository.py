@@ -498,6 +498,24 @@ def _leftover_paths(repo: Path) -> list[Path]:
     return found
 
 
+def files_needed(msg: Any) -> list[str]:
+    """The files Triton needs in each served version folder of a model with this config: the
+    backend's model file (or ``default_model_filename``) and, for the Python backend running ONNX
+    Runtime, the ONNX file its ``onnx_filename`` parameter names. Empty for an ensemble and where
+    per-GPU plan names (``cc_model_filenames``) decide."""
+    if msg.platform == "ensemble" or len(msg.cc_model_filenames):
+        return []
+    name = msg.default_model_filename
+    if not name:
+        spec = next((s for s in backends.BACKENDS.values()
+                     if (msg.platform and s.platform == msg.platform) or (msg.backend and s.backend == msg.backend)), None)
+        name = spec.model_file if spec else None
+    files = [name] if name else []
+    if "onnx_filename" in msg.parameters and msg.parameters["onnx_filename"].string_value:
+        files.append(msg.parameters["onnx_filename"].string_value)
+    return files
+
+
 def load_problems(repo: str | Path) -> list[tuple[Path, str]]:
     """Folders at the top of ``repo`` that tritonserver would fail to load (it tries every folder,
     hidden ones too, and does not start while one fails): no ``config.pbtxt``, a config that does
@@ -512,13 +530,18 @@ def load_problems(repo: str | Path) -> list[tuple[Path, str]]:
                              "a config), and tritonserver does not start while it is here"))
             continue
         try:
-            read_config(d)
+            msg = read_config(d)
         except UsageError as exc:
             found.append((d, f"config.pbtxt does not parse ({exc.message}): Triton fails to load it"))
             continue
-        if not any(any((d / str(v)).iterdir()) for v in versions_of(d)):
-            found.append((d, "no version folder with a model file: Triton fails to load it "
+        served = served_versions(msg, versions_of(d))
+        if not served:
+            found.append((d, "no version folder its version policy serves: Triton fails to load it "
                              "(at least one version must be available)"))
+        for v in served:
+            missing = [f for f in files_needed(msg) if not (d / str(v) / f).exists()]
+            if missing:
+                found.append((d / str(v), f"version {v} lacks {', '.join(missing)}: Triton fails to load it"))
     return found
 
 

@@ -78,11 +78,12 @@ def _check_local(repo: str, fix: bool, fixed: list[str]) -> list[Any]:
 
 
 def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, fixed: list[str]) -> list[Any]:
-    """An s3:// repository: its configs' host-specific paths, and the objects of interrupted uploads."""
+    """An s3:// repository: its configs' host-specific paths, the objects of interrupted uploads,
+    and what Triton would fail to load."""
     from pathlib import Path
 
     from ..fsutil import temp_dir
-    from ..objectstore import open_store, remote_leftovers, remove_leftovers, snapshot
+    from ..objectstore import finishable_uploads, open_store, remote_leftovers, remote_problems, remove_leftovers, snapshot
     from ..repository import Finding, host_specific
 
     store = open_store(repo, s3_endpoint)
@@ -92,9 +93,21 @@ def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, fixed: list[str
         local = snapshot(store.loc.url, Path(tmp) / "repo")
         findings = [Finding(f"{store.loc.url}/{Path(f.path).relative_to(local)}", f.kind, f.message)
                     for f in host_specific(local)]
-    findings += [Finding(f"{store.loc.url}/{what}", "host", f"{len(keys)} object(s) left by an interrupted upload "
-                         f"(not served; 'trtrepo repo check --fix' or the next write of the model removes them)")
-                 for what, keys in remote_leftovers(store)]
+    finishable = finishable_uploads(store)
+    for what, keys in remote_leftovers(store):
+        name = what.partition("/")[0]
+        if what.endswith("(no config.pbtxt)"):
+            then = "finishes the upload (it is complete in the staging area)" if name in finishable else "removes it"
+            findings.append(Finding(f"{store.loc.url}/{name}/", "broken",
+                                    f"{len(keys)} object(s) of an interrupted first upload without config.pbtxt: Triton "
+                                    f"fails to load this folder and does not start while it is here; "
+                                    f"'trtrepo repo check --fix' {then}"))
+        else:
+            where = what if what.startswith("s3://") else f"{store.loc.url}/{what}"
+            findings.append(Finding(where, "host", f"{len(keys)} object(s) left by an interrupted "
+                                    f"upload (not served; 'trtrepo repo check --fix' or the next write of the model "
+                                    f"removes them)"))
+    findings += [Finding(f"{store.loc.url}/{where}", "broken", why) for where, why in remote_problems(store)]
     return findings
 
 
@@ -184,10 +197,14 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
             local = Path(tmp) / "repo"
             checkout(store, local)
             result = write(local)
-            pub = publish(store, local, result.name, result.version, replaced=result.replaced, say=status)
-        if pub.version != result.version:
+            pub = publish(store, local, result.name, result.version, replaced=result.replaced,
+                          allocated=common["version"] is None, say=status)
+        if pub.version != result.version and result.replaced:
             click.echo(f"note: version {result.version} exists and object storage has no rename: written as version "
                        f"{pub.version}, version {result.version} retired", err=True)
+        elif pub.version != result.version:
+            click.echo(f"note: another writer took version {result.version} meanwhile: written as version {pub.version}",
+                       err=True)
         version, where = pub.version, pub.url
     else:
         result = write(repo)
