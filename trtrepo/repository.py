@@ -260,7 +260,7 @@ def add_model(
     known = _known_models(repo, None) if config.kind == "ensemble" else None
     msg = validate_config_text(text, where, io=io, profiles=profiles, model_dir_name=name, known_models=known,
                                model_files=sorted(model_files))
-    check_rendered(msg, config, where)
+    check_rendered(msg, config, where, template_dir)
 
     with repository_lock(repo):
         recover(repo)

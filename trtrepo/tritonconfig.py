@@ -491,7 +491,7 @@ def template_environment(template_dir: str | Path | None = None) -> Any:
         d = Path(template_dir)
         if not d.is_dir():
             raise UsageError(f"--template-dir {d}: not a directory")
-        loaders.append(jinja2.FileSystemLoader(str(d)))
+        loaders.append(_ContainedLoader(d))
     loaders.append(jinja2.FileSystemLoader(str(shipped_templates_dir())))
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -509,6 +509,38 @@ def template_environment(template_dir: str | Path | None = None) -> Any:
     return env
 
 
+def _contained(folder: Path, name: str) -> Path | None:
+    """``folder/name`` if it is a file inside ``folder`` reached without a symlink; None if absent.
+    A symlink (or a ``..`` path) would let a template directory read any file of the host into a
+    config or a model folder: refused."""
+    p = folder / name
+    if not p.exists() and not p.is_symlink():
+        return None
+    parts = Path(name).parts
+    if ".." in parts or Path(name).is_absolute() or any((folder.joinpath(*parts[:i + 1])).is_symlink()
+                                                        for i in range(len(parts))):
+        raise UsageError(f"--template-dir {folder}: {name} is a symlink or leaves the folder; templates are read "
+                         f"only from files inside it")
+    return p if p.is_file() else None
+
+
+class _ContainedLoader:
+    """jinja2 loader of a ``--template-dir``: files inside the folder only (see :func:`_contained`)."""
+
+    def __new__(cls, folder: Path) -> Any:
+        import jinja2
+
+        class Loader(jinja2.BaseLoader):
+            def get_source(self, environment: Any, template: str) -> tuple[str, str, Any]:
+                p = _contained(folder, template)
+                if p is None:
+                    raise jinja2.TemplateNotFound(template)
+                mtime = p.stat().st_mtime
+                return p.read_text(), str(p), lambda: p.exists() and p.stat().st_mtime == mtime
+
+        return Loader()
+
+
 def shipped_templates_dir() -> Path:
     from importlib import resources
 
@@ -517,8 +549,10 @@ def shipped_templates_dir() -> Path:
 
 def template_file(name: str, template_dir: str | Path | None = None) -> Path:
     """A non-jinja template file (the Python models), user's copy first."""
-    if template_dir is not None and (Path(template_dir) / name).is_file():
-        return Path(template_dir) / name
+    if template_dir is not None:
+        mine = _contained(Path(template_dir), name)
+        if mine is not None:
+            return mine
     p = shipped_templates_dir() / name
     if not p.is_file():
         raise UsageError(f"template file {name} not found in {shipped_templates_dir()}")
@@ -786,10 +820,12 @@ def _check_ensemble(msg: Any, fail: Any, known_models: Mapping[str, Any] | None)
             fail(f"output[{i}]", f"'{t.name}' is not produced by any step")
 
 
-def check_rendered(msg: Any, config: ModelConfig, where: str) -> None:
+def check_rendered(msg: Any, config: ModelConfig, where: str, template_dir: str | Path | None = None) -> None:
     """The parsed config says what Python decided: name, platform/backend, max_batch_size, and
-    each input and output (name, data type, dims) in order. A template that drops escaping or
-    adds fields can otherwise change the served contract unnoticed."""
+    each input and output (name, data type, dims) in order; and, where a ``template_dir``
+    template rendered it, every other field too (instance groups, dynamic batching, parameters,
+    cache, warmup, ...: the parsed config must equal the shipped template's). A template that
+    drops escaping or adds fields can otherwise change the served contract unnoticed."""
     from tritonclient.grpc import model_config_pb2
 
     def tensors(ts: Any) -> list[tuple[str, str, tuple[int, ...]]]:
@@ -805,6 +841,42 @@ def check_rendered(msg: Any, config: ModelConfig, where: str) -> None:
         if got[key] != value:
             raise UsageError(f"{where}: the rendered template changed '{key}' to {got[key]!r} (trtrepo decided "
                              f"{value!r}); check the --template-dir template")
+    if (template_dir is not None and (Path(template_dir) / config.template).exists()
+            and (shipped_templates_dir() / config.template).is_file()):
+        # a user template lays out; it decides nothing: every field equals the shipped template's (a
+        # template of a backend registered outside trtrepo has no shipped one: the checks above hold)
+        reference = config_to_dict(parse_config_text(render_config(config), where))
+        diff = _first_difference(config_to_dict(msg), reference)
+        if diff is not None:
+            path, value, decided = diff
+            raise UsageError(f"{where}: the --template-dir template {config.template} "
+                             + (f"added '{path}' ({value!r})" if decided is None else
+                                f"dropped '{path}' (trtrepo decided {decided!r})" if value is None else
+                                f"changed '{path}' to {value!r} (trtrepo decided {decided!r})")
+                             + "; templates lay out the values trtrepo decides (options set them)")
+
+
+def _first_difference(got: Any, want: Any, path: str = "") -> tuple[str, Any, Any] | None:
+    """The first field where two config dicts differ: (dotted path, got, wanted); None for a
+    field one side lacks."""
+    if isinstance(got, dict) and isinstance(want, dict):
+        for key in sorted(set(got) | set(want)):
+            sub = f"{path}.{key}" if path else key
+            if key not in want:
+                return sub, got[key], None
+            if key not in got:
+                return sub, None, want[key]
+            found = _first_difference(got[key], want[key], sub)
+            if found is not None:
+                return found
+        return None
+    if isinstance(got, list) and isinstance(want, list) and len(got) == len(want):
+        for i, (g, w) in enumerate(zip(got, want, strict=True)):
+            found = _first_difference(g, w, f"{path}[{i}]")
+            if found is not None:
+                return found
+        return None
+    return None if got == want else (path, got, want)
 
 
 def validate_config_text(text: str, where: str, **checks: Any) -> Any:
