@@ -42,3 +42,33 @@ def test_a_limit_beyond_the_data_says_how_many_samples_were_used(run_cli, demo_o
     assert any("--limit 100000: demo:val holds 597 samples; all of them are used" in m for m in caplog.messages), \
         caplog.messages
     assert "on 597 samples" in r.output
+
+
+def test_an_image_resize_beyond_the_pixel_budget_is_refused_before_it_is_made(demo_onnx, tmp_path):
+    """Issue 28 items 5 and 7: ``--resize 16384`` on 12 photos took 4.5 GB of RSS. The resized
+    size is checked against a pixel budget per image before PIL allocates it: exit 2, one line
+    naming the option, the file and the budget, and little memory."""
+    import subprocess
+    import sys
+
+    import numpy as np
+    from PIL import Image
+
+    from trtrepo.data import Preprocess
+
+    imgs = tmp_path / "imgs"
+    imgs.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(12):
+        Image.fromarray(rng.integers(0, 255, (48, 64), dtype=np.uint8)).save(imgs / f"{i:02d}.png")
+    Preprocess(resize=(16384,), center_crop=(32, 32), color="gray").save(tmp_path / "pre.json")
+    code = ("import resource, sys; from trtrepo.cli import main; sys.argv = ['trtrepo'] + sys.argv[1:]\n"
+            "try:\n    main()\nfinally:\n"
+            "    print('peak', resource.getrusage(resource.RUSAGE_SELF).ru_maxrss, file=sys.stderr)")
+    res = subprocess.run([sys.executable, "-c", code, "calibrate", str(demo_onnx), "--data", str(imgs), "--preprocess",
+                          str(tmp_path / "pre.json")], capture_output=True, text=True, timeout=300)
+    lines = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("peak")]
+    assert res.returncode == 2 and len(lines) == 1, res.stderr
+    assert "preprocess option 'resize': [16384]" in lines[0] and "00.png" in lines[0] and "budget" in lines[0], lines
+    peak_mb = int(res.stderr.rsplit("peak", 1)[1].split()[0]) / 1024
+    assert peak_mb < 600, peak_mb

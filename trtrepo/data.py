@@ -43,6 +43,8 @@ _SKIP_WARNED: set[tuple[str, str]] = set()
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
 MAX_IMAGE_SIDE = 16384  # resize / center_crop sides (a 16384 x 16384 RGB float image is 3 GiB)
+MAX_IMAGE_PIXELS_ENV = "TRTREPO_MAX_IMAGE_PIXELS"
+MAX_IMAGE_PIXELS = 4096 * 4096  # per resized image: 192 MiB as RGB float32 (--resize 16384 of a 4:3 photo: 4.3 GiB)
 MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit ...
 MAX_ITERABLE_BYTES = 2 * 2**30  # ... and their bytes
 
@@ -141,6 +143,12 @@ class Preprocess:
                     w, h = short, max(1, round(h0 * short / w0))
                 else:
                     h, w = short, max(1, round(w0 * short / h0))
+            budget = int(os.environ.get(MAX_IMAGE_PIXELS_ENV) or MAX_IMAGE_PIXELS)
+            if w * h > budget:
+                name = getattr(image, "filename", "") or "an image"
+                raise UsageError(f"preprocess option 'resize': {list(self.resize)} makes {name} {h}x{w} "
+                                 f"({w * h / 1e6:.1f} M pixels), over the budget of {budget / 1e6:.1f} M pixels per "
+                                 f"image (set {MAX_IMAGE_PIXELS_ENV} to raise it)")
             img = img.resize((w, h), resample=resample)
         if self.center_crop is not None:
             ch, cw = self.center_crop

@@ -47,6 +47,7 @@ from typing import Any
 from .errors import TrtrepoError, UsageError
 
 log = logging.getLogger(__name__)
+LOAD_TIMEOUT_S = 120.0  # one candidate's load_model call and its readiness wait
 
 OBJECTIVES = ("throughput", "latency")
 SCHEMA = "trtrepo.tune/1"
@@ -554,8 +555,10 @@ class CandidateRunner:
         row: dict[str, Any] = {"candidate": c.to_dict()}
         t = time.monotonic()
         try:
-            self.admin.load_model(self.options.model, config=config_json(apply_candidate(self.msg, c)))
-            self.target.wait_ready(120)
+            # bounded: a server that accepts the request and never answers costs one candidate, not the run
+            self.admin.load_model(self.options.model, config=config_json(apply_candidate(self.msg, c)),
+                                  client_timeout=LOAD_TIMEOUT_S)
+            self.target.wait_ready(LOAD_TIMEOUT_S)
         except Exception as exc:
             from .errors import one_line
 
