@@ -72,3 +72,40 @@ def test_an_image_resize_beyond_the_pixel_budget_is_refused_before_it_is_made(de
     assert "preprocess option 'resize': [16384]" in lines[0] and "00.png" in lines[0] and "budget" in lines[0], lines
     peak_mb = int(res.stderr.rsplit("peak", 1)[1].split()[0]) / 1024
     assert peak_mb < 600, peak_mb
+
+
+def test_a_sequence_longer_than_the_model_supports_is_one_line_naming_the_table(run_cli, tmp_path):
+    """60,000 tokens into a text model with 128 positions: a raw ONNX Runtime Gather error before;
+    now exit 2, one line with the input shapes, the node and its table's rows."""
+    import numpy as np
+
+    from trtrepo.export import export_onnx
+
+    model = export_onnx("demo-text", tmp_path / "t.onnx").path
+    long = np.ones((2, 60000), np.int64)
+    np.savez(tmp_path / "long.npz", input_ids=long, attention_mask=long)
+    r = run_cli("calibrate", model, "--data", tmp_path / "long.npz", "--cache", tmp_path / "c.bin")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1, r.stderr
+    assert "'input_ids' [" in lines[0] and "60000]" in lines[0] and "table of 128 rows" in lines[0], lines[0]
+    assert not (tmp_path / "c.bin").exists()
+
+
+def test_a_binary_labels_file_is_refused(run_cli, demo_onnx, tmp_path):
+    (tmp_path / "labels.bin").write_bytes(bytes(range(256)) * 4)
+    r = run_cli("repo", "add", demo_onnx, "--repo", tmp_path / "repo", "--name", "d", "--labels-file",
+                tmp_path / "labels.bin")
+    assert r.exit_code == 2 and "labels.bin: not a labels file" in r.stderr and not (tmp_path / "repo" / "d").exists()
+
+
+def test_an_npz_key_that_names_no_input_is_said(run_cli, demo_onnx, tmp_path, caplog):
+    import logging
+
+    import numpy as np
+
+    np.savez(tmp_path / "x.npz", pixels=np.zeros((4, 1, 32, 32), np.float32))
+    with caplog.at_level(logging.WARNING, logger="trtrepo.data"):
+        r = run_cli("calibrate", demo_onnx, "--data", tmp_path / "x.npz", "--cache", tmp_path / "c.bin")
+    assert r.exit_code == 0, r.output
+    assert any("key 'pixels' is not an input name; its array feeds the model's only input 'input'" in m
+               for m in caplog.messages), caplog.messages

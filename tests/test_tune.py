@@ -189,6 +189,15 @@ def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run
     # every candidate was loaded through the model-control API and measured; start and chosen twice
     assert data["candidates_measured"] >= 3 and data["start_result"]["measurements"] == 2
     assert data["chosen_result"]["measurements"] == 2
+    # the summary's two figures are the ones its gain is computed from (issue 28 item 7: it printed
+    # the mean over every round beside the confirmation round's ratio)
+    import re
+
+    lines = {ln.split(":")[0]: ln for ln in r.stderr.splitlines() if ln.startswith(("start:", "chosen:"))}
+    a, b = (float(re.search(r": ([0-9.]+) infer/s", lines[k]).group(1)) for k in ("start", "chosen"))
+    gain = re.search(r"\(([0-9.]+)x the start\)", lines["chosen"])
+    assert "(confirmation round)" in lines["start"] and gain is not None, lines
+    assert abs(b / a - float(gain.group(1))) < 0.01 + 0.1 / a, (lines, b / a)
     assert {p.name for p in (tmp_path / "rep").iterdir()} >= {"tune.json", "tune.md", "tune.png"}
     with live_server(repo, timeout=120) as server:  # the written config serves
         assert server.model_ready("demo")

@@ -90,7 +90,7 @@ import numpy as np
 
 from . import histogram as H
 from .data import DataOptions
-from .errors import TrtrepoError, UsageError
+from .errors import TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, without_weights
 from .progress import bar_disabled
@@ -759,7 +759,7 @@ class Calibrator:
         import onnxruntime as ort
 
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # failures reach the user as our one-line errors
         options.enable_mem_pattern = False
         return options
 
@@ -820,7 +820,7 @@ class Calibrator:
         tmp = temp_dir("calib")
         path = Path(tmp.name) / "optimized.onnx"
         options = ort.SessionOptions()
-        options.log_severity_level = 3
+        options.log_severity_level = 4  # failures reach the user as our one-line errors
         options.optimized_model_filepath = str(path)
         options.add_session_config_entry("session.optimized_model_external_initializers_file_name", "optimized.data")
         options.add_session_config_entry("session.optimized_model_external_initializers_min_size_in_bytes", "1024")
@@ -891,9 +891,8 @@ class Calibrator:
         try:
             return list(session.run(list(names), dict(inputs)))
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TrtrepoError(f"{self.model_path}: ONNX Runtime failed on samples "
-                               f"{indices[0]}..{indices[-1]} ({first})") from exc
+            raise onnxruntime_run_error(exc, f"{self.model_path}: ONNX Runtime failed on samples "
+                                             f"{indices[0]}..{indices[-1]}", inputs) from exc
 
     def _run(self, desc: str) -> Iterator[tuple[str, np.ndarray, np.ndarray]]:
         """Yield ``(tensor name, values, sample indices)`` for every selected tensor of every batch.

@@ -555,6 +555,8 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
         if label_array is None:
             label_array = file_labels
         if len(arrays) == 1 and io is not None and next(iter(arrays)) not in io.input_names and len(io.inputs) == 1:
+            log.warning("%s: key '%s' is not an input name; its array feeds the model's only input '%s'", path,
+                        next(iter(arrays)), io.input_names[0])
             arrays = {None: next(iter(arrays.values()))}  # type: ignore[dict-item]
         elif io is not None:
             unknown = [k for k in arrays if k not in io.input_names]

@@ -7,6 +7,10 @@ option at fault; the CLI prints it without a traceback unless ``--debug`` is giv
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
+from typing import Any
+
 
 class TrtrepoError(Exception):
     """A failure the user can act on. ``exit_code`` is what the CLI exits with; ``multiline``
@@ -50,3 +54,23 @@ def printable(message: str) -> str:
     """``message`` on one line: control characters (a user's value may hold a newline or a
     carriage return) are shown escaped, as Python writes them."""
     return "".join(c if c.isprintable() or c == " " else repr(c)[1:-1] for c in message)
+
+
+_OUT_OF_RANGE = re.compile(r"running (\w+) node\. Name:'([^']*)'.*indices element out of data bounds, "
+                           r"idx=(-?\d+) must be within the inclusive range \[(-?\d+),(-?\d+)\]")
+
+
+def onnxruntime_run_error(exc: BaseException, where: str, inputs: Mapping[str, Any]) -> TrtrepoError:
+    """One line for a failed ``InferenceSession.run``. An index out of a table's range (a token or
+    position embedding's Gather) is bad input, not a failure: the inputs are longer (or hold larger
+    ids) than the model supports, and the message says which table and how many rows it has."""
+    text = str(exc).strip()
+    first = text.splitlines()[0] if text else type(exc).__name__
+    m = _OUT_OF_RANGE.search(first)
+    if m is None:
+        return TrtrepoError(f"{where} ({first})")
+    op, node, idx, rows = m.group(1), m.group(2), int(m.group(3)), int(m.group(5)) + 1
+    shapes = ", ".join(f"'{n}' {list(v.shape)}" for n, v in inputs.items() if hasattr(v, "shape"))
+    return UsageError(f"{where}: the inputs ({shapes}) go beyond what the model supports: its {op} node '{node}' "
+                      f"has a table of {rows} rows and was asked for row {idx} (a sequence longer than {rows} "
+                      f"positions, or an id outside the vocabulary)")

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .cpu import quant_session_entries
-from .errors import TrtrepoError, UsageError
+from .errors import TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import temp_dir
 
 # --------------------------------------------------------------------------------------------
@@ -393,7 +393,7 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
         threads = available_cores()
 
     so = ort.SessionOptions()
-    so.log_severity_level = 3
+    so.log_severity_level = 4  # failures reach the user as our one-line errors
     so.graph_optimization_level = {
         "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
         "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
@@ -468,8 +468,8 @@ def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | No
         try:
             values = sess.run(names, feed)
         except Exception as exc:
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise TrtrepoError(f"ONNX Runtime failed on samples {batch.indices[0]}..{batch.indices[-1]} ({first})") from exc
+            raise onnxruntime_run_error(exc, f"ONNX Runtime failed on samples {batch.indices[0]}..{batch.indices[-1]}",
+                                        feed) from exc
         for n, v in zip(names, values, strict=True):
             parts[n].append(v)
         if batch.labels is None:

@@ -631,7 +631,14 @@ def labels_bytes(labels: Sequence[str] | str | Path) -> bytes:
         p = Path(labels)
         if not p.is_file():
             raise UsageError(f"{p}: labels file not found")
-        return p.read_bytes()
+        data = p.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\0"
+        if "\0" in text or any(not line.isprintable() for line in text.splitlines()):
+            raise UsageError(f"{p}: not a labels file (expected UTF-8 text, one class name per line)")
+        return data
     return ("\n".join(str(x) for x in labels) + "\n").encode()
 
 

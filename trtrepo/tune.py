@@ -311,12 +311,19 @@ class TuneResult:
         """The candidate's figures over its measurements (:func:`combined`)."""
         return combined(self.results, c)
 
+    def decided(self) -> tuple[dict[str, Any], dict[str, Any], str]:
+        """The start's and the chosen candidate's figures the choice and :attr:`gain` rest on: the
+        confirmation round where both have one, else their means over every measurement; and
+        which of the two it is (the summary prints these, not a mix of rounds)."""
+        a, b = confirmed(self.results, self.start), confirmed(self.results, self.chosen)
+        if a.get("error") or b.get("error"):
+            return self.result_of(self.start), self.result_of(self.chosen), "mean of all measurements"
+        return a, b, "confirmation round"
+
     @property
     def gain(self) -> float | None:
         """Chosen over start, in the confirmation round that decided (both are finalists)."""
-        a, b = confirmed(self.results, self.start), confirmed(self.results, self.chosen)
-        if a.get("error") or b.get("error"):
-            a, b = self.result_of(self.start), self.result_of(self.chosen)
+        a, b, _ = self.decided()
         if a.get("throughput") and b.get("throughput"):
             return float(b["throughput"]) / float(a["throughput"])
         return None

@@ -60,8 +60,8 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
     with summary_output(as_json) as emit:
         result = tune(repo, options, data=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                       skip_non_images=skip_non_images, apply=apply, report_dir=report_dir, say=click.echo)
-        a, b = result.result_of(result.start), result.result_of(result.chosen)
-        click.echo(f"start:  {result.start.label()}: {a['throughput']:.1f} infer/s, p99 {a['p99_ms']:.2f} ms"
+        a, b, which = result.decided()  # the figures the gain is computed from, all of one round
+        click.echo(f"start:  {result.start.label()}: {a['throughput']:.1f} infer/s, p99 {a['p99_ms']:.2f} ms ({which})"
                    if not a.get("error") else f"start:  {result.start.label()}: failed ({a['error']})")
         gain = "" if result.gain is None else f" ({result.gain:.2f}x the start)"
         click.echo(f"chosen: {result.chosen.label()}: {b['throughput']:.1f} infer/s, p99 {b['p99_ms']:.2f} ms{gain}; "
