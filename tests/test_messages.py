@@ -109,3 +109,33 @@ def test_an_npz_key_that_names_no_input_is_said(run_cli, demo_onnx, tmp_path, ca
     assert r.exit_code == 0, r.output
     assert any("key 'pixels' is not an input name; its array feeds the model's only input 'input'" in m
                for m in caplog.messages), caplog.messages
+
+
+@pytest.mark.parametrize("case", ["missing", "outside the folder"])
+def test_export_of_a_model_whose_external_data_cannot_be_read_is_one_line_exit_2(run_cli, tmp_path, case):
+    import os
+
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((4, 4), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["b", 4])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["b", 4])], [w])
+    path = tmp_path / "m.onnx"
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), path, save_as_external_data=True,
+              all_tensors_to_one_file=True, location="m.data", size_threshold=0)
+    if case == "missing":
+        os.remove(tmp_path / "m.data")
+    else:
+        model = onnx.load(path, load_external_data=False)
+        for e in model.graph.initializer[0].external_data:
+            if e.key == "location":
+                e.value = "../../etc/passwd"
+        onnx.save(model, path)
+    r = run_cli("export", path, "-o", tmp_path / "out.onnx")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith(f"error: {path}: its external data cannot be read"), \
+        r.stderr
+    assert not (tmp_path / "out.onnx").exists()
