@@ -33,8 +33,8 @@ from trtrepo.cli import cli  # noqa: E402
 
 # Modules that take longest (a minute or more of one worker; docs/benchmarks.md, "The test run"):
 # handed out first under pytest-xdist, so that no long module starts last and runs alone.
-LONG_MODULES = ("test_validate.py", "test_gauntlet_mobilenet_trt.py", "test_gauntlet_mobilenet.py", "test_tune.py",
-                "test_objectstore.py", "test_commit_protocol.py", "test_byom.py")
+LONG_MODULES = ("test_gauntlet_mobilenet_trt.py", "test_objectstore.py", "test_validate.py", "test_gauntlet_mobilenet.py",
+                "test_tune.py", "test_commit_protocol.py", "test_byom.py", "test_mountpoint.py")
 
 
 def pytest_collection_modifyitems(config, items):
