@@ -210,14 +210,33 @@ def test_fuzzed_templates(world, tmp_path_factory, data):
         st.text(alphabet=string.printable, max_size=60),
         st.sampled_from(["{{ m.__class__ }}", "{{ m._secret }}", "{% for x in range(10**9) %}{% endfor %}",
                          "{{ m.name | pbstr }}\ninput [ ]", "{{ undefined_var }}", "{% include '/etc/passwd' %}",
-                         "max_batch_size: 1", "name: \"x\"", "{{ m.inputs[0].name }}", "{{ lipsum.__globals__ }}"])))
+                         "max_batch_size: 1", "name: \"x\"", "{{ m.inputs[0].name }}", "{{ lipsum.__globals__ }}",
+                         "\nresponse_cache { enable: true }", "\ninstance_group [ { count: 64 kind: KIND_CPU } ]",
+                         '\n{% for k, v in m.parameters %}parameters { key: "{{ k }}" value: { string_value: "{{ v }}" } }'
+                         "{% endfor %}", "{% include 'link.j2' %}"])))
+    # issue 28 item 6: a --parameter value that tries to close the string and add fields
+    value = data.draw(st.one_of(st.text(alphabet=string.printable, max_size=30),
+                                st.just('y" } } response_cache { enable: true } parameters { key: "z" value: { '
+                                        'string_value: "w')))
     pos = data.draw(st.integers(0, len(text)))
     (out / "tpl" / "onnxruntime.pbtxt.j2").write_text(text[:pos] + snippet + text[pos:])
+    (out / "tpl" / "link.j2").symlink_to(world / "model.onnx")  # a link out of the folder: never read
+    args = ["--parameter", f"x={value}"]
     run_case(world, ["repo", "add", world / "model.onnx", "--repo", out / "repo", "--name", "m", "--template-dir",
-                     out / "tpl"])
+                     out / "tpl", *args])
     repo = out / "repo"
-    if (repo / "m").exists():  # written only when the rendered config says what trtrepo decided
+    if (repo / "m").exists():  # written only when the rendered config says, field by field, what trtrepo decided
+        from click.testing import CliRunner
+
+        from trtrepo.cli import cli
+        from trtrepo.repository import read_config
+        from trtrepo.tritonconfig import config_to_dict
+
         assert (repo / "m" / "1" / "model.onnx").is_file() and (repo / "m" / "config.pbtxt").is_file()
+        ref = CliRunner().invoke(cli, ["repo", "add", str(world / "model.onnx"), "--repo", str(out / "ref"), "--name", "m",
+                                       *args])
+        assert ref.exit_code == 0, ref.output
+        assert config_to_dict(read_config(repo / "m")) == config_to_dict(read_config(out / "ref" / "m"))
 
 
 @fast(100)
