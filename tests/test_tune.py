@@ -179,7 +179,7 @@ def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run
     add_onnx_model(repo, "demo", demo_onnx, backend="python")
     original = (repo / "demo" / "config.pbtxt").read_text()
     r = run_cli("tune", repo, "--model", "demo", "--data", "demo:val", "--limit", "32", "--concurrency", "4",
-                "--measurement-interval", "0.3", "--max-trials", "4", "--budget-s", "8", "--apply",
+                "--measurement-interval", "0.3", "--max-trials", "4", "--budget-s", "15", "--apply",
                 "--report", tmp_path / "rep", "--json")
     assert r.exit_code == 0, r.output
     data = json.loads(r.output[r.output.index("{"):])
