@@ -232,3 +232,15 @@ def test_check_names_a_config_less_folder_and_fix_finishes_the_write_in_place(tm
     assert "completed" in fixed and findings == [], (fixed, findings)
     with live_server(repo, copy=False, timeout=120) as server:
         assert server.model_ready("big")
+
+
+def test_serve_names_a_folder_triton_cannot_load_before_the_server_refuses_it(tmp_path, run_cli):
+    """``trtrepo serve`` on a repository holding a folder Triton fails to load (here: a version
+    without config.pbtxt) says which folder and how to repair it, then reports Triton's own error."""
+    repo = tmp_path / "repo"
+    add_onnx_model(repo, "demo", _tiny(tmp_path / "tiny.onnx"), backend="python", options=_options())
+    (repo / "big" / "1").mkdir(parents=True)
+    (repo / "big" / "1" / "model.onnx").write_bytes(_tiny(tmp_path / "t2.onnx").read_bytes())
+    res = run_cli("serve", repo, "--timeout", "60")
+    assert res.exit_code != 0
+    assert f"warning: {repo / 'big'}: no config.pbtxt" in res.stderr and "repo check --fix" in res.stderr, res.stderr

@@ -53,6 +53,9 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
         names = [e.name for e in list_remote(repo)]  # fails here on credentials, endpoint or bucket
     elif not Path(repo).is_dir():
         raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
+    for where, why in _load_problems(repo, remote, in_place):  # tritonserver would refuse to start on these: say why first
+        click.echo(f"warning: {where}: {why}; 'trtrepo repo check --fix {repo}' repairs what an interrupted trtrepo "
+                   f"write left", err=True)
     binary = find_server_binary(server_binary)
     if print_command or binary is None:
         if binary is None and server_binary:
@@ -96,3 +99,16 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
         click.echo("stopping tritonserver")
     finally:
         server.stop()
+
+
+def _load_problems(repo: str, remote: bool, in_place: bool) -> list[tuple[str, str]]:
+    """Top-level folders tritonserver would fail to load (``repo check``'s "not loadable"); hidden
+    ones only in place (the copy a server gets by default leaves them out)."""
+    if remote:
+        from ..objectstore import list_remote
+
+        return [(f"{repo}/{e.name}/", e.problem) for e in list_remote(repo)
+                if e.problem and e.problem.startswith("no config.pbtxt")]
+    from ..repository import load_problems
+
+    return [(str(p), why) for p, why in load_problems(repo) if in_place or not p.name.startswith(".")]
