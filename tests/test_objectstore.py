@@ -484,3 +484,23 @@ def test_a_writer_gives_up_on_a_lock_held_by_another_host_naming_it(s3, tmp_path
                   "--backend", "python")
     assert res.exit_code == 0 and "added m version 1" in res.output, res.output
     assert _keys(s3, "busy.trtrepo-lock") == []
+
+
+@requires_tritonserver
+@pytest.mark.triton
+def test_repo_check_names_what_triton_fails_to_load_on_s3(s3, tmp_path, run_cli):
+    """A hidden folder under the prefix (tritonserver 2.51 loads it too: the server below does
+    not start) and a served version without its model file are named as not loadable."""
+    url = f"s3://{s3}/models/loadable"
+    small = _tiny_onnx(tmp_path / "small.onnx")
+    assert run_cli("repo", "add", small, "--repo", url, "--name", "m", "--backend", "python").exit_code == 0
+    assert _check_json(run_cli, url) == (0, {"repo": url, "portable": True, "loadable": True, "fixed": [], "findings": []})
+    _client(s3).put_object(Bucket="models", Key="loadable/.hidden/1/model.onnx", Body=small.read_bytes())
+    _client(s3).delete_object(Bucket="models", Key="loadable/m/1/model.onnx")
+    code, out = _check_json(run_cli, url)
+    broken = {f["path"].rsplit("/models/loadable/", 1)[1]: f["message"] for f in out["findings"] if f["kind"] == "broken"}
+    assert code == 1 and set(broken) == {".hidden/", "m/1/"}, out
+    assert "lacks model.onnx" in broken["m/1/"] and "hidden folder" in broken[".hidden/"], broken
+    with pytest.raises(ServerError, match="failed to load"):
+        with live_server(url, timeout=60):
+            pass

@@ -388,9 +388,12 @@ def remote_leftovers(store: S3Store) -> list[tuple[str, list[str]]]:
 
 
 def remote_problems(store: S3Store) -> list[tuple[str, str]]:
-    """(where, why) of each version its config serves that lacks a file Triton needs (see
-    :func:`trtrepo.repository.files_needed`): Triton fails to load that model."""
-    out = []
+    """(where, why) of each hidden top-level folder, and of each version its config serves that
+    lacks a file Triton needs (see :func:`trtrepo.repository.files_needed`): Triton fails to load
+    those."""
+    out = [(f"{name}/", "a hidden folder: tritonserver 2.51 loads hidden folders under the prefix too (measured), "
+                        "tries this one as a model and does not start while it fails")
+           for name in store.keys(folders=True) if name.startswith(".")]
     for name in store.models():
         m = remote_model(store, name)
         if m.msg is None:
