@@ -52,6 +52,16 @@ MAX_ITERABLE_BYTES = 2 * 2**30  # ... and their bytes
 # Preprocessing
 
 
+def _pixel_budget() -> int:
+    """Pixels one resized image may hold: ``$TRTREPO_MAX_IMAGE_PIXELS`` or :data:`MAX_IMAGE_PIXELS`."""
+    text = os.environ.get(MAX_IMAGE_PIXELS_ENV)
+    if not text:
+        return MAX_IMAGE_PIXELS
+    if not text.isdigit() or int(text) <= 0:
+        raise UsageError(f"{MAX_IMAGE_PIXELS_ENV}={text!r}: expected a positive whole number of pixels")
+    return int(text)
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """How an image becomes an input tensor. Saved to and loaded from JSON or YAML.
@@ -143,7 +153,7 @@ class Preprocess:
                     w, h = short, max(1, round(h0 * short / w0))
                 else:
                     h, w = short, max(1, round(w0 * short / h0))
-            budget = int(os.environ.get(MAX_IMAGE_PIXELS_ENV) or MAX_IMAGE_PIXELS)
+            budget = _pixel_budget()
             if w * h > budget:
                 name = getattr(image, "filename", "") or "an image"
                 raise UsageError(f"preprocess option 'resize': {list(self.resize)} makes {name} {h}x{w} "
