@@ -341,8 +341,7 @@ def export_onnx(
             try:
                 onnx.external_data_helper.load_external_data_for_model(model, str(Path(source.location).parent))
             except Exception as exc:  # a missing file, a location outside the folder (onnx's ValidationError)
-                raise UsageError(f"{source.location}: its external data cannot be read: "
-                                 f"{str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__}") from exc
+                raise UsageError(f"{source.location}: its external data cannot be read: {one_line(exc)}") from exc
         try:
             onnx.checker.check_model(model, full_check=True)
         except Exception as exc:

@@ -63,7 +63,7 @@ from typing import Any
 
 from .contracts.location import StorageLocation, parse_endpoint, parse_storage_url
 from .errors import TrtrepoError, UsageError
-from .repository import ModelEntry, files_needed, served_versions, versions_of
+from .repository import ModelEntry, incomplete_versions, served_versions, versions_of
 from .tritonconfig import parse_config_text
 
 log = logging.getLogger("trtrepo.objectstore")
@@ -396,12 +396,8 @@ def remote_problems(store: S3Store) -> list[tuple[str, str]]:
            for name in store.keys(folders=True) if name.startswith(".")]
     for name in store.models():
         m = remote_model(store, name)
-        if m.msg is None:
-            continue
-        for v in served_versions(m.msg, m.complete):
-            missing = [f for f in files_needed(m.msg) if f not in m.versions.get(v, [])]
-            if missing:
-                out.append((f"{name}/{v}/", f"version {v} lacks {', '.join(missing)}: Triton fails to load it"))
+        if m.msg is not None:
+            out += [(f"{name}/{v}/", why) for v, why in incomplete_versions(m.msg, {v: m.versions[v] for v in m.complete})]
     return out
 
 
@@ -586,7 +582,8 @@ def writer_lock(store: S3Store, *, wait: float | None = None, lease: float | Non
             with contextlib.suppress(TrtrepoError):
                 store._call(f"unlock {where}", store.client.delete_object, Bucket=store.loc.bucket, Key=key,
                             IfMatch=obj["ETag"])
-            log.warning("%s: took over a lock whose lease had ended (%s pid %s)", where, holder.get("host"), holder.get("pid"))
+            log.warning("%s: took over the lock of %s pid %s (its lease had ended or its process is gone)", where,
+                        holder.get("host"), holder.get("pid"))
             continue
         if time.monotonic() > deadline:
             raise RepositoryBusy(f"{store.loc.url}: another trtrepo is writing to this repository ({where} held by "

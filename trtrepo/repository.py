@@ -507,8 +507,7 @@ def files_needed(msg: Any) -> list[str]:
         return []
     name = msg.default_model_filename
     if not name:
-        spec = next((s for s in backends.BACKENDS.values()
-                     if (msg.platform and s.platform == msg.platform) or (msg.backend and s.backend == msg.backend)), None)
+        spec = backends.for_config(msg.platform, msg.backend)
         name = spec.model_file if spec else None
     files = [name] if name else []
     if "onnx_filename" in msg.parameters and msg.parameters["onnx_filename"].string_value:
@@ -516,10 +515,23 @@ def files_needed(msg: Any) -> list[str]:
     return files
 
 
+def incomplete_versions(msg: Any, files: Mapping[int, Sequence[str]]) -> list[tuple[int, str]]:
+    """``(version, why)`` for each version the config serves among ``files`` (version -> the
+    file names in its folder) that lacks a file Triton needs (:func:`files_needed`); the one rule
+    for a local and an object-storage repository."""
+    out = []
+    for v in served_versions(msg, list(files)):
+        missing = [f for f in files_needed(msg) if f not in files[v]]
+        if missing:
+            out.append((v, f"version {v} lacks {', '.join(missing)}: Triton fails to load it"))
+    return out
+
+
 def load_problems(repo: str | Path) -> list[tuple[Path, str]]:
     """Folders at the top of ``repo`` that tritonserver would fail to load (it tries every folder,
     hidden ones too, and does not start while one fails): no ``config.pbtxt``, a config that does
-    not parse, no version folder with a file in it. Staging leftovers are not repeated here."""
+    not parse, no version its policy serves, a served version without a file Triton needs.
+    Staging leftovers are not repeated here."""
     repo = Path(repo)
     found: list[tuple[Path, str]] = []
     if not repo.is_dir():
@@ -534,14 +546,11 @@ def load_problems(repo: str | Path) -> list[tuple[Path, str]]:
         except UsageError as exc:
             found.append((d, f"config.pbtxt does not parse ({exc.message}): Triton fails to load it"))
             continue
-        served = served_versions(msg, versions_of(d))
-        if not served:
+        files = {v: [p.name for p in (d / str(v)).iterdir()] for v in versions_of(d)}
+        if not served_versions(msg, list(files)):
             found.append((d, "no version folder its version policy serves: Triton fails to load it "
                              "(at least one version must be available)"))
-        for v in served:
-            missing = [f for f in files_needed(msg) if not (d / str(v) / f).exists()]
-            if missing:
-                found.append((d / str(v), f"version {v} lacks {', '.join(missing)}: Triton fails to load it"))
+        found += [(d / str(v), why) for v, why in incomplete_versions(msg, files)]
     return found
 
 

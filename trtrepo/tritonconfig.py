@@ -491,7 +491,7 @@ def template_environment(template_dir: str | Path | None = None) -> Any:
         d = Path(template_dir)
         if not d.is_dir():
             raise UsageError(f"--template-dir {d}: not a directory")
-        loaders.append(_ContainedLoader(d))
+        loaders.append(_contained_loader(d))
     loaders.append(jinja2.FileSystemLoader(str(shipped_templates_dir())))
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -524,21 +524,19 @@ def _contained(folder: Path, name: str) -> Path | None:
     return p if p.is_file() else None
 
 
-class _ContainedLoader:
+def _contained_loader(folder: Path) -> Any:
     """jinja2 loader of a ``--template-dir``: files inside the folder only (see :func:`_contained`)."""
+    import jinja2
 
-    def __new__(cls, folder: Path) -> Any:
-        import jinja2
+    class ContainedLoader(jinja2.BaseLoader):
+        def get_source(self, environment: Any, template: str) -> tuple[str, str, Any]:
+            p = _contained(folder, template)
+            if p is None:
+                raise jinja2.TemplateNotFound(template)
+            mtime = p.stat().st_mtime
+            return p.read_text(), str(p), lambda: p.exists() and p.stat().st_mtime == mtime
 
-        class Loader(jinja2.BaseLoader):
-            def get_source(self, environment: Any, template: str) -> tuple[str, str, Any]:
-                p = _contained(folder, template)
-                if p is None:
-                    raise jinja2.TemplateNotFound(template)
-                mtime = p.stat().st_mtime
-                return p.read_text(), str(p), lambda: p.exists() and p.stat().st_mtime == mtime
-
-        return Loader()
+    return ContainedLoader()
 
 
 def shipped_templates_dir() -> Path:

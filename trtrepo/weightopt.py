@@ -174,12 +174,11 @@ def adaround(w: np.ndarray, scale: np.ndarray, m: InputMoments, *, qmax: float =
         m1 = f32(b1) * m1 + f32(1 - b1) * grad_v
         m2 = f32(b2) * m2 + f32(1 - b2) * grad_v * grad_v
         v -= f32(lr) * (m1 / f32(1 - b1 ** (it + 1))) / (np.sqrt(m2 / f32(1 - b2 ** (it + 1))) + f32(eps))
-    floor, s = floor64, s64
-    q = np.clip(floor + (v >= 0), -qmax, qmax)
+    q = np.clip(floor64 + (v >= 0), -qmax, qmax)
     q = np.where(pin, nearest, q)
     w32 = w.astype(np.float32)
-    loss_near = float(reconstruction_loss(w32, (s * nearest).astype(np.float32), m).sum())
-    loss_ada = float(reconstruction_loss(w32, (s * q).astype(np.float32), m).sum())
+    loss_near = float(reconstruction_loss(w32, (s64 * nearest).astype(np.float32), m).sum())
+    loss_ada = float(reconstruction_loss(w32, (s64 * q).astype(np.float32), m).sum())
     if loss_ada >= loss_near:
         return AdaRoundResult(nearest, loss_near, loss_ada, iterations, True)
     return AdaRoundResult(q, loss_near, loss_ada, iterations, False)

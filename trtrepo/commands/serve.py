@@ -43,17 +43,23 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
     from ..errors import UsageError
     from ..fsutil import temp_dir
     from ..objectstore import list_remote, parse_url, snapshot
-    from ..repository import list_repository
+    from ..repository import list_repository, load_problems
     from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors
 
     remote = is_remote(repo)
     names: list[str] = []
+    problems: list[tuple[str, str]]  # folders tritonserver would refuse to start on: said before it starts
     if remote:  # tritonserver reads the object storage itself (credentials from this environment)
         repo = parse_url(repo, s3_endpoint).url
-        names = [e.name for e in list_remote(repo)]  # fails here on credentials, endpoint or bucket
+        entries = list_remote(repo)  # fails here on credentials, endpoint or bucket
+        names = [e.name for e in entries]
+        problems = [(f"{repo}/{e.name}/", e.problem) for e in entries
+                    if e.problem and e.problem.startswith("no config.pbtxt")]
     elif not Path(repo).is_dir():
         raise UsageError(f"{repo}: model repository not found (create one with 'trtrepo deploy')")
-    for where, why in _load_problems(repo, remote, in_place):  # tritonserver would refuse to start on these: say why first
+    else:  # hidden folders only in place: the copy a server gets by default leaves them out
+        problems = [(str(p), why) for p, why in load_problems(repo) if in_place or not p.name.startswith(".")]
+    for where, why in problems:
         click.echo(f"warning: {where}: {why}; 'trtrepo repo check --fix {repo}' repairs what an interrupted trtrepo "
                    f"write left", err=True)
     binary = find_server_binary(server_binary)
@@ -99,16 +105,3 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
         click.echo("stopping tritonserver")
     finally:
         server.stop()
-
-
-def _load_problems(repo: str, remote: bool, in_place: bool) -> list[tuple[str, str]]:
-    """Top-level folders tritonserver would fail to load (``repo check``'s "not loadable"); hidden
-    ones only in place (the copy a server gets by default leaves them out)."""
-    if remote:
-        from ..objectstore import list_remote
-
-        return [(f"{repo}/{e.name}/", e.problem) for e in list_remote(repo)
-                if e.problem and e.problem.startswith("no config.pbtxt")]
-    from ..repository import load_problems
-
-    return [(str(p), why) for p, why in load_problems(repo) if in_place or not p.name.startswith(".")]

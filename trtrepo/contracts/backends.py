@@ -79,6 +79,13 @@ def for_option(option: str) -> BackendSpec | None:
     return next((s for s in BACKENDS.values() if s.option == option), None)
 
 
+def for_config(platform: str, backend: str) -> BackendSpec | None:
+    """The first spec whose ``platform`` or ``backend`` a parsed config names (the Python backend's
+    kinds share their model file)."""
+    return next((s for s in BACKENDS.values()
+                 if (platform and s.platform == platform) or (backend and s.backend == backend)), None)
+
+
 def options(source: str | None = None) -> tuple[str, ...]:
     """``--backend`` names, of the backends made from ``source`` (``onnx``/``plan``) when given."""
     return tuple(s.option for s in BACKENDS.values() if s.option is not None and (source is None or s.source == source))
