@@ -31,10 +31,12 @@ from click.testing import CliRunner  # noqa: E402
 
 from trtrepo.cli import cli  # noqa: E402
 
-# Modules that take longest (a minute or more of one worker; docs/benchmarks.md, "The test run"):
-# handed out first under pytest-xdist, so that no long module starts last and runs alone.
-LONG_MODULES = ("test_gauntlet_mobilenet_trt.py", "test_objectstore.py", "test_validate.py", "test_gauntlet_mobilenet.py",
-                "test_tune.py", "test_commit_protocol.py", "test_byom.py", "test_mountpoint.py")
+# Modules that take longest (half a minute or more of one worker in the README's command or in the
+# `long` tier; docs/benchmarks.md, "The test run"): handed out first under pytest-xdist, so that no
+# long module starts last and runs alone.
+LONG_MODULES = ("test_gauntlet_mobilenet_trt.py", "test_tune.py", "test_byom.py", "test_objectstore.py", "test_validate.py",
+                "test_gauntlet_mobilenet.py", "test_fuzz_inputs.py", "test_readme.py", "test_quantize_transformer.py",
+                "test_pipeline_cli.py", "test_mountpoint.py", "test_commit_protocol.py")
 
 
 def pytest_collection_modifyitems(config, items):

@@ -100,6 +100,7 @@ def _kill_at(repo: Path, onnx: Path, scenario: str, step: str) -> None:
     assert proc.exitcode == -signal.SIGKILL
 
 
+@pytest.mark.long
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow
@@ -156,6 +157,7 @@ def test_the_staging_folder_of_older_versions_inside_the_repository_is_removed(t
     assert not (repo / repository.STAGING_NAME).exists() and leftovers(repo) == []
 
 
+@pytest.mark.long
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow

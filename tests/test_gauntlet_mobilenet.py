@@ -58,6 +58,7 @@ def make_mobilenet(tmp_path_factory: pytest.TempPathFactory):
     return vision, model, calib, evaluation
 
 
+@pytest.mark.long
 def test_trained_mobilenet_v2_int8_defaults_hold_a_floor_and_flag_their_loss(mobilenet, tmp_path):
     check_defaults_hold_a_floor(mobilenet, tmp_path, "onnxruntime")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from test_gauntlet_mobilenet import check_defaults_hold_a_floor, make_mobilenet
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.long]
 
 
 @pytest.fixture(scope="module")

@@ -47,9 +47,12 @@ def modelopt_amax(counts: np.ndarray, edges: np.ndarray, method: str, **kw: floa
 # Against the reference
 
 
-@pytest.mark.parametrize("name", ["normal", "relu-normal", "laplace-outliers", "few-samples"])
-def test_entropy_matches_modelopt_within_one_bin(name: str) -> None:
-    counts, edges, _ = hist_of(distributions()[name])
+# TensorRT's 2048 bins, and 1024 for one distribution: the reference's search is quadratic in the
+# bins (15 s of the test run at 2048 for "normal"), and the comparison holds at any bin count.
+@pytest.mark.parametrize("name,bins", [("normal", 1024), ("relu-normal", NUM_BINS), ("laplace-outliers", NUM_BINS),
+                                       ("few-samples", NUM_BINS)])
+def test_entropy_matches_modelopt_within_one_bin(name: str, bins: int) -> None:
+    counts, edges, _ = hist_of(distributions()[name], bins)
     ours = H.amax_entropy(counts, edges)
     ref = modelopt_amax(counts, edges, "entropy")
     width = edges[1] - edges[0]

@@ -110,6 +110,7 @@ def mounted_repo(tmp_path):
         subprocess.run(["umount", "-l", str(repo)], check=False)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_sigkill_at_ten_instants_of_adding_a_large_model_to_a_mount_point_repository(tmp_path, mounted_repo):
     """Acceptance (a) of issue 28: kill -9 at 10 evenly spaced instants of adding a 268 MB model

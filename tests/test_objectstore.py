@@ -364,6 +364,7 @@ def test_servers_that_disagree_fail_validate_naming_server_and_output(tmp_path, 
     assert res.exit_code == 2 and "127.0.0.1:5 given twice" in res.output
 
 
+@pytest.mark.long
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow

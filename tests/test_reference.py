@@ -39,6 +39,7 @@ def test_reference_errors(demo_onnx):
         Reference.for_io("demo", io, device="tpu")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_demo_training_is_deterministic(tmp_path):
     """The regeneration script gives bit-identical weights twice (one epoch each, shipped data kept)."""

@@ -168,6 +168,7 @@ def test_replace_config_refuses_other_inputs_and_writes_atomically(tmp_path, dem
     assert not [p for p in (repo / "demo").iterdir() if p.name.startswith(".")]
 
 
+@pytest.mark.long
 @pytest.mark.triton
 def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run_cli, demo_onnx):
     from trtrepo.repository import add_onnx_model, read_config

@@ -427,6 +427,7 @@ def test_python_api_mirrors_the_command(server, models):
     assert len(level["windows"]) >= 3 and 1.5 <= level["wall_s"] < 1.5 + 1
 
 
+@pytest.mark.long
 @pytest.mark.triton
 def test_dynamic_batching_forms_batches_at_concurrency_4_and_keeps_throughput(server, models):
     """Side by side on the shared machine, the levels alternating for 5 rounds: at concurrency 4
@@ -526,6 +527,7 @@ def _plain_client_loop(url: str, payloads, concurrency: int, seconds: float, mod
 ROUNDS = 2  # back-to-back rounds per level; the test holds the median ratio (the mean of two)
 
 
+@pytest.mark.long
 @pytest.mark.triton
 def test_latency_figures_agree_with_an_independent_client(server, models):
     """Issue 17: validate's figures against a plainly written synchronous client on the same
