@@ -41,8 +41,8 @@ def test_sigterm_removes_the_deploy_work_folder_and_sigkill_leftovers_go_with_th
     assert work[0].name.startswith(f"trtrepo-deploy-{proc.pid}-")
     time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]  # once -6 (SIGABRT) on a loaded machine
     assert not list(tmp.glob("trtrepo-deploy-*")), "SIGTERM unwinds: the work folder is removed"
     proc = _deploy(tmp_path, "r2")
     _wait_for(f"trtrepo-deploy-{proc.pid}-*", tmp)

@@ -208,6 +208,8 @@ def test_deploy_to_s3_then_tritonserver_serves_it_and_validate_passes(s3, tmp_pa
 
 
 def _upload_killed(url: str, endpoint: str, onnx: str, name: str) -> None:
+    """The ten-instant test's child (forked, so that its instants are spread over the upload itself
+    rather than an interpreter's start-up)."""
     from click.testing import CliRunner
 
     from trtrepo.cli import cli
@@ -217,19 +219,20 @@ def _upload_killed(url: str, endpoint: str, onnx: str, name: str) -> None:
 
 
 def _kill_mid_upload(s3: str, url: str, onnx: Path, name: str, version: int, key_prefix: str) -> None:
-    """Start ``repo add`` in a child and kill -9 it once the version's small object is up and the
-    large one is half-way (a multipart upload in progress)."""
-    proc = mp.get_context("fork").Process(target=_upload_killed, args=(url, s3, str(onnx), name))
-    proc.start()
+    """Start ``repo add`` in a child process and kill -9 it once the version's small object is up
+    and the large one is half-way (a multipart upload in progress). A process of its own, not a
+    fork of this multi-threaded pytest worker (a forked child can crash in the threads' state)."""
+    proc = subprocess.Popen([sys.executable, "-m", "trtrepo.cli", "repo", "add", str(onnx), "--repo", url, "--s3-endpoint", s3,
+                             "--name", name, "--backend", "python"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     s3c = _client(s3)
     deadline, seen = time.monotonic() + 120, False
-    while time.monotonic() < deadline and not seen and proc.is_alive():
+    while time.monotonic() < deadline and not seen and proc.poll() is None:
         uploads = s3c.list_multipart_uploads(Bucket="models", Prefix=key_prefix).get("Uploads", [])
         seen = any(f"{name}/{version}/model.onnx" in u["Key"] for u in uploads) and \
             any(k.endswith(f"{name}/{version}/model.py") for k in _keys(s3, key_prefix))
         time.sleep(0.01)
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.join(30)
+    proc.kill()
+    proc.wait(30)
     assert seen, "the upload was never seen half-done"
 
 
