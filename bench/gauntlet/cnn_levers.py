@@ -12,7 +12,7 @@ Each variant is quantized with ``run_quantize`` (defaults otherwise) on the gaun
 calibration crops and compared with FP32 on its 500 evaluation crops, as ``cnn_int8.py`` does.
 
     python bench/gauntlet/cnn_levers.py [--cache /work/gauntlet-cache/mobilenet_v2] \
-        [--variants depthwise-float stream-eq:0.5 stream-eq:0.8] [--targets onnxruntime tensorrt]
+        [--variants depthwise-float stream-eq:0.5 stream-eq:0.8 select-cosine] [--targets onnxruntime tensorrt]
 
 Prints one JSON line per run (the CPU first).
 """
@@ -143,9 +143,15 @@ def main() -> None:
     x = np.load(args.cache / "eval.npz")["input"]
     fp32 = logits(model_path, x)
     conf = confident_mask(fp32)
+    import trtrepo.evaluate as E
+
+    ties = E.TIE_SAMPLES
     for variant in args.variants:
         source, exclude, extra = model_path, (), {}
-        if variant == "depthwise-float":
+        E.TIE_SAMPLES = 10**9 if variant == "select-cosine" else ties
+        if variant == "select-cosine":
+            pass
+        elif variant == "depthwise-float":
             exclude = (DEPTHWISE,)
         elif variant.startswith("stream-eq:"):
             alpha = float(variant.split(":", 1)[1])
