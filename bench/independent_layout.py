@@ -36,7 +36,7 @@ def main() -> None:
     from test_validate import _plain_client_loop  # the independent client, as the test writes it
     from tune_search import models
 
-    from trtrepo.contracts.backends import available_cores
+    from trtrepo.cpu import available_cores
 
     t0 = time.time()
     kinds = ["validate", "4 processes", "2 processes", "1 process"]

@@ -50,7 +50,7 @@ def main() -> None:
     from test_validate import _plain_client_loop  # the independent client, as the test writes it
     from tune_search import models
 
-    from trtrepo.contracts.backends import available_cores
+    from trtrepo.cpu import available_cores
     from trtrepo.measure import cpu_sample, machine_usage
 
     t_all = time.time()

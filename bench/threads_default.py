@@ -58,7 +58,8 @@ def main() -> None:
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args()
 
-    from trtrepo.contracts.backends import available_cores, machine_threads
+    from trtrepo.contracts.backends import machine_threads
+    from trtrepo.cpu import available_cores
     from trtrepo.data import open_data
     from trtrepo.modelio import ModelIO
     from trtrepo.repository import add_onnx_model

@@ -96,7 +96,7 @@ def main() -> None:
     ap.add_argument("--update-docs", type=Path, default=None)
     args = ap.parse_args()
 
-    from trtrepo.contracts.backends import available_cores
+    from trtrepo.cpu import available_cores
     from trtrepo.repository import add_onnx_model
     from trtrepo.tritonconfig import ModelOptions
     from trtrepo.tune import Candidate, TuneOptions, tune

@@ -148,7 +148,8 @@ if __name__ == "__main__":
 def test_python_onnx_threads_default_to_the_cores_shared_by_the_instances(caplog):
     """Issue 17 item 2: intra-op threads were 1 whatever the machine; now cores // instances (at
     least 1), with a warning when an explicit choice oversubscribes the cores."""
-    from trtrepo.contracts.backends import available_cores, machine_threads
+    from trtrepo.contracts.backends import machine_threads
+    from trtrepo.cpu import available_cores
 
     cores = available_cores()
     assert machine_threads(1, 2) == 2 and machine_threads(3, 8) == 2 and machine_threads(4, 2) == 1

@@ -16,10 +16,20 @@ accuracy.
 
 from __future__ import annotations
 
+import os
 import platform
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
+
+
+def available_cores() -> int:
+    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
 
 #: ONNX Runtime session config key: U8S8 -> U8U8 where the CPU would saturate (x86 without VNNI).
 X64_QUANT_PRECISION = "session.x64quantprecision"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import quant_session_entries
+from .cpu import available_cores, quant_session_entries
 from .errors import TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import temp_dir
 
@@ -387,7 +387,6 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
 
     import onnxruntime as ort
 
-    from .contracts.backends import available_cores
 
     if threads is None and available_cores() < (os.cpu_count() or 1):
         threads = available_cores()

@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .cpu import available_cores
 from .errors import TrtrepoError, UsageError
 
 log = logging.getLogger(__name__)
@@ -437,7 +438,6 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
     """Search the serving config of ``options.model`` in ``repo`` on a tritonserver started here in
     explicit model-control mode; write the report to ``report_dir`` and, with ``apply``, the
     chosen config to the repository."""
-    from .contracts.backends import available_cores
     from .repository import read_config
     from .server import TritonServer
 

@@ -13,6 +13,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..cpu import available_cores
+
 
 @dataclass(frozen=True)
 class BackendSpec:
@@ -89,16 +91,6 @@ def for_config(platform: str, backend: str) -> BackendSpec | None:
 def options(source: str | None = None) -> tuple[str, ...]:
     """``--backend`` names, of the backends made from ``source`` (``onnx``/``plan``) when given."""
     return tuple(s.option for s in BACKENDS.values() if s.option is not None and (source is None or s.source == source))
-
-
-def available_cores() -> int:
-    """CPU cores this process may run on (its affinity mask, e.g. a container's cpuset)."""
-    import os
-
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
 
 
 def machine_threads(instance_count: int, cores: int | None = None) -> int:

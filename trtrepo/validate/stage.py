@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..contracts.payload import Payload, expected_shapes
+from ..cpu import available_cores
 from ..errors import UsageError
 from ..modelio import ModelIO
 from ..speed import SpeedOptions
@@ -220,7 +221,6 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
     each with the level's concurrency (or rate) of its own: the level's row holds the totals
     (throughputs added, every server's latencies together; ``server`` statistics and windows of
     the first server) and ``servers`` one row per server."""
-    from ..contracts.backends import available_cores
     from ..measure import cpu_sample, machine_usage, machine_warnings
 
     use_shm = options.shared_memory != "none"
