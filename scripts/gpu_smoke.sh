@@ -13,7 +13,7 @@ PY="${PYTHON:-python}"
 "$PY" -m trtrepo.cli doctor
 "$PY" - <<'PYEOF'
 import sys
-from trtrepo.build import gpu_status, tensorrt_status
+from trtrepo.engine import gpu_status, tensorrt_status
 t, g = tensorrt_status(), gpu_status()
 if not (t.available and g.available):
     sys.exit(f"gpu_smoke: needs TensorRT ({t.detail}) and a GPU ({g.detail})")

@@ -5,7 +5,7 @@ scripts/setup_trt_bindings.sh); the two TensorRT versions cannot share one proce
 
     python tests/_trt_conformance.py ROUTE --models DIR [--mutate OLD NEW]   -> one JSON line on stdout
 
-The route runs trtrepo's real code (``trtrepo.build.build_engine`` with ``TensorRTEngineBuilder``) against
+The route runs trtrepo's real code (``trtrepo.engine.build_engine`` with ``TensorRTEngineBuilder``) against
 a *checking proxy* of the ``tensorrt`` module. Every attribute the code touches is looked up in the real
 bindings first (module attribute, class attribute, enum member, method, property and whether it can be
 set); every call is matched against the pybind signatures in the real ``__doc__`` (argument count,
@@ -15,7 +15,7 @@ base has, with the same number of parameters. The *values* come from the fake Te
 tests/_fake_tensorrt.py (nothing can be built without the libraries), so the list of checked accesses is
 whatever the code does, not a hand-written list.
 
-``--mutate OLD NEW`` replaces a string in the source of the trtrepo/build/ module that holds it before running it (the tests use it to
+``--mutate OLD NEW`` replaces a string in the source of the trtrepo/engine/ module that holds it before running it (the tests use it to
 show that a misspelled attribute is caught).
 """
 
@@ -419,9 +419,9 @@ class EnumProxy:
 def run_route(route: str, trt_proxy: Any, work: Path, models: Path) -> dict[str, Any]:
     from _fake_tensorrt import FakeCudart
 
-    from trtrepo.build import BuildOptions, CudaRuntime, TensorRTEngineBuilder, build_engine
     from trtrepo.contracts.profile import BatchProfile
     from trtrepo.data import DataOptions
+    from trtrepo.engine import BuildOptions, CudaRuntime, TensorRTEngineBuilder, build_engine
 
     fp32, qdq = models / "demo.onnx", models / "demo.qdq.onnx"
     builder = TensorRTEngineBuilder(trt_proxy, CudaRuntime(FakeCudart()))
@@ -461,7 +461,7 @@ def main() -> None:
     ap.add_argument("route")
     ap.add_argument("--models", required=True, help="folder with demo.onnx and demo.qdq.onnx (tests/_build_models.py)")
     ap.add_argument("--mutate", nargs=2, metavar=("OLD", "NEW"), default=None,
-                    help="replace OLD by NEW in the source of the trtrepo/build/ module holding it before running")
+                    help="replace OLD by NEW in the source of the trtrepo/engine/ module holding it before running")
     args = ap.parse_args()
 
     import tensorrt_bindings as real
@@ -473,13 +473,13 @@ def main() -> None:
     if args.mutate:
         import pkgutil
 
-        import trtrepo.build as build_pkg
+        import trtrepo.engine as build_pkg
 
         old, new = args.mutate
-        modules = [importlib.import_module(f"trtrepo.build.{m.name}") for m in pkgutil.iter_modules(build_pkg.__path__)]
+        modules = [importlib.import_module(f"trtrepo.engine.{m.name}") for m in pkgutil.iter_modules(build_pkg.__path__)]
         hits = [m for m in modules if old in Path(m.__file__).read_text()]
         if len(hits) != 1:
-            raise SystemExit(f"--mutate: '{old}' found in {len(hits)} modules of trtrepo/build/ (expected 1)")
+            raise SystemExit(f"--mutate: '{old}' found in {len(hits)} modules of trtrepo/engine/ (expected 1)")
         mod = hits[0]
         before = dict(mod.__dict__)
         code = compile(Path(mod.__file__).read_text().replace(old, new), mod.__file__, "exec")

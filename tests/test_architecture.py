@@ -77,3 +77,11 @@ def test_import_graph_has_no_cycle() -> None:
         if m not in state:
             visit(m)
     assert cycles == [], cycles
+
+
+def test_no_package_folder_is_named_like_build_output() -> None:
+    """Issue 29: tools skip folders named build/ (code viewers, many .gitignore templates), so no
+    package folder inside trtrepo/ carries that name; the build stage lives in trtrepo/engine/."""
+    root = Path(__file__).resolve().parents[1] / "trtrepo"
+    named = [p for p in root.rglob("*") if p.is_dir() and p.name in ("build", "dist") and (p / "__init__.py").exists()]
+    assert named == [] and (root / "engine" / "__init__.py").is_file(), named

@@ -1,4 +1,4 @@
-"""Unit tests of everything around TensorRT in trtrepo/build/: options, profile shapes, the trtexec command
+"""Unit tests of everything around TensorRT in trtrepo/engine/: options, profile shapes, the trtexec command
 line, metadata, atomic writes, the calibrator plumbing, plan compatibility and the missing-TensorRT path.
 
 TensorRT itself is replaced by tests/_fake_tensorrt.py (it only exercises trtrepo's own code; what the real
@@ -21,7 +21,7 @@ from _build_models import demo_models
 from _fake_tensorrt import FakeCudart, make_fake_tensorrt
 from click.testing import CliRunner
 
-from trtrepo import build as B
+from trtrepo import engine as B
 from trtrepo.cli import cli
 from trtrepo.contracts import plan as PM
 from trtrepo.contracts import profile as P
@@ -402,7 +402,7 @@ def test_compatibility_warnings(models: tuple[Path, Path], tmp_path: Path, caplo
     assert "built with TensorRT 10.13.3.9 but TensorRT 11.4.0.106" in PM.check_plan_compatibility(meta, V11, h100)[0]
     assert "compute capability 8.0; it will not load" in PM.check_plan_compatibility(meta, V10, PM.GPUInfo("NVIDIA A100", "8.0"))[0]
     assert "same compute capability" in PM.check_plan_compatibility(meta, V10, PM.GPUInfo("NVIDIA H200", "9.0"))[0]
-    with caplog.at_level(logging.WARNING, logger="trtrepo.build"):
+    with caplog.at_level(logging.WARNING, logger="trtrepo.engine"):
         problems = B.warn_if_incompatible(plan, tensorrt_version=V11, gpu=PM.GPUInfo("NVIDIA A100", "8.0"))
     assert len(problems) == 2 and len([r for r in caplog.records if r.levelno == logging.WARNING]) == 2
 

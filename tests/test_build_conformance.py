@@ -1,4 +1,4 @@
-"""API conformance of the TensorRT adapter (trtrepo/build/) against the REAL TensorRT 10.13 and 11.4 Python
+"""API conformance of the TensorRT adapter (trtrepo/engine/) against the REAL TensorRT 10.13 and 11.4 Python
 bindings, loaded with stub libraries (scripts/setup_trt_bindings.sh). Each check runs in a subprocess
 (tests/_trt_conformance.py): the two versions cannot share one process.
 

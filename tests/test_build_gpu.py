@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from trtrepo import build as B
+from trtrepo import engine as B
 from trtrepo.contracts.profile import BatchProfile
 
 

@@ -37,8 +37,8 @@ def test_profile_from_data_uses_min_median_max_of_the_sequence_axis():
 
 
 def test_build_options_for_deploy_pass_profiles_and_accept_explicit_shapes():
-    from trtrepo.build import profile_shapes
     from trtrepo.data import open_data
+    from trtrepo.engine import profile_shapes
     from trtrepo.tritonconfig import ModelOptions
 
     io = text_io()

@@ -123,7 +123,7 @@ def test_deploy_refuses_shapes_on_a_backend_that_builds_no_engine(tmp_path: Path
 
 
 def test_deploy_warns_when_backend_auto_leaves_the_shapes_unused(tmp_path: Path) -> None:
-    from trtrepo.build import tensorrt_status
+    from trtrepo.engine import tensorrt_status
 
     if tensorrt_status().available:
         pytest.skip("TensorRT is installed: backend auto builds an engine here")

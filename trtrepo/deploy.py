@@ -3,7 +3,7 @@
 Each step is a function that records a :class:`StepResult`; the command prints them as the
 summary table. The INT8 and build stages are reached through one call point each
 (:func:`_int8_step` calls ``trtrepo.autoquant.quantize_for_deploy``, :func:`_build_step` calls
-``trtrepo.build.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
+``trtrepo.engine.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
 here, the step says why and the deploy continues with what it has (FP32 ONNX without
 calibration data, ONNX Runtime backend without TensorRT), so the main job works on any machine.
 """
@@ -168,7 +168,7 @@ def default_name(source: str) -> str:
 
 
 def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
-    from .build import gpu_status, tensorrt_status
+    from .engine import gpu_status, tensorrt_status
 
     if opts.backend != "auto":
         return opts.backend
@@ -365,8 +365,8 @@ def batch_profile(opts: DeployOptions, io: ModelIO | None = None, source: Any = 
 
 
 def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
-    """The :class:`trtrepo.build.BuildOptions` of the deploy build step (:func:`batch_profile`)."""
-    from .build import BuildOptions
+    """The :class:`trtrepo.engine.BuildOptions` of the deploy build step (:func:`batch_profile`)."""
+    from .engine import BuildOptions
 
     return BuildOptions(profile=batch_profile(opts, io, source))
 
@@ -379,7 +379,7 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
         if spec is None or not spec.engine:
             step.status, step.detail = "skipped", f"backend {backend}: no TensorRT engine needed"
             return None
-        from .build import build_engine, gpu_status, tensorrt_status
+        from .engine import build_engine, gpu_status, tensorrt_status
 
         trt = tensorrt_status()
         if not trt.available:

@@ -55,14 +55,14 @@ def _cuda_available() -> bool:
 
 
 def _tensorrt() -> tuple[bool, str]:
-    from .build import tensorrt_status
+    from .engine import tensorrt_status
 
     status = tensorrt_status()
     return status.available, status.detail
 
 
 def _gpu() -> tuple[bool, str]:
-    from .build import gpu_status
+    from .engine import gpu_status
 
     status = gpu_status()
     return status.available, status.detail

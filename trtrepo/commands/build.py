@@ -58,9 +58,9 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
     profile spans --min/--opt/--max-batch (other dynamic axes: --shape). --fp16 builds mixed INT8+FP16.
     Needs TensorRT, cuda-python and an NVIDIA GPU, except with --print-trtexec.
     """
-    from ..build import BuildOptions, build_engine, parse_size, trtexec_equivalents
     from ..contracts.profile import BatchProfile
     from ..data import DataOptions
+    from ..engine import BuildOptions, build_engine, parse_size, trtexec_equivalents
 
     if output is None and not print_trtexec:
         raise UsageError("-o/--output is required (e.g. model_repository/NAME/1/model.plan)")

@@ -1,4 +1,4 @@
-"""The build stage: prepare the profile, build through an :class:`~trtrepo.build.routes.EngineBuilder`,
+"""The build stage: prepare the profile, build through an :class:`~trtrepo.engine.routes.EngineBuilder`,
 write ``model.plan`` and ``model.plan.json`` together; plan compatibility warnings; the trtexec
 equivalent of a build."""
 
