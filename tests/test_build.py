@@ -728,7 +728,8 @@ def test_plan_metadata_has_one_reader_and_writer(models: tuple[Path, Path], tmp_
     meta = read_plan_metadata(plan)
     assert meta is not None and meta.to_dict() == json.loads(PM.plan_metadata_path(plan).read_text())
     assert PlanMetadata.from_dict(meta.to_dict()) == meta
-    assert meta.profiles_by_name() == {"0": {"input": {"min": [1, 1, 32, 32], "opt": [8, 1, 32, 32], "max": [32, 1, 32, 32]}}}
+    assert {n: r.to_dict() for n, r in meta.profile_named("0").items()} == {
+        "input": {"min": [1, 1, 32, 32], "opt": [8, 1, 32, 32], "max": [32, 1, 32, 32]}}
     result, cfg = repository.add_plan_model(tmp_path / "repo", "demo", plan)
     assert cfg.max_batch_size == meta.max_batch_size == 32
     assert server.plan_tensorrt_versions(tmp_path / "repo") == {meta.tensorrt_version}

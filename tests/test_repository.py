@@ -11,6 +11,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from trtrepo import repository
+from trtrepo.contracts.backends import BACKENDS
 from trtrepo.contracts.plan import PLAN_METADATA_FORMAT
 from trtrepo.errors import UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
@@ -110,7 +111,7 @@ def test_dims_with_batch_axis_in_template_override_are_rejected(tmp_path, demo_o
 
 def test_wrong_dtype_and_names_against_model_file_are_rejected(tmp_path):
     io = simple_io()
-    cfg = config_from_io("m", io, "onnxruntime_onnx")
+    cfg = config_from_io("m", io, BACKENDS["onnxruntime_onnx"])
     other = ModelIO(inputs=(TensorSpec("x", "int64", (-1, 3)),), outputs=(TensorSpec("z", "float32", (-1, 2)),))
     with pytest.raises(UsageError, match=r"m/config.pbtxt: input\[0\]\.data_type: 'x' is TYPE_FP32 but the model file has TYPE_INT64"):
         add_model(tmp_path / "repo", cfg, {"model.onnx": b"x"}, io=other)
@@ -122,16 +123,16 @@ def test_wrong_dtype_and_names_against_model_file_are_rejected(tmp_path):
 
 def test_model_without_batch_axis_gets_max_batch_size_zero_and_full_dims(tmp_path):
     io = simple_io(batch=False)
-    cfg = config_from_io("m", io, "onnxruntime_onnx")
+    cfg = config_from_io("m", io, BACKENDS["onnxruntime_onnx"])
     assert cfg.max_batch_size == 0 and cfg.inputs[0].dims == (3,) and cfg.dynamic_batching is None
     with pytest.raises(UsageError, match="has no dynamic batch axis"):
-        config_from_io("m", io, "onnxruntime_onnx", ModelOptions(max_batch_size=8))
+        config_from_io("m", io, BACKENDS["onnxruntime_onnx"], ModelOptions(max_batch_size=8))
     res = add_model(tmp_path / "repo", cfg, {"model.onnx": b"x"}, io=io)
     assert "max_batch_size: 0" in res.config_text
 
 
 def test_tensorrt_plan_rejects_cpu_instances():
-    cfg = config_from_io("p", simple_io(), "tensorrt_plan", ModelOptions(instance_kind="cpu"))
+    cfg = config_from_io("p", simple_io(), BACKENDS["tensorrt_plan"], ModelOptions(instance_kind="cpu"))
     from trtrepo.tritonconfig import render_config, validate_config_text
 
     with pytest.raises(UsageError, match=r"instance_group\[0\]\.kind: TensorRT plans run on GPUs only"):
@@ -139,7 +140,7 @@ def test_tensorrt_plan_rejects_cpu_instances():
 
 
 def test_missing_model_file_is_named(tmp_path):
-    cfg = config_from_io("m", simple_io(), "onnxruntime_onnx")
+    cfg = config_from_io("m", simple_io(), BACKENDS["onnxruntime_onnx"])
     with pytest.raises(UsageError, match="the version folder needs model.onnx"):
         add_model(tmp_path / "repo", cfg, {})
     with pytest.raises(UsageError, match=r"nope.onnx: file not found \(for m/model.onnx\)"):
@@ -260,7 +261,7 @@ def test_generated_configs_are_valid_or_fail_clearly(tmp_path_factory, model_nam
         io = ModelIO(inputs=(TensorSpec(in_name, dtype, lead + tuple(in_dims), 0 if batch and True else None),),
                      outputs=(TensorSpec(out_name, "float32", lead + tuple(out_dims), 0 if batch else None),))
         options = ModelOptions(max_batch_size=mbs, preferred_batch_sizes=tuple(preferred), instance_kind=kind, instance_count=count)
-        cfg = config_from_io(model_name, io, backend, options)
+        cfg = config_from_io(model_name, io, BACKENDS[backend], options)
         filename = {"onnxruntime_onnx": "model.onnx", "python_onnx": "model.py", "tensorrt_plan": "model.plan"}[backend]
         res = add_model(repo, cfg, {filename: b"m"}, io=io)
     except UsageError as exc:
@@ -305,3 +306,39 @@ def test_preprocess_package_copy_imports_on_its_own(tmp_path):
     proc = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True,
                           env={"PATH": "/usr/bin:/bin", "PYTHONPATH": str(tmp_path)})
     assert proc.returncode == 0 and proc.stdout.strip() == "Preprocess", proc.stderr[-2000:]
+
+
+def _two_profile_plan(tmp_path: Path) -> Path:
+    """A plan whose metadata has two optimization profiles (max batch 16 and 64) and an FP16
+    layer list whose names start with "/" (ONNX node names do)."""
+    plan = write_plan(tmp_path)
+    meta = json.loads((tmp_path / "model.plan.json").read_text())
+    meta["profiles"].append({"input": {"min": [1, 1, 32, 32], "opt": [32, 1, 32, 32], "max": [64, 1, 32, 32]}})
+    meta["precision"] = {"mode": "int8+fp16", "fp16": {"keep_fp32": ["/features/features.0/Conv"],
+                                                       "saved_to": f"{tmp_path}/m.fp16.onnx"}}
+    meta["trtexec"] = f"trtexec --onnx={tmp_path}/m.onnx --saveEngine={tmp_path}/model.plan"
+    (tmp_path / "model.plan.json").write_text(json.dumps(meta))
+    return plan
+
+
+def test_plan_max_batch_follows_tritons_rule_over_the_selected_profiles(tmp_path):
+    """Issue 29 item 1: one owner of Triton's max-batch rule for plans (PlanMetadata.triton_max_batch):
+    profile 0 when no instance group selects one; the largest over the selected profiles; an unknown
+    profile is an error naming it; the repository's copy of the metadata keeps layer names whole."""
+    from trtrepo.contracts.plan import read_plan_metadata
+
+    plan = _two_profile_plan(tmp_path)
+    meta = read_plan_metadata(plan)
+    assert meta.triton_max_batch() == 16 and meta.triton_max_batch(["1"]) == 64 and meta.triton_max_batch(["0", "1"]) == 64
+    assert meta.max_batch_size == 16
+    _, cfg = add_plan_model(tmp_path / "repo", "p0", plan)
+    assert cfg.max_batch_size == 16
+    _, cfg = add_plan_model(tmp_path / "repo", "p1", plan, options=ModelOptions(profiles=("1",)))
+    assert cfg.max_batch_size == 64 and cfg.instance_groups[0].profiles == ("1",)
+    with pytest.raises(UsageError, match=r"instance_group.profile: the plan has no optimization profile '2' \(has 0, 1\)"):
+        add_plan_model(tmp_path / "repo", "p2", plan, options=ModelOptions(profiles=("2",)))
+    assert not (tmp_path / "repo" / "p2").exists()
+    written = json.loads((tmp_path / "repo" / "p1" / "1" / "model.plan.json").read_text())
+    assert written["precision"]["fp16"] == {"keep_fp32": ["/features/features.0/Conv"], "saved_to": "m.fp16.onnx"}
+    assert written["trtexec"] == "trtexec --onnx=m.onnx --saveEngine=model.plan"
+    assert read_plan_metadata(tmp_path / "repo" / "p1" / "1" / "model.plan").profiles == meta.profiles

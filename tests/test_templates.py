@@ -12,6 +12,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from trtrepo.contracts.backends import BACKENDS
+from trtrepo.contracts.plan import PlanMetadata
+from trtrepo.contracts.profile import ShapeRange
 from trtrepo.errors import UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.tritonconfig import (
@@ -27,7 +30,9 @@ from trtrepo.tritonconfig import (
 )
 
 GOLDEN = Path(__file__).parent / "golden"
-PROFILES = {"0": {"input": {"min": [1, 1, 32, 32], "opt": [8, 1, 32, 32], "max": [16, 1, 32, 32]}}}
+PLAN = PlanMetadata("10.3.0.26", ModelIO(inputs=(TensorSpec("input", "float32", (-1, 1, 32, 32)),),
+                                          outputs=(TensorSpec("logits", "float32", (-1, 10)),)),
+                    profiles=({"input": ShapeRange((1, 1, 32, 32), (8, 1, 32, 32), (16, 1, 32, 32))},))
 
 
 def demo_io() -> ModelIO:
@@ -39,14 +44,14 @@ def demo_io() -> ModelIO:
 
 def golden_configs():
     io = demo_io()
-    plan = config_from_io("demo_plan", io, "tensorrt_plan", ModelOptions(
+    plan = config_from_io("demo_plan", io, BACKENDS["tensorrt_plan"], ModelOptions(
         preferred_batch_sizes=(4, 8), max_queue_delay_us=200, cuda_graphs=True, warmup=True, has_labels=True,
         gpus=(0,), version_policy="latest:2", cc_model_filenames=(("8.0", "a100.plan"), ("9.0", "h100.plan")),
-    ), profiles=PROFILES)
-    ort = config_from_io("demo_ort", io, "onnxruntime_onnx", ModelOptions(
+    ), plan=PLAN)
+    ort = config_from_io("demo_ort", io, BACKENDS["onnxruntime_onnx"], ModelOptions(
         preferred_batch_sizes=(8,), instance_count=2, instance_kind="cpu", response_cache=True,
         parameters=(("note", 'say "hi"'),)))
-    py = config_from_io("demo", io, "python_onnx", ModelOptions(
+    py = config_from_io("demo", io, BACKENDS["python_onnx"], ModelOptions(
         preferred_batch_sizes=(4, 8), has_labels=True, execution_env="/opt/pyenv", intra_op_threads=2))
     pre = preprocess_config("demo_preprocess", "IMAGE", io.inputs[0], py.max_batch_size, ModelOptions(execution_env="/opt/pyenv"))
     ens = ensemble_config("demo_ensemble", "IMAGE", pre, py)
@@ -84,7 +89,7 @@ def test_rendered_config_round_trips_through_model_config_proto(which):
 def test_plan_golden_passes_semantic_checks_with_profiles():
     config = golden_configs()["tensorrt_plan"]
     assert config.max_batch_size == 16  # from the profile's max batch
-    validate_config_text(render_config(config), "demo_plan/config.pbtxt", io=demo_io(), profiles=PROFILES,
+    validate_config_text(render_config(config), "demo_plan/config.pbtxt", io=demo_io(), plan=PLAN,
                          model_files=["labels.txt"])
 
 
@@ -155,7 +160,7 @@ def test_python_onnx_threads_default_to_the_cores_shared_by_the_instances(caplog
     assert machine_threads(1, 2) == 2 and machine_threads(3, 8) == 2 and machine_threads(4, 2) == 1
 
     def threads(**kw):
-        msg = parse_config_text(render_config(config_from_io("m", demo_io(), "python_onnx", ModelOptions(**kw))), "m")
+        msg = parse_config_text(render_config(config_from_io("m", demo_io(), BACKENDS["python_onnx"], ModelOptions(**kw))), "m")
         return int(msg.parameters["intra_op_threads"].string_value)
 
     assert threads() == cores

@@ -26,11 +26,12 @@ from trtrepo.tune import (
 
 
 def _python_config(tmp_path: Path, **kw) -> object:
+    from trtrepo.contracts.backends import BACKENDS
     from trtrepo.modelio import ModelIO, TensorSpec
     from trtrepo.tritonconfig import ModelOptions, config_from_io, parse_config_text, render_config
 
     io = ModelIO((TensorSpec("input", "float32", (-1, 1, 32, 32)),), (TensorSpec("logits", "float32", (-1, 10)),))
-    cfg = config_from_io("m", io, "python_onnx", ModelOptions(**kw))
+    cfg = config_from_io("m", io, BACKENDS["python_onnx"], ModelOptions(**kw))
     return parse_config_text(render_config(cfg), "m/config.pbtxt")
 
 

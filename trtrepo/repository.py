@@ -231,7 +231,7 @@ def add_model(
     version: int | None = None,
     force: bool = False,
     io: ModelIO | None = None,
-    profiles: Mapping[str, Any] | None = None,
+    plan: PlanMetadata | None = None,
     template_dir: str | Path | None = None,
     warnings: Sequence[str] = (),
 ) -> WriteResult:
@@ -258,7 +258,7 @@ def add_model(
     text = render_config(config, template_dir)
     where = f"{name}/config.pbtxt"
     known = _known_models(repo, None) if config.kind == "ensemble" else None
-    msg = validate_config_text(text, where, io=io, profiles=profiles, model_dir_name=name, known_models=known,
+    msg = validate_config_text(text, where, io=io, plan=plan, model_dir_name=name, known_models=known,
                                model_files=sorted(model_files))
     check_rendered(msg, config, where, template_dir)
 
@@ -675,7 +675,7 @@ def add_onnx_model(
         from dataclasses import replace
 
         options = replace(options, has_labels=True)
-    config = config_from_io(name, io, spec.kind, options)
+    config = config_from_io(name, io, spec, options)
     files: dict[str, FileSource] = {"model.onnx": onnx_path}
     files.update(external_data_files(onnx_path))
     for dst, src in spec.extra_files:
@@ -729,7 +729,6 @@ def add_plan_model(
     *,
     io: ModelIO | None = None,
     options: ModelOptions | None = None,
-    profiles: Mapping[str, Any] | None = None,
     labels: Sequence[str] | str | Path | None = None,
     target_tensorrt: str | None = None,
     target_compute_capability: str | None = None,
@@ -737,7 +736,7 @@ def add_plan_model(
     force: bool = False,
     template_dir: str | Path | None = None,
 ) -> tuple[WriteResult, ModelConfig]:
-    """A TensorRT plan; IO and profiles come from ``model.plan.json`` when not given."""
+    """A TensorRT plan; its IO (unless given) and optimization profiles come from ``model.plan.json``."""
     plan = Path(plan)
     if not plan.is_file():
         raise UsageError(f"{plan}: plan file not found")
@@ -747,47 +746,22 @@ def add_plan_model(
             raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep "
                              f"{plan_metadata_path(plan).name} beside it")
         io = meta.io
-    if profiles is None and meta is not None:
-        profiles = meta.profiles_by_name()
     options = options or ModelOptions()
     if labels is not None:
         from dataclasses import replace
 
         options = replace(options, has_labels=True)
-    config = config_from_io(name, io, "tensorrt_plan", options, profiles=profiles)
+    config = config_from_io(name, io, backends.BACKENDS["tensorrt_plan"], options, plan=meta)
     files: dict[str, FileSource] = {"model.plan": plan}
     for _, fname in config.cc_model_filenames:
         files.setdefault(fname, plan.parent / fname)
-    meta_path = plan_metadata_path(plan)
-    if meta_path.is_file():
-        files[plan_metadata_path("model.plan").name] = portable_metadata(meta_path)
+    if meta is not None:
+        files[plan_metadata_path("model.plan").name] = meta.portable().to_json().encode()
     warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
-                       profiles=profiles, template_dir=template_dir, warnings=warnings)
+                       plan=meta, template_dir=template_dir, warnings=warnings)
     return result, config
-
-
-_ABS_PATH = re.compile(r"(?<![\w.~$])/(?:[^\s/'\"=,;:]+/)*([^\s/'\"=,;:]+)")
-
-
-def portable_metadata(meta_path: Path) -> bytes:
-    """``model.plan.json`` for the repository: every absolute path in its strings (the source ONNX,
-    the trtexec command, cache files of the build machine) cut to its file name."""
-    def strip(value: Any) -> Any:
-        if isinstance(value, str):
-            return _ABS_PATH.sub(lambda m: m.group(1), value)
-        if isinstance(value, list):
-            return [strip(v) for v in value]
-        if isinstance(value, dict):
-            return {k: strip(v) for k, v in value.items()}
-        return value
-
-    try:
-        data = json.loads(meta_path.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"{meta_path}: not readable as JSON ({exc})") from exc
-    return json.dumps(strip(data), indent=2).encode() + b"\n"
 
 
 def preprocess_package_files() -> dict[str, FileSource]:

@@ -19,13 +19,14 @@ from pathlib import Path
 from typing import Any
 
 from .contracts.backends import BACKENDS, BackendSpec
+from .contracts.plan import PlanMetadata
+from .contracts.profile import DEFAULT_MAX_BATCH
 from .errors import UsageError, one_line
 from .modelio import ModelIO, TensorSpec
 
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
 # Triton model names: a folder name; kept to a portable, URL-safe set.
 NAME_RE = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-]{0,127}")
-DEFAULT_MAX_BATCH_SIZE = 32
 
 
 def check_model_name(name: str, what: str = "model name") -> str:
@@ -234,48 +235,6 @@ class ModelOptions:
             VersionPolicy.parse(self.version_policy)
 
 
-def engine_max_batch(profiles: Mapping[str, Any] | None, selected: Sequence[str] = ()) -> int | None:
-    """Triton's rule: per profile, min over inputs of kMAX dim0; then max over the selected
-    profiles (profile ``0`` when none is selected). None without profiles."""
-    if not profiles:
-        return None
-    names = list(selected) or [sorted(profiles, key=str)[0]]
-    best = 0
-    for p in names:
-        if p not in profiles:
-            raise UsageError(f"instance_group.profile: the plan has no optimization profile '{p}' (has {', '.join(map(str, profiles))})")
-        shapes = profiles[p]
-        per_input = [int(rng["max"][0]) for rng in shapes.values() if rng.get("max")]
-        if per_input:
-            best = max(best, min(per_input))
-    return best
-
-
-def normalize_profiles(profiles: Any) -> dict[str, dict[str, dict[str, list[int]]]] | None:
-    """Accept ``{name: {input: {min, opt, max}}}`` or a list of ``{input: {min, opt, max}}``
-    (as the build stage may write them) and return the mapping form with string keys."""
-    if profiles is None:
-        return None
-    if isinstance(profiles, (list, tuple)):
-        profiles = {str(i): p for i, p in enumerate(profiles)}
-    if not isinstance(profiles, Mapping):
-        raise UsageError("plan metadata 'profiles': expected a mapping or a list of profiles")
-    out: dict[str, dict[str, dict[str, list[int]]]] = {}
-    for pname, shapes in profiles.items():
-        if not isinstance(shapes, Mapping):
-            raise UsageError(f"plan metadata 'profiles.{pname}': expected {{input: {{min, opt, max}}}}")
-        entry: dict[str, dict[str, list[int]]] = {}
-        for tname, rng in shapes.items():
-            if isinstance(rng, Mapping):
-                entry[str(tname)] = {k: [int(v) for v in rng[k]] for k in ("min", "opt", "max") if k in rng}
-            elif isinstance(rng, (list, tuple)) and len(rng) == 3:
-                entry[str(tname)] = {"min": list(map(int, rng[0])), "opt": list(map(int, rng[1])), "max": list(map(int, rng[2]))}
-            else:
-                raise UsageError(f"plan metadata 'profiles.{pname}.{tname}': expected min/opt/max shapes")
-        out[str(pname)] = entry
-    return out
-
-
 def _tensor_config(t: TensorSpec, batching: bool, label_filename: str | None = None) -> TensorConfig:
     dims = t.sample_shape if batching else t.shape
     reshape = None
@@ -294,18 +253,21 @@ def _instance_kind(options: ModelOptions, kind: str) -> str:
 def config_from_io(
     name: str,
     io: ModelIO,
-    kind: str,
+    spec: BackendSpec,
     options: ModelOptions | None = None,
     *,
-    profiles: Mapping[str, Any] | None = None,
+    plan: PlanMetadata | None = None,
 ) -> ModelConfig:
-    """Decide every config value for model ``name`` of ``kind`` from its IO description."""
+    """Decide every config value for model ``name`` of backend ``spec`` from its IO description.
+    ``plan``: an engine's metadata, whose optimization profiles bound max_batch_size (Triton's
+    rule, :meth:`PlanMetadata.triton_max_batch`)."""
     options = options or ModelOptions()
     check_model_name(name)
+    kind = spec.kind
     if kind not in BACKENDS or kind == "ensemble":
         raise UsageError(f"model '{name}': config_from_io does not build '{kind}' configs")
     batching = io.has_batch_axis
-    engine_max = engine_max_batch(normalize_profiles(profiles), options.profiles) if BACKENDS[kind].engine else None
+    engine_max = plan.triton_max_batch(options.profiles) if spec.engine and plan is not None else None
     if not batching:
         if options.max_batch_size:
             raise UsageError(
@@ -316,7 +278,7 @@ def config_from_io(
     elif options.max_batch_size is not None:
         mbs = options.max_batch_size
     else:
-        mbs = engine_max if engine_max is not None else DEFAULT_MAX_BATCH_SIZE
+        mbs = engine_max if engine_max is not None else DEFAULT_MAX_BATCH
     batching = mbs > 0
 
     label_output = options.label_output
@@ -352,7 +314,6 @@ def config_from_io(
         )
         warmup = (Warmup("warmup", max(1, mbs), 1, winputs),)
 
-    spec = BACKENDS[kind]
     params = dict(options.parameters)
     for key, value in spec.parameters(options).items():
         params.setdefault(key, value)
@@ -604,15 +565,15 @@ def check_config(
     where: str,
     *,
     io: ModelIO | None = None,
-    profiles: Mapping[str, Any] | None = None,
+    plan: PlanMetadata | None = None,
     model_dir_name: str | None = None,
     known_models: Mapping[str, Any] | None = None,
     model_files: Sequence[str] | None = None,
 ) -> None:
     """Semantic checks Triton applies at load time, on a parsed ModelConfig message.
 
-    ``io``: the model file's IO (names, dtypes, shapes must match); ``profiles``: the plan's
-    optimization profiles; ``known_models``: name -> parsed config of models an ensemble may use;
+    ``io``: the model file's IO (names, dtypes, shapes must match); ``plan``: the engine's
+    metadata (its optimization profiles); ``known_models``: name -> parsed config of models an ensemble may use;
     ``model_files``: files in the model folder (for label_filename).
     """
     from tritonclient.grpc import model_config_pb2 as pb
@@ -729,8 +690,8 @@ def check_config(
         fail("ensemble_scheduling", f"only platform 'ensemble' takes ensemble_scheduling (platform is '{platform or backend}')")
     if io is not None:
         _check_against_io(msg, io, fail)
-    if is_plan and profiles:
-        _check_profiles(msg, normalize_profiles(profiles) or {}, fail)
+    if is_plan and plan is not None and plan.profiles:
+        _check_profiles(msg, plan, fail)
 
 
 def _check_against_io(msg: Any, io: ModelIO, fail: Any) -> None:
@@ -760,22 +721,22 @@ def _check_against_io(msg: Any, io: ModelIO, fail: Any) -> None:
                     fail(f"{f}.dims", f"'{t.name}' {list(t.dims)} does not match the model's {list(expected)}")
 
 
-def _check_profiles(msg: Any, profiles: Mapping[str, Any], fail: Any) -> None:
+def _check_profiles(msg: Any, plan: PlanMetadata, fail: Any) -> None:
     selected: list[str] = []
     for g in msg.instance_group:
         selected.extend(g.profile)
-    engine_max = engine_max_batch(profiles, selected)
+    engine_max = plan.triton_max_batch(selected)
     mbs = msg.max_batch_size
     if engine_max is not None and mbs > engine_max:
         fail("max_batch_size", f"configuration specified max-batch {mbs} but TensorRT engine only supports max-batch {engine_max} "
              f"(the optimization profiles' largest batch)")
     inputs = {t.name: t for t in msg.input}
-    for pname in selected or [sorted(profiles, key=str)[0]]:
-        for tname, rng in profiles[pname].items():
+    for pname in selected or ["0"]:
+        for tname, rng in plan.profile_named(pname).items():
             if tname not in inputs:
                 continue
             t = inputs[tname]
-            lo, hi = rng.get("min"), rng.get("max")
+            lo, hi = list(rng.min), list(rng.max)
             if not lo or not hi:
                 continue
             full = ([-1] if mbs > 0 else []) + list(t.dims)
@@ -893,7 +854,7 @@ def config_to_dict(msg: Any) -> dict[str, Any]:
 __all__ = [
     "CudaOptimization", "DynamicBatching", "EnsembleStep", "InstanceGroup", "ModelConfig", "ModelOptions",
     "TensorConfig", "VersionPolicy", "Warmup", "WarmupInput", "check_config", "check_model_name", "config_from_io",
-    "ensemble_config", "engine_max_batch", "normalize_profiles", "parse_config_text", "pbstr", "preprocess_config",
+    "ensemble_config", "parse_config_text", "pbstr", "preprocess_config",
     "render_config", "template_environment", "validate_config_text",
 ]
 

@@ -8,8 +8,9 @@ through it.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
-from dataclasses import dataclass, field
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -119,15 +120,43 @@ class PlanMetadata:
 
     @property
     def max_batch_size(self) -> int:
-        """Largest batch profile 0 allows on every input (0 when the model has no batch axis):
-        Triton's max_batch_size for this plan."""
+        """Triton's max_batch_size for this plan with no profile selected (:meth:`triton_max_batch`);
+        0 when the model has no batch axis."""
         if not self.io.has_batch_axis:
             return 0
-        return min((r.max[0] for r in self.profile.values()), default=0)
+        return self.triton_max_batch() or 0
 
-    def profiles_by_name(self) -> dict[str, dict[str, dict[str, list[int]]]]:
-        """``{"0": {input: {min, opt, max}}, ...}``: the profiles as Triton's instance groups name them."""
-        return {str(i): {name: r.to_dict() for name, r in p.items()} for i, p in enumerate(self.profiles)}
+    def profile_named(self, name: str) -> Mapping[str, ShapeRange]:
+        """The optimization profile that Triton's ``instance_group.profile`` calls ``name`` (its index)."""
+        if not (str(name).isdigit() and int(name) < len(self.profiles)):
+            have = ", ".join(str(i) for i in range(len(self.profiles))) or "none"
+            raise UsageError(f"instance_group.profile: the plan has no optimization profile '{name}' (has {have})")
+        return self.profiles[int(name)]
+
+    def triton_max_batch(self, selected: Sequence[str] = ()) -> int | None:
+        """Triton's rule for a plan's max batch: per optimization profile, the smallest largest
+        batch (axis 0 of kMAX) over its inputs; then the largest over the profiles the instance
+        groups select (profile "0" when none is). None when the plan has no profile."""
+        if not self.profiles:
+            return None
+        best = 0
+        for name in list(selected) or ["0"]:
+            per_input = [r.max[0] for r in self.profile_named(name).values() if r.max]
+            if per_input:
+                best = max(best, min(per_input))
+        return best
+
+    def portable(self) -> PlanMetadata:
+        """This metadata as a repository carries it: the absolute paths of the build machine in the
+        fields that hold paths (the source ONNX, the trtexec command, the build's cache files, where
+        the FP16 ONNX model was saved) cut to their file names. Other strings (tensor and layer
+        names, which may start with "/") stay."""
+        precision = dict(self.precision)
+        fp16 = precision.get("fp16")
+        if isinstance(fp16, Mapping) and fp16.get("saved_to"):
+            precision["fp16"] = {**fp16, "saved_to": _strip_paths(fp16["saved_to"])}
+        return replace(self, source_onnx=_strip_paths(self.source_onnx), trtexec=_strip_paths(self.trtexec),
+                       build=_strip_paths(dict(self.build)), precision=precision)
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -190,6 +219,20 @@ class PlanMetadata:
             raise UsageError(f"{where}: incomplete plan metadata (missing {exc})") from exc
         except (TypeError, ValueError, AttributeError) as exc:
             raise UsageError(f"{where}: malformed plan metadata ({exc})") from exc
+
+
+_ABS_PATH = re.compile(r"(?<![\w.~$])/(?:[^\s/'\"=,;:]+/)*([^\s/'\"=,;:]+)")
+
+
+def _strip_paths(value: Any) -> Any:
+    """Every absolute path in the strings of ``value`` (nested lists and dicts too) cut to its file name."""
+    if isinstance(value, str):
+        return _ABS_PATH.sub(lambda m: m.group(1), value)
+    if isinstance(value, list):
+        return [_strip_paths(v) for v in value]
+    if isinstance(value, dict):
+        return {k: _strip_paths(v) for k, v in value.items()}
+    return value
 
 
 def read_plan_metadata(path: str | Path, *, missing_ok: bool = False) -> PlanMetadata | None:
