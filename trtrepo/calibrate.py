@@ -66,10 +66,9 @@ and the session loads the augmented copy from a temporary folder, its weights co
 beside it that ONNX Runtime maps: the weights are in memory once, as the session's (packed MatMul
 and Gemm) weights, never in Python nor serialized. The peak is then about the model's weights,
 the interpreter and libraries, and the budget-bounded activations with ONNX Runtime's scratch
-memory: a peak RSS of 938 MiB for all-mpnet-base-v2 (436 MB of weights) at batch sizes 16 to 64
-with the default budget (422 MiB once the session is built), against 2573 MiB when the model was
-loaded, copied, shape-inferred and serialized in Python (``bench/calib_memory.py``). The
-temporary folder takes the model's size on disk for the calibrator's lifetime. Prepacking stays
+memory, whatever the batch size, instead of several copies of the weights held by Python
+(figures: docs/benchmarks.md, "Calibration memory at any batch size (issue 13)";
+``bench/calib_memory.py``). The temporary folder takes the model's size on disk for the calibrator's lifetime. Prepacking stays
 on: without it (``session.disable_prepacking``) the mapped weights are resident instead of the
 packed ones (no saving) and the MatMul kernels compute other last bits.
 """
@@ -752,8 +751,8 @@ class Calibrator:
     def _session_options() -> Any:
         """Options of the calibration sessions. No memory pattern: ONNX Runtime would plan one
         block of intermediates per input shape (micro-batches come in several sizes) and keep
-        them in its arena (on all-mpnet-base-v2 at batch size 64: 35 MB more at the peak; the
-        same bits). The arena stays on (off: 35-50 MB more, malloc fragments), and so does
+        them in its arena (a higher peak for the same bits). The arena stays on (off, malloc's
+        fragments cost more), and so does
         prepacking: the packed MatMul/Gemm weights replace the original ones in memory, and a
         session without them computes other last bits."""
         import onnxruntime as ort

@@ -3,12 +3,11 @@
 On x86 CPUs without VNNI (AVX2 or AVX-512 only, e.g. AMD Zen 2/3, Intel before Cascade Lake),
 ONNX Runtime runs uint8 x int8 ("U8S8") Conv/MatMul with ``VPMADDUBSW``, which adds pairs of
 u8*s8 products in saturating int16: with full-range int8 weights a pair can exceed 32767 and the
-result is silently wrong (measured on an AMD EPYC Zen 3: max error 1.42 on outputs of
-magnitude 8.3 for a three-conv residual block, cosine 0.976 for an attention block). ONNX
-Runtime's session option ``session.x64quantprecision=1`` converts such kernels to U8U8 (no
-saturation). It is not free where it is not needed: on an AMD EPYC Zen 4 with AVX512-VNNI it gave
-bit-identical outputs and made the demo CNN's INT8 run 2.9x slower (7.1 vs 2.5 ms at batch 32,
-ONNX Runtime 1.32). So trtrepo sets it only where this CPU saturates
+result is silently wrong. ONNX Runtime's session option ``session.x64quantprecision=1`` converts
+such kernels to U8U8 (no saturation). It is not free where it is not needed: with VNNI it gives
+the same outputs at well under FP32's speed (figures: docs/benchmarks.md, "INT8 on the CPU:
+run-to-run spread and CPU kinds (issue 4)"; docs/quantization.md, "CPUs without VNNI"). So
+trtrepo sets it only where this CPU saturates
 (:func:`quant_session_entries`); the generated Triton model.py decides the same way on the
 serving machine. ONNX Runtime's other remedy is 7-bit weights (``reduce_range``), which costs
 accuracy.

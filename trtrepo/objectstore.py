@@ -39,8 +39,9 @@ version newer than every version the config names, staged objects beside the rep
 only when the kill falls within the server-side copies of a first upload -- a model folder
 without ``config.pbtxt``. tritonserver 2.51 does not start on that folder, and no layout avoids
 it (measured: a config without its version, or pinning a version not yet there, fails the same
-way), so that window is kept short: on moto it is 1.6 s of a 7.2 s first upload of 268 MB (the
-managed multipart copy used before took 10.8 s, two thirds of the upload). ``trtrepo repo check``
+way), so that window is kept short: one CopyObject request per object rather than a managed
+multipart copy (figures: docs/benchmarks.md, "Issue 28 (in progress): crash safety, bounded
+reads and waits"). ``trtrepo repo check``
 names it as a folder Triton fails to load; ``--fix`` finishes that upload from the complete staged
 copy (and removes the other leftovers); the next write of the model redoes it.
 
@@ -208,8 +209,8 @@ class S3Store:
     def copy_from(self, source: S3Store, src_rel: str, rel: str, size: int) -> None:
         """A server-side copy (no data through this machine): one CopyObject request up to S3's
         5 GiB limit for it, so the object appears at once (boto3's managed copy splits anything
-        over 8 MiB into part copies: on moto 10.8 s for 268 MB against 3.0 s for its upload);
-        multipart above the limit."""
+        over 8 MiB into part copies, which keeps a first upload's config-less window open several
+        times longer); multipart above the limit."""
         src = {"Bucket": source.loc.bucket, "Key": source.key(src_rel)}
         if size <= SINGLE_COPY_LIMIT:
             self._call(f"copy {rel}", self.client.copy_object, CopySource=src, Bucket=self.loc.bucket, Key=self.key(rel))

@@ -25,8 +25,8 @@ Two targets, because their consumers need different graphs:
       being requantized; residual-stream Adds and GELU/SiLU gating products stay float (see
       :func:`find_float_nodes`);
     * activations: uint8 asymmetric per tensor over ``[min, max]`` (clipped to the method's
-      ``amax``) -- symmetric int8 activations ran at 0.1-0.8x FP32 speed here, u8 asymmetric at
-      1.2-2.1x; without measured min/max a tensor that is provably non-negative (after Relu,
+      ``amax``) -- ONNX Runtime's CPU kernels run symmetric int8 activations slower than FP32 and
+      u8 asymmetric ones faster (docs/benchmarks.md, "INT8 on the CPU (issue 4)"); without measured min/max a tensor that is provably non-negative (after Relu,
       Softmax, pooling of those, ...) gets ``[0, amax]``, any other ``[-amax, amax]``;
     * weights: int8 per output channel, symmetric, stored as int8 initializers behind a DQ;
       biases of Conv/Gemm as int32 with scale ``s_x * s_w`` (what QLinearConv/QGemm need); a
@@ -357,8 +357,8 @@ def rule_weighted_op_inputs(view: GraphView, node: Any, options: QuantizeOptions
 def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) -> bool:
     """onnxruntime target: leave a dense Conv with a tiny reduction (``Cin * kh * kw`` below
     ``options.ort_min_reduction``, e.g. the first 3x3 conv of a one-channel image model) in float.
-    ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there: on the demo's first
-    conv (1 -> 16 channels, 3x3, 32x32) 3.2 ms against 0.7 ms per batch of 32."""
+    ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there (measured on the demo's
+    first conv, 1 -> 16 channels, 3x3)."""
     if options.target != "onnxruntime" or options.ort_min_reduction <= 0 or node.op_type != "Conv":
         return False
     if len(node.input) < 2 or not view.is_constant(node.input[1]) or int(view.attr(node, "group", 1)) != 1:

@@ -494,8 +494,8 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
                 coordinate_descent(start, axes, evaluate, min_gain=min_gain, out_of_time=out_of_time)
             # Confirmation: the starting config and the best ones measured once more, one after the
             # other, and only this round decides: a finalist's first figure is biased upward by the
-            # very selection that made it a finalist (measured: demo 'delay 0us' 1347 infer/s in the
-            # search, 1103 in confirmation, against the start's 1155).
+            # very selection that made it a finalist (docs/benchmarks.md, "Issue 17: `trtrepo tune`
+            # quick search vs exhaustive grid, default config vs tuned").
             ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)
             finalists = [start, *[c for c in ranked if c != start][:CONFIRM]]
             for c in finalists:  # after the budget too: CONFIRM + 1 measurements at most
