@@ -1,0 +1,231 @@
+"""The ONNX graph as the quantize stage reads it (:class:`GraphView`: producers, consumers,
+constants) and the model-level helpers around it (loading, opset, unique node names)."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..modelio import without_weights
+from .options import _FLOAT, MIN_OPSET
+
+log = logging.getLogger(__name__)
+class GraphView:
+    """Producers, consumers, initializers and float tensors of a graph (read-only helper)."""
+
+    def __init__(self, model: Any) -> None:
+        import onnx
+
+        self.model = model
+        graph = model.graph
+        self.nodes = list(graph.node)
+        self.initializers = {t.name: t for t in graph.initializer}
+        self.constants: dict[str, Any] = {}
+        for node in self.nodes:
+            if node.op_type == "Constant" and node.output:
+                for attr in node.attribute:
+                    if attr.name == "value":
+                        self.constants[node.output[0]] = attr.t
+        self.graph_inputs = [i.name for i in graph.input if i.name not in self.initializers]
+        self.graph_outputs = {o.name for o in graph.output}
+        self.producer: dict[str, Any] = {}
+        self.consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
+        for node in self.nodes:
+            for out in node.output:
+                if out:
+                    self.producer[out] = node
+            for i, name in enumerate(node.input):
+                if name:
+                    self.consumers[name].append((node, i))
+        self.elem_type: dict[str, int] = {}
+        try:
+            inferred = onnx.shape_inference.infer_shapes(without_weights(model))
+        except Exception as exc:  # shape inference is a help, not a requirement
+            log.debug("shape inference failed: %s", exc)
+            inferred = model
+        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+            if vi.type.HasField("tensor_type"):
+                self.elem_type[vi.name] = vi.type.tensor_type.elem_type
+        for name, t in {**self.initializers, **self.constants}.items():
+            self.elem_type[name] = t.data_type
+        self.order = {node.name: i for i, node in enumerate(self.nodes)}
+        self._nonneg: dict[str, bool] = {}
+
+    def is_constant(self, name: str) -> bool:
+        return name in self.initializers or name in self.constants
+
+    def constant_array(self, name: str) -> np.ndarray:
+        from onnx import numpy_helper
+
+        t = self.initializers.get(name) or self.constants[name]
+        return numpy_helper.to_array(t)
+
+    def is_float_activation(self, name: str) -> bool:
+        """A float32 tensor computed at run time (or a graph input). Unknown types count as
+        float when the producer is a float op -- shape inference fills them for normal models."""
+        if not name or self.is_constant(name):
+            return False
+        return self.elem_type.get(name, _FLOAT) == _FLOAT
+
+    def attr(self, node: Any, name: str, default: Any = None) -> Any:
+        import onnx
+
+        for a in node.attribute:
+            if a.name == name:
+                return onnx.helper.get_attribute_value(a)
+        return default
+
+    def non_negative(self, name: str) -> bool:
+        """Whether ``name`` is provably >= 0 (Relu output and ops that keep the sign)."""
+        if name in self._nonneg:
+            return self._nonneg[name]
+        self._nonneg[name] = False  # cycles cannot happen in a DAG; guards recursion anyway
+        node = self.producer.get(name)
+        result = False
+        if node is not None:
+            op = node.op_type
+            if op in ("Relu", "Sigmoid", "Softmax", "Abs", "Exp", "Sqrt", "Softplus"):
+                result = True
+            elif op == "Clip":
+                lo = node.input[1] if len(node.input) > 1 else ""
+                lo_val = self.constant_array(lo) if lo and self.is_constant(lo) else self.attr(node, "min")
+                result = lo_val is not None and float(np.min(lo_val)) >= 0.0
+            elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Flatten", "Reshape",
+                        "Transpose", "Squeeze", "Unsqueeze", "Identity", "Resize", "Slice", "Gather", "Expand"):
+                result = self.non_negative(node.input[0])
+            elif op in ("Concat", "Max", "Add", "Mul"):
+                result = all(self.non_negative(i) for i in node.input if i)
+        elif self.is_constant(name):
+            result = bool(np.all(self.constant_array(name) >= 0))
+        self._nonneg[name] = result
+        return result
+
+
+def weights_as_inputs(model: Any) -> Any:
+    """A copy of ``model`` whose initializers are graph inputs (name, type, shape) without data:
+    what ``onnx.checker`` can check of a large model without serializing its weights (the
+    checker refuses data-less initializers, which :func:`trtrepo.modelio.without_weights` makes
+    for shape inference)."""
+    import onnx
+    from onnx import helper
+
+    light = onnx.ModelProto()
+    light.CopyFrom(onnx.ModelProto(ir_version=model.ir_version, opset_import=model.opset_import,
+                                   producer_name=model.producer_name))
+    light.functions.extend(model.functions)
+    graph = light.graph
+    graph.name = model.graph.name
+    graph.node.extend(model.graph.node)
+    graph.input.extend(model.graph.input)
+    graph.output.extend(model.graph.output)
+    graph.value_info.extend(model.graph.value_info)
+    declared = {i.name for i in model.graph.input}
+    for t in model.graph.initializer:
+        if t.name not in declared:
+            graph.input.append(helper.make_tensor_value_info(t.name, t.data_type, list(t.dims)))
+    return light
+
+
+def weight_axis(view: GraphView, node: Any, weight_index: int) -> int | None:
+    """The output-channel axis of a weight input, or None for per-tensor.
+
+    Conv: 0 (``[Cout, Cin/g, k...]``); ConvTranspose: 1 (``[Cin, Cout/g, k...]``); Gemm: 0 with
+    ``transB=1`` (``[N, K]``), else 1 (``[K, N]``); MatMul: the last axis of B (``[..., K, N]``).
+    A weight in the A position of Gemm/MatMul is quantized per tensor."""
+    op = node.op_type
+    shape = view.constant_array(node.input[weight_index]).shape
+    if op == "Conv":
+        return 0
+    if op == "ConvTranspose":
+        return 1 if len(shape) > 1 else None
+    if op == "Gemm":
+        if weight_index != 1:
+            return None
+        return 0 if view.attr(node, "transB", 0) else 1
+    if op == "MatMul":
+        if weight_index != 1 or len(shape) < 2:
+            return None
+        return len(shape) - 1
+    return None
+
+
+def _unique_node_names(model: Any) -> None:
+    """Give every node a unique name (rules and exclusions refer to nodes by name)."""
+    used: set[str] = set()
+    for i, node in enumerate(model.graph.node):
+        name = node.name or f"{node.op_type}_{i}"
+        base, k = name, 1
+        while name in used:
+            name = f"{base}_{k}"
+            k += 1
+        node.name = name
+        used.add(name)
+
+
+def _ensure_opset(model: Any) -> Any:
+    import onnx
+
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if opset is None:
+        raise UsageError("the model imports no default ONNX opset")
+    if opset >= MIN_OPSET:
+        return model
+    from onnx import version_converter
+
+    try:
+        converted = version_converter.convert_version(model, MIN_OPSET)
+    except Exception as exc:
+        raise UsageError(f"the model has opset {opset}; converting it to opset {MIN_OPSET} (needed for per-channel "
+                         f"Q/DQ) failed: {exc}") from exc
+    log.info("converted the model from opset %d to %d", opset, MIN_OPSET)
+    return onnx.ModelProto.FromString(converted.SerializeToString())
+
+
+def prepare_model(model: Any) -> Any:
+    """A copy of ``model`` with opset >= 13 and unique node names (what the rules work on)."""
+    import onnx
+
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    copy = _ensure_opset(copy)
+    _unique_node_names(copy)
+    return copy
+
+
+def _drop_unused_initializers(model: Any) -> None:
+    used = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
+    keep = [t for t in model.graph.initializer if t.name in used]
+    if len(keep) != len(model.graph.initializer):
+        del model.graph.initializer[:]
+        model.graph.initializer.extend(keep)
+        graph_input_keep = [i for i in model.graph.input if i.name in used or i.name not in {t.name for t in keep}]
+        del model.graph.input[:]
+        model.graph.input.extend(graph_input_keep)
+
+
+# --------------------------------------------------------------------------------------------
+# Ranges from files
+
+
+def load_model(path: str | Path) -> Any:
+    import onnx
+
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError(f"{p}: model file not found")
+    try:
+        return onnx.load(str(p))
+    except Exception as exc:
+        raise UsageError(f"{p}: cannot read ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def model_tensor_names(model: Any) -> set[str]:
+    names = {i.name for i in model.graph.input}
+    for node in model.graph.node:
+        names.update(o for o in node.output if o)
+    return names

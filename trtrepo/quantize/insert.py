@@ -1,0 +1,365 @@
+"""Quantization parameters and the insertion of Q/DQ nodes: activation and weight scales, INT32
+biases that fit, and the explicitly quantized model."""
+
+from __future__ import annotations
+
+import logging
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from ..errors import TrtrepoError, UsageError
+from .graph import GraphView, _drop_unused_initializers, prepare_model, weights_as_inputs
+from .options import (
+    _INT8_MAX,
+    _INT8_REDUCED_MAX,
+    CHECK_FULL_BYTES,
+    WEIGHTED_OPS,
+    ActivationRange,
+    QuantizeOptions,
+    QuantPoint,
+    RangeLike,
+    _as_range,
+)
+from .plan import NothingToQuantize, QdqPlan, _why_nothing, plan_qdq
+from .rules import REQUIRED_RULES
+
+log = logging.getLogger(__name__)
+# --------------------------------------------------------------------------------------------
+# Quantization parameters
+
+
+@dataclass(frozen=True)
+class QParams:
+    scale: np.ndarray  # float32, scalar or 1-D
+    zero_point: np.ndarray  # int8 / uint8 / int32, same shape
+    axis: int | None = None
+
+
+def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, tensor: str = "") -> QParams:
+    """TensorRT: int8 symmetric, ``scale = amax / 127``, zp 0. ONNX Runtime: uint8 asymmetric over
+    ``[max(lo, -amax), min(hi, amax)]`` widened to contain 0 (``[0, amax]`` for a non-negative
+    tensor without measured bounds, else ``[-amax, amax]``)."""
+    amax = float(rng.amax)
+    if not np.isfinite(amax) or amax < 0:
+        raise UsageError(f"tensor '{tensor}': invalid range amax={rng.amax!r}")
+    if target == "tensorrt":
+        scale = amax / _INT8_MAX if amax > 0 else 1.0
+        return QParams(np.asarray(scale, np.float32), np.asarray(0, np.int8))
+    lo = rng.lo if rng.lo is not None else (0.0 if nonneg else -amax)
+    hi = rng.hi if rng.hi is not None else amax
+    lo, hi = max(float(lo), -amax), min(float(hi), amax)
+    lo, hi = min(lo, 0.0), max(hi, 0.0)
+    if hi - lo <= 0:
+        return QParams(np.asarray(1.0, np.float32), np.asarray(0, np.uint8))
+    uscale = np.float32((hi - lo) / 255.0)
+    zp = int(np.clip(np.rint(-lo / float(uscale)), 0, 255))
+    return QParams(np.asarray(uscale, np.float32), np.asarray(zp, np.uint8))
+
+
+def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = _INT8_MAX) -> QParams:
+    """Symmetric int8 (narrow range [-qmax, qmax], 127 or 64 with reduce_range), per channel
+    along ``axis`` or per tensor."""
+    w = np.asarray(w, np.float32)
+    if axis is None:
+        amax = np.asarray(np.max(np.abs(w)) if w.size else 0.0, np.float32)
+    else:
+        other = tuple(i for i in range(w.ndim) if i != axis)
+        amax = np.max(np.abs(w), axis=other) if w.size else np.zeros(w.shape[axis], np.float32)
+    scale = np.where(amax > 0, amax / np.float32(qmax), 1.0).astype(np.float32)
+    return QParams(scale, np.zeros(scale.shape, np.int8), axis)
+
+
+def quantize_weight(w: np.ndarray, qp: QParams, qmax: float = _INT8_MAX) -> np.ndarray:
+    scale = qp.scale
+    if qp.axis is not None:
+        shape = [1] * w.ndim
+        shape[qp.axis] = -1
+        scale = scale.reshape(shape)
+    return np.clip(np.rint(w / scale), -qmax, qmax).astype(np.int8)
+
+
+# --------------------------------------------------------------------------------------------
+# The rewrite
+
+
+@dataclass
+class QuantizedModel:
+    model: Any  # onnx.ModelProto
+    plan: QdqPlan
+    activation_qparams: dict[str, QParams]
+
+
+@dataclass(frozen=True)
+class _Int32Bias:
+    """A Conv/Gemm bias the onnxruntime target stores as int32 at scale ``s_x * s_w``."""
+
+    point: QuantPoint
+    node: Any
+    x: str  # the quantized input
+    weight: tuple[str, int | None]  # the weight's key (tensor, axis)
+    bias: np.ndarray  # float32, 1-D
+    reduction: int  # products summed into one output (an upper bound): weight size / outputs
+
+
+def _int32_biases(view: GraphView, plan: QdqPlan, act_q: Mapping[str, QParams],
+                  rewires: Mapping[tuple[str, int], str]) -> list[_Int32Bias]:
+    """The bias points whose node unit has a quantized input and weight (so ONNX Runtime fuses it
+    into QLinearConv/QGemm and the bias must be int32 at ``s_x * s_w``)."""
+    units = []
+    for p in plan.points:
+        if p.kind != "bias":
+            continue
+        node = next(n for n in view.nodes if n.name == p.consumer)
+        x_name, w_name = node.input[0], node.input[1]
+        w_point = next((q for q in plan.points if q.kind == "weight" and q.consumer == node.name and q.input_index == 1), None)
+        if rewires.get((node.name, 0)) is None or w_point is None or x_name not in act_q:
+            continue
+        if node.op_type == "Gemm" and (view.attr(node, "transA", 0) or float(view.attr(node, "beta", 1.0)) != 1.0
+                                        or float(view.attr(node, "alpha", 1.0)) != 1.0):
+            continue
+        b = view.constant_array(p.tensor).astype(np.float32)
+        if b.ndim != 1 or b.size == 0 or not np.all(np.isfinite(b)):
+            continue
+        w_size = int(view.constant_array(w_name).size)
+        units.append(_Int32Bias(p, node, x_name, (w_name, w_point.axis), b, max(1, w_size // int(b.size))))
+    return units
+
+
+def _bias_limit(reduction: int, qmax: float) -> float:
+    """The largest int32 bias magnitude a unit can take: ONNX Runtime's integer kernels add the bias
+    to an int32 accumulator of up to ``reduction`` products ``(x_q - zp) * w_q``, each at most
+    ``255 * qmax``, and that sum wraps too (measured, ONNX Runtime 1.32: QLinearConv with bias
+    ``2**31 - 1000`` and 18 products of 255 * 127 read -66000 where the unfused graph read +66600)."""
+    return float(max(2**31 - 1 - reduction * 255 * int(qmax), 2**24))
+
+
+def _bias_scale_floors(view: GraphView, biases: Sequence[_Int32Bias], act_q: Mapping[str, QParams],
+                       per_channel: bool, qmax: float) -> dict[tuple[str, int | None], tuple[np.ndarray, list[str]]]:
+    """Per weight (tensor, axis): the smallest scale, per channel (or per tensor), at which every
+    bias it meets fits int32 at ``s_x * s_w`` within :func:`_bias_limit`, and the nodes of those
+    biases. A nearest-rounding scale is too small for a near-dead channel (weights ~1e-6) with a
+    large bias: ``b / (s_x * s_w) > 2**31``.
+
+    Decision, measured with ONNX Runtime 1.32 (CPU EP) on a Conv -> Relu -> Q unit whose channel
+    has weights ~1e-6 and bias 500: such a bias cannot stay float. From ORT_ENABLE_BASIC on (the
+    default is ALL), ONNX Runtime's WeightBiasQuantization transformer quantizes the float bias of a
+    ``DQ -> Conv/Gemm [-> Relu/Clip] -> Q`` unit itself, as ``Cast(Round(b / (s_x * s_w)))`` with
+    no clipping: the bias became ``-2**31`` and the channel read 0 instead of 500 (QLinearConv),
+    the same sign flip. Only ORT_DISABLE_ALL, or a unit without an output Q, kept the float bias
+    and the exact result. Clipping keeps the sign but not the value (0.26 instead of 500). So
+    the scales of those channels are raised to ``|b| / (s_x * limit)``: their weights, tiny next
+    to the bias by definition (all their products together below about ``reduction * 1.5e-5`` of
+    ``|b|``), are rounded on that coarser grid, and every other channel keeps its scale and the
+    rounding an earlier weight step chose. Per-tensor weights raise the tensor's one scale."""
+    floors: dict[tuple[str, int | None], tuple[np.ndarray, list[str]]] = {}
+    for unit in biases:
+        s_x = float(act_q[unit.x].scale)
+        if not s_x > 0:
+            continue
+        need = np.abs(unit.bias.astype(np.float64)) / (s_x * _bias_limit(unit.reduction, qmax))
+        need *= 1.0 + 1e-5  # margin for the float32 roundings of s_w and s_x * s_w
+        w_shape = view.constant_array(unit.weight[0]).shape
+        axis = unit.weight[1]
+        if not per_channel or axis is None or w_shape[axis] != unit.bias.size:
+            need = np.asarray(need.max())
+        prev, nodes = floors.get(unit.weight, (None, []))
+        floors[unit.weight] = (need if prev is None else np.maximum(prev, need), nodes + [unit.node.name])
+    return floors
+
+
+def _raise_scale(qp: QParams, floor: np.ndarray, weight: str, nodes: Sequence[str]) -> QParams:
+    """``qp`` with its scales raised to ``floor`` where they are below it, with a warning."""
+    low = qp.scale.astype(np.float64) < floor
+    if not np.any(low):
+        return qp
+    scale = np.maximum(qp.scale.astype(np.float64), floor).astype(np.float32).reshape(qp.scale.shape)
+    log.warning("%s: the int32 bias does not fit at scale s_x * s_w for %d of %d weight scale(s) of '%s' "
+                "(near-dead channels: tiny weights, large bias); raised those scales so that it fits (clipped, the "
+                "bias would lose its value; left float, ONNX Runtime would quantize it itself and overflow)",
+                ", ".join(f"'{n}'" for n in nodes), int(np.count_nonzero(low)), int(low.size), weight)
+    return replace(qp, scale=scale)
+
+
+def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
+               *, source: str = "ranges", warn: bool = True) -> QuantizedModel:
+    """Return a copy of ``model`` with Q/DQ nodes placed by the target's rules.
+
+    ``ranges`` maps activation tensor names to an amax (float) or an :class:`ActivationRange`.
+    Every activation the plan quantizes must be covered; otherwise a :class:`UsageError` names
+    the first missing tensor. Raises when the model has no quantizable operator."""
+    import onnx
+    from onnx import helper, numpy_helper
+
+    options = options or QuantizeOptions()
+    work = prepare_model(model)
+    view = GraphView(work)
+    if not any(n.op_type in WEIGHTED_OPS for n in view.nodes):
+        raise UsageError(f"the model has no quantizable operator ({', '.join(WEIGHTED_OPS)}); nothing to quantize")
+    plan = plan_qdq(work, options, view=view, ranges=ranges)
+    if warn:
+        warn_float(plan)
+    if not plan.points:
+        raise NothingToQuantize(_why_nothing(plan, options))
+
+    # Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra
+    # tensors of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a
+    # warning when the ranges lack them (those units then run in float).
+    required = {p.tensor for p in plan.points if p.kind == "activation" and p.rule in REQUIRED_RULES}
+    missing = [t for t in plan.activation_tensors() if t in required and t not in ranges]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise UsageError(f"{source} do not cover the model: no range for tensor '{missing[0]}'{more}; "
+                         "were they calibrated on another model?")
+    optional_missing = [t for t in plan.activation_tensors() if t not in ranges]
+    if optional_missing:
+        log.warning("%s have no range for %d tensor(s) of ONNX Runtime node units (e.g. '%s'); those units run in float",
+                    source, len(optional_missing), optional_missing[0])
+        plan.points = [p for p in plan.points if not (p.kind == "activation" and p.tensor in optional_missing)]
+    needed = plan.activation_tensors()
+
+    used_names = {n for node in work.graph.node for n in list(node.input) + list(node.output)}
+    used_names |= set(view.initializers) | {i.name for i in work.graph.input}
+
+    def fresh(base: str) -> str:
+        name, k = base, 1
+        while name in used_names:
+            name = f"{base}_{k}"
+            k += 1
+        used_names.add(name)
+        return name
+
+    new_inits: list[Any] = []
+    # Nodes to insert after the producer of a tensor (None key: before every node).
+    inserted_after: dict[str | None, list[Any]] = defaultdict(list)
+    rewires: dict[tuple[str, int], str] = {}  # (node name, input index) -> new input
+    act_q: dict[str, QParams] = {}
+    act_dq_out: dict[str, str] = {}
+
+    def add_init(base: str, array: np.ndarray) -> str:
+        name = fresh(base)
+        new_inits.append(numpy_helper.from_array(array, name))
+        return name
+
+    def anchor(tensor: str) -> str | None:
+        prod = view.producer.get(tensor)
+        return prod.name if prod is not None else None
+
+    # Activations: one Q -> DQ pair per tensor, shared by the consumers the plan names.
+    for tensor in needed:
+        rng = _as_range(ranges[tensor])
+        qp = activation_qparams(rng, options.target, nonneg=view.non_negative(tensor), tensor=tensor)
+        act_q[tensor] = qp
+        s = add_init(f"{tensor}_scale", qp.scale)
+        z = add_init(f"{tensor}_zero_point", qp.zero_point)
+        q_out, dq_out = fresh(f"{tensor}_quantized"), fresh(f"{tensor}_dequantized")
+        inserted_after[anchor(tensor)] += [
+            helper.make_node("QuantizeLinear", [tensor, s, z], [q_out], name=fresh(f"{tensor}_QuantizeLinear")),
+            helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{tensor}_DequantizeLinear")),
+        ]
+        act_dq_out[tensor] = dq_out
+
+    excluded = set(plan.excluded)
+    for p in plan.points:
+        if p.kind == "activation":
+            if p.consumer is not None:
+                rewires[(p.consumer, p.input_index)] = act_dq_out[p.tensor]  # type: ignore[index]
+            else:
+                for node, idx in view.consumers.get(p.tensor, []):
+                    if node.name not in excluded:
+                        rewires[(node.name, idx)] = act_dq_out[p.tensor]
+
+    qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
+    biases = _int32_biases(view, plan, act_q, rewires)
+    floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
+    weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
+    for p in plan.points:
+        if p.kind == "weight":
+            key = (p.tensor, p.axis)
+            if key not in weight_dq:
+                w = view.constant_array(p.tensor).astype(np.float32)
+                qp = weight_qparams(w, p.axis, qmax)
+                if key in floors:
+                    qp = _raise_scale(qp, floors[key][0], p.tensor, floors[key][1])
+                s = add_init(f"{p.tensor}_scale", qp.scale)
+                z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
+                axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
+                dq_out = fresh(f"{p.tensor}_dequantized")
+                if options.target == "tensorrt":
+                    # FP32 weights behind Q -> DQ: TensorRT quantizes them at build time.
+                    q_out = fresh(f"{p.tensor}_quantized")
+                    nodes = [
+                        helper.make_node("QuantizeLinear", [p.tensor, s, z], [q_out], name=fresh(f"{p.tensor}_QuantizeLinear"), **axis_kw),
+                        helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw),
+                    ]
+                else:
+                    wq = add_init(f"{p.tensor}_quantized", quantize_weight(w, qp, qmax))
+                    nodes = [helper.make_node("DequantizeLinear", [wq, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw)]
+                inserted_after[anchor(p.tensor)] += nodes
+                weight_dq[key] = (dq_out, qp)
+            rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
+
+    # Biases (onnxruntime target): int32 with scale s_x * s_w once input and weight are quantized;
+    # the weight scales above were raised where a bias would not fit (_bias_scale_floors).
+    for unit in biases:
+        p, node, x_name, w_key, b = unit.point, unit.node, unit.x, unit.weight, unit.bias
+        w_qp = weight_dq[w_key][1]
+        n_out = int(b.size)
+        w_scale = np.broadcast_to(w_qp.scale, (n_out,)) if w_qp.scale.ndim == 0 else w_qp.scale
+        if w_scale.shape != (n_out,):
+            continue
+        b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
+        # In float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wrapped a
+        # saturated positive bias to -2**31. With the raised scales nothing reaches the limit; the
+        # clip is a backstop that keeps the sign.
+        limit = _bias_limit(unit.reduction, qmax)
+        bq = np.clip(np.rint(b.astype(np.float64) / b_scale.astype(np.float64)), -limit, limit).astype(np.int32)
+        bq_name = add_init(f"{p.tensor}_quantized", bq)
+        s = add_init(f"{p.tensor}_scale", b_scale)
+        z = add_init(f"{p.tensor}_zero_point", np.zeros(n_out, np.int32))
+        dq_out = fresh(f"{p.tensor}_dequantized")
+        inserted_after[None].append(helper.make_node("DequantizeLinear", [bq_name, s, z], [dq_out],
+                                                     name=fresh(f"{p.tensor}_DequantizeLinear"), axis=0))
+        rewires[(node.name, 2)] = dq_out
+
+    # Rebuild the node list in topological order: Q/DQ right after the tensor's producer.
+    nodes_out = list(inserted_after.get(None, []))
+    for node in work.graph.node:
+        for i in range(len(node.input)):
+            new = rewires.get((node.name, i))
+            if new is not None:
+                node.input[i] = new
+        nodes_out.append(node)
+        nodes_out.extend(inserted_after.get(node.name, []))
+    del work.graph.node[:]
+    work.graph.node.extend(nodes_out)
+    work.graph.initializer.extend(new_inits)
+    # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
+    _drop_unused_initializers(work)
+    try:
+        # The checker serializes the model: for a large one (a copy of every weight) check the
+        # graph without the weights; ONNX Runtime checks the rest when it loads the model.
+        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else weights_as_inputs(work))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
+    return QuantizedModel(work, plan, act_q)
+
+
+def warn_float(plan: QdqPlan) -> None:
+    """One warning naming the unquantizable tensors, one for the nodes kept float because of them
+    (the structural transformer exclusions are logged at info level)."""
+    if plan.float_tensors:
+        names = list(plan.float_tensors)
+        first = names[0]
+        log.warning("kept in float: %d tensor(s) with unquantizable ranges: %s (%s)%s", len(names),
+                    ", ".join(f"'{n}'" for n in names[:6]), plan.float_tensors[first],
+                    f" and {len(names) - 6} more" if len(names) > 6 else "")
+    if plan.auto_float:
+        mask = [n for n, why in plan.auto_float.items() if "mask" in why or "produces" in why]
+        if mask:
+            log.warning("kept in float on the attention-mask path: %s", ", ".join(f"'{n}'" for n in mask))
+        log.info("kept in float (transformer patterns): %s", ", ".join(f"{n} ({why})" for n, why in plan.auto_float.items()))

@@ -1,0 +1,107 @@
+"""The quantize stage's files: ranges from JSON or a TensorRT cache in, the Q/DQ model out."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from .graph import load_model, model_tensor_names
+from .insert import QuantizedModel, insert_qdq
+from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
+
+
+def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
+    """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
+    plus the signed min/max where the file holds them (written with the statistics)."""
+    import json
+
+    from ..calibrate import Ranges
+
+    ranges = Ranges.load_json(path)
+    tensors = json.loads(Path(path).read_text()).get("tensors") or {}
+    out = {}
+    for name, amax in ranges.items():
+        entry = tensors.get(name)
+        if isinstance(entry, Mapping) and "min" in entry and "max" in entry:
+            out[name] = ActivationRange(float(amax), float(entry["min"]), float(entry["max"]))
+        else:
+            out[name] = ActivationRange(float(amax))
+    return out
+
+
+def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, float]:
+    """Amax per tensor (``scale * 127``) from a TensorRT calibration cache. With ``model``, a
+    cache whose names are not tensors of that model is refused (made for another model)."""
+    from ..cache import read_cache
+
+    _header, scales = read_cache(path)
+    if model is not None:
+        known = model_tensor_names(model)
+        foreign = [n for n in scales if n not in known and not n.startswith("(Unnamed Layer")]
+        if foreign:
+            more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise UsageError(f"{path}: calibration cache was made for another model: tensor '{foreign[0]}'{more} "
+                             "is not in this model")
+    return {name: float(np.float32(scale) * np.float32(_INT8_MAX)) for name, scale in scales.items()}
+
+
+# --------------------------------------------------------------------------------------------
+# File-level API
+
+
+@dataclass
+class QuantizeResult:
+    """What :func:`quantize_model` / :func:`trtrepo.autoquant.quantize_for_deploy` wrote."""
+
+    path: Path
+    target: str
+    method: str | None = None
+    layers: list[str] = field(default_factory=list)
+    layers_in_float: list[str] = field(default_factory=list)
+    kept_float: dict[str, str] = field(default_factory=dict)  # node -> reason (transformer-aware exclusions)
+    float_tensors: dict[str, str] = field(default_factory=dict)  # unquantizable tensor -> reason
+    activations: int = 0
+    weights: int = 0
+    report: dict[str, Any] | None = None
+
+
+def save_model(model: Any, out_path: str | Path, *, force: bool = True) -> Path:
+    """Write an ONNX model atomically (temporary file in the folder, then rename)."""
+    import onnx
+
+    from ..fsutil import atomic_path
+
+    out = Path(out_path)
+    with atomic_path(out, force=force) as tmp:
+        onnx.save(model, str(tmp))
+    return out
+
+
+def quantize_model(onnx_path: str | Path, ranges: Mapping[str, RangeLike], out_path: str | Path,
+                   options: QuantizeOptions | None = None, *, method: str | None = None, force: bool = True,
+                   source: str = "ranges") -> QuantizeResult:
+    """Quantize ``onnx_path`` with ``ranges`` and write the Q/DQ model to ``out_path`` atomically."""
+    options = options or QuantizeOptions()
+    model = load_model(onnx_path)
+    qm = insert_qdq(model, ranges, options, source=source)
+    path = save_model(qm.model, out_path, force=force)
+    return _result(qm, path, options, method)
+
+
+def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: str | None) -> QuantizeResult:
+    return QuantizeResult(
+        path=path,
+        target=options.target,
+        method=method,
+        layers=list(qm.plan.layers),
+        layers_in_float=list(qm.plan.excluded),
+        kept_float=dict(qm.plan.auto_float),
+        float_tensors=dict(qm.plan.float_tensors),
+        activations=len(qm.activation_qparams),
+        weights=len({(p.tensor, p.axis) for p in qm.plan.points if p.kind == "weight"}),
+    )

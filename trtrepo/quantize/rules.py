@@ -1,0 +1,337 @@
+"""Placement rules: which tensors of a node get a Q/DQ pair on each target, and which nodes stay
+float (transformer-safe exclusions, additive masks, outlier ranges)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .graph import GraphView, weight_axis
+from .options import _FLOAT, ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike, _as_range
+
+Rule = Callable[[GraphView, Any, QuantizeOptions], list[QuantPoint]]
+
+
+def rule_weighted_op_inputs(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """Conv, ConvTranspose, Gemm, MatMul: every float activation input (per tensor) and every
+    constant weight input (per output channel). Biases stay float for TensorRT."""
+    if node.op_type not in WEIGHTED_OPS:
+        return []
+    n_data = 2  # X, W (Conv/ConvTranspose) or A, B (Gemm/MatMul); bias handled separately
+    points = []
+    for i, name in enumerate(node.input[:n_data]):
+        if not name:
+            continue
+        if view.is_constant(name):
+            if view.elem_type.get(name) != _FLOAT:
+                continue
+            axis = weight_axis(view, node, i) if options.per_channel else None
+            points.append(QuantPoint(name, node.name, i, "weight", "weighted_op_inputs", axis))
+        elif view.is_float_activation(name):
+            points.append(QuantPoint(name, node.name, i, "activation", "weighted_op_inputs"))
+    return points
+
+
+def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) -> bool:
+    """onnxruntime target: leave a dense Conv with a tiny reduction (``Cin * kh * kw`` below
+    ``options.ort_min_reduction``, e.g. the first 3x3 conv of a one-channel image model) in float.
+    ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there (measured on the demo's
+    first conv, 1 -> 16 channels, 3x3)."""
+    if options.target != "onnxruntime" or options.ort_min_reduction <= 0 or node.op_type != "Conv":
+        return False
+    if len(node.input) < 2 or not view.is_constant(node.input[1]) or int(view.attr(node, "group", 1)) != 1:
+        return False
+    shape = view.constant_array(node.input[1]).shape
+    return int(np.prod(shape[1:])) < options.ort_min_reduction
+
+
+# --------------------------------------------------------------------------------------------
+# Transformer-aware exclusions: what stays float whatever the rules say
+
+# Constants of this magnitude (or non-finite) feeding Add/Sub/Mul/Where build additive masks.
+MASK_CONSTANT = 1e9
+OUTLIER_FLOOR = 1000.0  # a range below this is never an outlier, whatever the ratio
+_MASK_OPS = ("Add", "Sub", "Mul", "Where", "Div")
+# Ops that end the mask path (their output is bounded again).
+_MASK_STOP = ("Softmax", "LogSoftmax", "Sigmoid", "Tanh")
+# Ops between Q.K^T and Softmax (scale, mask, reshapes) that make up the attention score path.
+_SCORE_OPS = ("Div", "Mul", "Add", "Sub", "Where", "Reshape", "Transpose", "Cast", "Identity", "Dropout", "Clip")
+
+
+@dataclass(frozen=True)
+class FloatReasons:
+    """What :func:`find_float_nodes` keeps float: ``nodes`` (name -> reason) and the
+    ``tensors`` whose range cannot be quantized (name -> reason)."""
+
+    nodes: dict[str, str]
+    tensors: dict[str, str]
+
+
+def _finite(x: float | None) -> bool:
+    return x is None or np.isfinite(x)
+
+
+def unquantizable_ranges(ranges: Mapping[str, RangeLike], ratio: float = 1000.0) -> dict[str, str]:
+    """Tensors whose range is non-finite, or larger than ``ratio`` times the median range of the
+    others (and above :data:`OUTLIER_FLOOR`): an 8-bit scale over such a range rounds every
+    ordinary value to zero. Typical case: the additive attention mask holding ``finfo.min``."""
+    rs = {name: _as_range(v) for name, v in ranges.items()}
+    out: dict[str, str] = {}
+    finite = []
+    for name, r in rs.items():
+        if not (np.isfinite(r.amax) and _finite(r.lo) and _finite(r.hi)):
+            out[name] = "non-finite range"
+        elif r.amax > 0:
+            finite.append(r.amax)
+    if not finite:
+        return out
+    median = float(np.median(finite))
+    limit = max(ratio * median, OUTLIER_FLOOR)
+    for name, r in rs.items():
+        if name not in out and r.amax > limit:
+            out[name] = f"range {r.amax:.3g} is {r.amax / median:.3g}x the median range {median:.3g}"
+    return out
+
+
+def _mask_constant(view: GraphView, name: str) -> float | None:
+    """The largest magnitude of a float constant input when it looks like a mask fill value."""
+    if not view.is_constant(name) or view.elem_type.get(name) not in (_FLOAT, 10, 11):
+        return None
+    a = view.constant_array(name)
+    if a.size == 0 or a.size > 4096:
+        return None
+    big = float(np.max(np.abs(a.astype(np.float64))))
+    return big if (not np.isfinite(big) or big >= MASK_CONSTANT) else None
+
+
+def find_float_nodes(view: GraphView, options: QuantizeOptions,
+                     ranges: Mapping[str, RangeLike] | None = None) -> FloatReasons:
+    """Nodes to keep in float for transformers, with the reason (both targets):
+
+    * the **mask path**: tensors with an unquantizable range (:func:`unquantizable_ranges`, needs
+      ``ranges``) or computed from a huge/non-finite constant (``(1 - mask) * finfo.min``,
+      ``Where(mask, 0, -inf)``), and everything downstream of them up to the next Softmax: the
+      producers and consumers of those tensors get no Q/DQ;
+    * **Softmax** and **LayerNormalization** (what TensorRT and ModelOpt leave in float);
+    * onnxruntime target with ``transformer_safe``: **residual-stream Adds** (activation +
+      activation Adds in front of a LayerNorm; on trained all-mpnet-base-v2 their outlier channels
+      took the embedding cosine to 0.09-0.43 as QLinearAdd units) and the **gating products**
+      inside GELU/SiLU (so ONNX Runtime still fuses the activation);
+    * the **attention score path** unless ``options.quantize_attention``: MatMuls whose two inputs
+      are both activations (Q.K^T and P.V) and the scale/mask ops between Q.K^T and the Softmax;
+    * **GEMV** MatMul/Gemm (a constant weight with a single output column), which ModelOpt excludes.
+    """
+    nodes: dict[str, str] = {}
+    tensors: dict[str, str] = {}
+
+    def keep(node: Any, reason: str) -> None:
+        nodes.setdefault(node.name, reason)
+
+    # Mask path seeds: unquantizable ranges and outputs computed from mask-like constants.
+    seeds: dict[str, str] = {}
+    if ranges:
+        for name, why in unquantizable_ranges(ranges, options.outlier_ratio).items():
+            if name in view.producer or name in view.graph_inputs:
+                seeds[name] = why
+    for node in view.nodes:
+        if node.op_type not in _MASK_OPS or not node.output or not view.is_float_activation(node.output[0]):
+            continue
+        for i in node.input:
+            big = _mask_constant(view, i) if i else None
+            if big is not None:
+                seeds.setdefault(node.output[0], f"computed from the constant {i!r} of magnitude {big:.3g} (attention mask)")
+                break
+    # Forward to the next Softmax: every float tensor on the way is unquantizable.
+    stack = list(seeds)
+    tensors.update(seeds)
+    while stack:
+        t = stack.pop()
+        prod = view.producer.get(t)
+        if prod is not None and t in seeds:
+            keep(prod, f"produces '{t}': {seeds[t]}")
+        for node, _ in view.consumers.get(t, []):
+            if node.name in nodes and node.op_type not in _MASK_STOP:
+                continue
+            keep(node, f"on the attention-mask path from '{t}' ({tensors[t] if t in seeds else 'downstream of the mask'})")
+            if node.op_type in _MASK_STOP:
+                continue
+            for out in node.output:
+                if out and view.is_float_activation(out) and out not in tensors:
+                    tensors[out] = f"downstream of the mask tensor '{t}'"
+                    stack.append(out)
+
+    if options.target == "onnxruntime" and options.transformer_safe:
+        for node in view.nodes:
+            if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
+                continue
+            if not all(view.is_float_activation(i) for i in node.input):
+                continue
+            if node.op_type == "Add" and residual_stream_add(view, node):
+                keep(node, "residual-stream Add in front of a LayerNorm: its trained outlier channels do not survive one "
+                           "per-tensor 8-bit scale (MatMul/Conv inputs are still quantized)")
+            elif gating_product(view, node):
+                keep(node, f"{node.op_type} inside an activation function (GELU/SiLU gating): stays float so ONNX Runtime "
+                           "fuses the activation")
+    for node in view.nodes:
+        op = node.op_type
+        if op in ("Softmax", "LayerNormalization"):
+            keep(node, f"{op} stays float (TensorRT/ModelOpt transformer pattern)")
+        elif op in ("MatMul", "Gemm"):
+            a, b = (list(node.input) + ["", ""])[:2]
+            if a and b and view.is_float_activation(a) and view.is_float_activation(b):
+                if not options.quantize_attention:
+                    keep(node, "attention MatMul of two activations (Q.K^T or P.V); use --quantize-attention to quantize it")
+                    _mark_score_path(view, node, keep)
+            elif b and view.is_constant(b):
+                shape = view.constant_array(b).shape
+                transb = op == "Gemm" and view.attr(node, "transB", 0)
+                n_out = shape[0] if transb else (shape[-1] if shape else 0)
+                if len(shape) >= 2 and n_out == 1:
+                    keep(node, "GEMV (a single output column): stays float as in ModelOpt")
+    return FloatReasons(nodes, tensors)
+
+
+_NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "ReduceMean",
+             "RMSNormalization", "GroupNormalization")
+_GATE_OPS = ("Erf", "Tanh", "Sigmoid", "HardSigmoid")
+_PASS_OPS = ("Cast", "Identity", "Reshape", "Transpose")
+
+
+def residual_stream_add(view: GraphView, node: Any, depth: int = 4) -> bool:
+    """An activation + activation Add on a transformer's residual stream: its output reaches a
+    normalization (LayerNorm, RMSNorm, or a decomposed one starting with ReduceMean) directly or
+    through further residual Adds (pre-LN blocks). A CNN's residual Add (followed by Relu or a
+    Conv) is not one."""
+    if depth <= 0 or not node.output:
+        return False
+    for consumer, _ in view.consumers.get(node.output[0], []):
+        op = consumer.op_type
+        if op in _NORM_OPS:
+            return True
+        if op in _PASS_OPS and residual_stream_add(view, consumer, depth - 1):
+            return True
+        if op == "Add" and all(view.is_float_activation(i) for i in consumer.input) and \
+                residual_stream_add(view, consumer, depth - 1):
+            return True
+    return False
+
+
+def gating_product(view: GraphView, node: Any) -> bool:
+    """A Mul (or Add) of two activations where one input is computed from Erf/Tanh/Sigmoid within a
+    few elementwise steps: the inside of GELU (``x * (1 + erf(x / sqrt 2))``), SiLU and the like."""
+    for name in node.input:
+        prod, hops = view.producer.get(name), 0
+        while prod is not None and hops < 4:
+            if prod.op_type in _GATE_OPS:
+                return True
+            if prod.op_type not in ("Add", "Mul", "Div", "Sub", "Cast"):
+                break
+            acts = [i for i in prod.input if view.is_float_activation(i)]
+            if len(acts) != 1:
+                break
+            prod, hops = view.producer.get(acts[0]), hops + 1
+    return False
+
+
+def _mark_score_path(view: GraphView, matmul: Any, keep: Callable[[Any, str], None]) -> None:
+    """Scale/mask ops from a Q.K^T MatMul to its Softmax (nothing when no Softmax follows)."""
+    path: list[Any] = []
+    t = matmul.output[0]
+    for _ in range(8):
+        consumers = view.consumers.get(t, [])
+        if len(consumers) != 1:
+            return
+        node = consumers[0][0]
+        if node.op_type == "Softmax":
+            for n in path:
+                keep(n, f"attention score path between '{matmul.name}' and '{node.name}'")
+            return
+        if node.op_type not in _SCORE_OPS:
+            return
+        path.append(node)
+        t = node.output[0]
+
+
+def _backbone_producer(view: GraphView, name: str) -> Any | None:
+    """The Conv/ConvTranspose producing ``name`` (through an optional BatchNormalization) when
+    that path has no other consumer, i.e. TensorRT can fuse the Add into it."""
+    node = view.producer.get(name)
+    seen = name
+    if node is not None and node.op_type == "BatchNormalization" and len(view.consumers[seen]) == 1:
+        seen = node.input[0]
+        node = view.producer.get(seen)
+        if node is not None and len(view.consumers[seen]) != 1:
+            return None
+    if node is None or node.op_type not in ("Conv", "ConvTranspose"):
+        return None
+    if len(view.consumers[name]) != 1:
+        return None
+    return node
+
+
+def rule_residual_add(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """TensorRT residual Add (ModelOpt's recipe): of an Add with two activation inputs, the one
+    coming straight from a convolution (the backbone) stays float so TensorRT fuses the Add into
+    that convolution; the other (residual) input gets Q/DQ. When both come from convolutions the
+    later one in graph order is the backbone. No Q/DQ when neither does."""
+    if node.op_type != "Add" or len(node.input) != 2:
+        return []
+    a, b = node.input
+    if not (view.is_float_activation(a) and view.is_float_activation(b)):
+        return []
+    pa, pb = _backbone_producer(view, a), _backbone_producer(view, b)
+    if pa is None and pb is None:
+        return []
+    if pa is not None and pb is not None:
+        backbone = 0 if view.order[pa.name] > view.order[pb.name] else 1
+    else:
+        backbone = 0 if pa is not None else 1
+    residual = 1 - backbone
+    return [QuantPoint(node.input[residual], node.name, residual, "activation", "residual_add")]
+
+
+def _fused_output(view: GraphView, name: str) -> str:
+    """The tensor to put the output Q on: after a single following Relu/Clip (fused by ONNX Runtime)."""
+    consumers = view.consumers.get(name, [])
+    if name not in view.graph_outputs and len(consumers) == 1 and consumers[0][0].op_type in ORT_FUSED_ACTIVATIONS:
+        return consumers[0][0].output[0]
+    return name
+
+
+def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """ONNX Runtime node units: float activation inputs and the (activation-fused) output of
+    Conv, ConvTranspose, Gemm, MatMul, Add, Mul, AveragePool, GlobalAveragePool. Weights of the
+    weighted ops come from :func:`rule_weighted_op_inputs`, biases are int32. Add/Mul only when
+    both inputs are activations."""
+    op = node.op_type
+    if op not in ORT_UNIT_OPS:
+        return []
+    if op in ("Add", "Mul") and not all(view.is_float_activation(i) for i in node.input):
+        return []
+    points = []
+    if op not in WEIGHTED_OPS:
+        for i, name in enumerate(node.input):
+            if view.is_float_activation(name):
+                points.append(QuantPoint(name, node.name, i, "activation", "node_unit"))
+    else:
+        bias = node.input[2] if len(node.input) > 2 else ""
+        if bias and view.is_constant(bias) and view.elem_type.get(bias) == _FLOAT:
+            points.append(QuantPoint(bias, node.name, 2, "bias", "node_unit"))
+    out = node.output[0]
+    if view.is_float_activation(out):
+        target = _fused_output(view, out)
+        if target not in view.graph_outputs and view.consumers.get(target):
+            points.append(QuantPoint(target, None, None, "activation", "node_unit_output"))
+    return points
+
+
+# Points of these rules need a range; the others (ONNX Runtime unit extras) are optional.
+REQUIRED_RULES = ("weighted_op_inputs", "residual_add")
+
+RULES: dict[str, tuple[Rule, ...]] = {
+    "tensorrt": (rule_weighted_op_inputs, rule_residual_add),
+    "onnxruntime": (rule_weighted_op_inputs, rule_node_unit),
+}
