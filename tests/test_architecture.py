@@ -85,3 +85,14 @@ def test_no_package_folder_is_named_like_build_output() -> None:
     root = Path(__file__).resolve().parents[1] / "trtrepo"
     named = [p for p in root.rglob("*") if p.is_dir() and p.name in ("build", "dist") and (p / "__init__.py").exists()]
     assert named == [] and (root / "engine" / "__init__.py").is_file(), named
+
+
+def test_every_subpackage_is_listed_for_the_wheel() -> None:
+    """pyproject's explicit package list names every folder of trtrepo/ that holds an __init__.py:
+    a regular (non-editable) install leaves out any that it misses."""
+    import tomllib
+
+    setuptools = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed = set(setuptools["packages"]) - set(setuptools.get("package-dir", {}))  # trtrepo.templates lives in templates/
+    found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "trtrepo").rglob("__init__.py")}
+    assert found == listed, (sorted(found - listed), sorted(listed - found))
