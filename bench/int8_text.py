@@ -165,9 +165,10 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.ERROR)
 
-    from trtrepo.autoquant import METHODS, activation_ranges, calibration_tensors, run_quantize
+    from trtrepo.autoquant import activation_ranges, calibration_tensors, run_quantize
     from trtrepo.calibrate import Calibrator
     from trtrepo.export import export_onnx
+    from trtrepo.histogram import METHODS
     from trtrepo.modelio import ModelIO, load_onnx
     from trtrepo.quantize import QuantizeOptions, insert_qdq
 

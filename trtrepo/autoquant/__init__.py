@@ -1,0 +1,75 @@
+"""Calibrate, quantize and evaluate in one loop: ``--method auto`` and ``--accuracy-target``.
+
+:func:`run_quantize` is the Python twin of ``trtrepo quantize``:
+
+1. ranges come from a ranges JSON, a TensorRT cache, or one calibration pass over ``data``
+   (:class:`trtrepo.calibrate.Calibrator`; its statistics serve every method and carry the
+   signed min/max the onnxruntime target needs);
+2. with ``method="auto"`` the model is quantized with each of entropy, minmax, percentile and
+   mse and each is evaluated against FP32 on a held-out split that calibration never saw (a
+   deterministic ``holdout`` fraction of ``data``, or ``eval_data``); the best by accuracy
+   (labels, else top-1 agreement), then cosine, wins;
+3. with an :class:`~trtrepo.evaluate.AccuracyTarget` the quantized layers are ranked by
+   sensitivity (one layer's Q/DQ removed at a time) and the most sensitive are left in float,
+   one more per step, until the target holds. A target that FP32 itself misses, or that only
+   holds with every layer in float, is an error and nothing is written.
+"""
+
+from __future__ import annotations
+
+from .fallback import FallbackResult, FallbackStep, check_reachable, fallback, layer_blocks, layer_roles
+from .gate import MIN_CONFIDENT_AGREEMENT, AccuracyCheck, AccuracyLoss
+from .ranges import AUTO_MIN_SAMPLES, CACHE_BYTES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
+from .report import report_markdown
+from .run import quantize_for_deploy, run_quantize
+from .select import (
+    AUTO_MIN_GROUPS,
+    DEFAULT_ALPHA,
+    MAX_TOP1_DROP_POINTS,
+    MIN_COSINE,
+    SMOOTHED_RANGE_RULE,
+    WEIGHT_ROUNDING,
+    Candidate,
+    Evaluator,
+    RoundingChoice,
+    SmoothChoice,
+    _smoothed_ranges,
+    choose_smoothing,
+    choose_weight_rounding,
+    select_method,
+)
+
+__all__ = [
+    "AUTO_MIN_GROUPS",
+    "AUTO_MIN_SAMPLES",
+    "AccuracyCheck",
+    "AccuracyLoss",
+    "CACHE_BYTES",
+    "Candidate",
+    "DEFAULT_ALPHA",
+    "DEFAULT_HOLDOUT",
+    "Evaluator",
+    "FallbackResult",
+    "FallbackStep",
+    "MAX_TOP1_DROP_POINTS",
+    "MIN_CONFIDENT_AGREEMENT",
+    "MIN_COSINE",
+    "RoundingChoice",
+    "SMOOTHED_RANGE_RULE",
+    "SmoothChoice",
+    "WEIGHT_ROUNDING",
+    "_smoothed_ranges",
+    "activation_ranges",
+    "calibration_tensors",
+    "check_reachable",
+    "choose_smoothing",
+    "choose_weight_rounding",
+    "fallback",
+    "layer_blocks",
+    "layer_roles",
+    "quantize_for_deploy",
+    "report_markdown",
+    "run_quantize",
+    "select_method",
+    "split_holdout",
+]

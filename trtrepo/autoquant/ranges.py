@@ -1,0 +1,80 @@
+"""Calibration ranges for quantize: the held-out split, the activation ranges of a method, and
+the tensors calibration must observe for a placement."""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from ..errors import UsageError
+from ..quantize import (
+    ActivationRange,
+    QuantizeOptions,
+    plan_qdq,
+    prepare_model,
+)
+
+log = logging.getLogger(__name__)
+
+DEFAULT_HOLDOUT = 0.2
+AUTO_MIN_SAMPLES = 100  # quantize_for_deploy: below this, no held-out split (entropy)
+CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
+
+
+# --------------------------------------------------------------------------------------------
+# Data splits and ranges
+
+
+def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0) -> tuple[Any, Any]:
+    """Deterministic split into (calibration, held-out) parts; no sample is in both."""
+    if not 0.0 < fraction < 1.0:
+        raise UsageError(f"--holdout {fraction}: expected a fraction between 0 and 1")
+    n = len(source)
+    k = int(round(n * fraction))
+    if n < 2 or k < 1 or k >= n:
+        raise UsageError(f"{source.name}: {n} samples are too few to hold out {fraction:.0%} for evaluation; "
+                         "give more data or --eval-data")
+    held = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
+    calib = np.setdiff1d(np.arange(n), held)
+    return source.take(calib), source.take(held)
+
+
+def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict[str, ActivationRange]:
+    """``{tensor: ActivationRange}`` from amax plus the signed min/max of the calibration
+    statistics (:class:`trtrepo.calibrate.Statistics`) where known."""
+    out = {}
+    for name, a in amax.items():
+        lo = hi = None
+        if statistics is not None and name in statistics:
+            lo, hi = float(statistics[name].min), float(statistics[name].max)
+        out[name] = ActivationRange(float(a), lo, hi)
+    # Tensors with infinite values have no amax: pass them on as non-finite ranges so that
+    # quantization keeps them (and the mask path behind them) in float.
+    for name in getattr(statistics, "unbounded", ()):
+        if name not in out:
+            t = statistics[name]
+            out[name] = ActivationRange(math.inf, float(t.min), float(t.max))
+    return out
+
+
+def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
+    """What to calibrate: the float network inputs and every activation the target's placement
+    quantizes (without exclusions, so the fallback never runs short). Not the other tensors of
+    :func:`trtrepo.calibrate.select_tensors` (activation and pooling outputs that no Q/DQ reads):
+    on MobileNetV2 that halves the tensors fetched and binned. ``trtrepo calibrate`` (a TensorRT
+    cache for implicit INT8) still calibrates the full selection."""
+    from ..calibrate import select_tensors
+
+    selected = select_tensors(model)
+    graph_inputs = {i.name for i in model.graph.input}
+    names = [t for t in selected if t in graph_inputs]
+    no_excl = QuantizeOptions(target=options.target, per_channel=options.per_channel,
+                              transformer_safe=options.transformer_safe, quantize_attention=options.quantize_attention)
+    for t in plan_qdq(prepare_model(model), no_excl).activation_tensors():
+        if t not in names:
+            names.append(t)
+    return names
