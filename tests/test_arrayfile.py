@@ -67,6 +67,7 @@ def _model(path: Path) -> Path:
 
 
 @pytest.mark.slow
+@pytest.mark.long
 def test_an_npz_bomb_with_limit_8_stays_under_300_mb(tmp_path):
     """calibrate's default --seed 0 draws a random 8 of the 2000 samples: the member is streamed
     to its last picked row (about 1.2 GB inflated in 16 MB chunks) and 8 rows are kept."""
