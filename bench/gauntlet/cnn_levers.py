@@ -148,10 +148,8 @@ def main() -> None:
     ties = E.TIE_SAMPLES
     for variant in args.variants:
         source, exclude, extra = model_path, (), {}
-        E.TIE_SAMPLES = 10**9 if variant == "select-cosine" else ties
-        if variant == "select-cosine":
-            pass
-        elif variant == "depthwise-float":
+        E.TIE_SAMPLES = 10**9 if variant == "select-cosine" else ties  # the variant is this setting alone
+        if variant == "depthwise-float":
             exclude = (DEPTHWISE,)
         elif variant.startswith("stream-eq:"):
             alpha = float(variant.split(":", 1)[1])
@@ -160,7 +158,7 @@ def main() -> None:
             onnx.save(eq, str(source))
             change = float(np.abs(logits(source, x[:32]) - fp32[:32]).max())
             extra = {"fp32_max_logit_change": change, "channel_range_max_over_median_before_after": spread}
-        else:
+        elif variant != "select-cosine":
             raise SystemExit(f"unknown variant {variant!r}")
         for target in args.targets:
             out = args.work / f"{variant.replace(':', '_')}_{target}.onnx"
