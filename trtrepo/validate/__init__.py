@@ -43,9 +43,6 @@ from .accuracy import (
 from .client import (
     LoadResult,
     TritonTarget,
-    _cuda_shm,
-    _shm_module,
-    _Slot,
 )
 from .contract import (
     _STAT_KEYS,
@@ -80,6 +77,12 @@ from .report import (
     _pct,
     write_plot,
 )
+from .shm import (
+    SharedMemory,
+    _cuda_shm,
+    _shm_module,
+    _Slot,
+)
 from .stage import (
     _progress,
     make_payloads,
@@ -97,6 +100,7 @@ __all__ = [
     "PROTOCOLS",
     "REPORT_SCHEMA",
     "SHARED_MEMORY",
+    "SharedMemory",
     "ThresholdResult",
     "Thresholds",
     "TritonTarget",

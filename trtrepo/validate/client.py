@@ -7,11 +7,9 @@ import asyncio
 import contextlib
 import logging
 import math
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,20 +20,13 @@ from ..measure import Stability
 from ..modelio import ModelIO
 from .contract import _as_int_list, _booked
 from .options import ValidateOptions, _one_line
+from .shm import SharedMemory
 
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
 # Requests
-
-
-class _Slot:
-    """Shared-memory regions of one in-flight request slot (inputs and outputs)."""
-
-    def __init__(self) -> None:
-        self.inputs: dict[str, tuple[str, Any, int]] = {}  # name -> (region, handle, size)
-        self.outputs: dict[str, tuple[str, Any, int]] = {}
 
 
 class TritonTarget:
@@ -63,9 +54,8 @@ class TritonTarget:
         self._loop = asyncio.new_event_loop()
         self._client: Any = None
         self._sync: Any = None  # tritonclient.grpc's synchronous client, for measure()
-        self._slots: list[_Slot] = []
-        self._shm_kind = "none"
         self._io: ModelIO | None = None
+        self.shm = SharedMemory(self._call_now, self.url, self._where())
         self._run(self._connect(), self.admin_timeout)
 
     # --- plumbing ---------------------------------------------------------------------------
@@ -244,89 +234,17 @@ class TritonTarget:
         return prev
 
     # --- shared memory ------------------------------------------------------------------------
+    def _call_now(self, name: str, *args: Any) -> Any:
+        """One administrative call, raising what the client raises (shared-memory bookkeeping)."""
+        return self._run(self._call(name, *args), None)
+
     def setup_shared_memory(self, kind: str, slots: int, payloads: Sequence[Payload]) -> None:
         """Create and register regions for ``slots`` concurrent requests, sized for the largest
-        input and output of ``payloads``."""
-        self.release_shared_memory()
-        if kind == "none":
-            return
-        if any(-1 in shape for p in payloads for shape in p.expected.values()):
-            raise UsageError("--shared-memory needs the output shapes in advance (run the accuracy phase too)")
-        in_sizes: dict[str, int] = {}
-        out_sizes: dict[str, int] = {}
-        for p in payloads:
-            for n, a in p.inputs.items():
-                in_sizes[n] = max(in_sizes.get(n, 0), a.nbytes)
-            for n, shape in p.expected.items():
-                out_sizes[n] = max(out_sizes.get(n, 0), int(np.prod(shape)) * self._out_itemsize(n))
-        if kind == "cuda":
-            cudashm = _cuda_shm()
-        else:
-            import tritonclient.utils.shared_memory as sysshm
-        self._shm_kind = kind
-        if kind == "system":
-            self._reap_stale_regions()
-        tag = f"trtrepo_{os.getpid()}_{id(self) & 0xFFFFFF:x}"
-        try:
-            for s in range(slots):
-                slot = _Slot()
-                self._slots.append(slot)
-                for group, sizes, target in (("in", in_sizes, slot.inputs), ("out", out_sizes, slot.outputs)):
-                    for i, (name, size) in enumerate(sizes.items()):
-                        region = f"{tag}_{s}_{group}{i}"
-                        size = max(size, 1)
-                        if kind == "system":
-                            handle = sysshm.create_shared_memory_region(region, "/" + region, size)
-                            target[name] = (region, handle, size)
-                            self._run(self._call("register_system_shared_memory", region, "/" + region, size), None)
-                        else:
-                            handle = cudashm.create_shared_memory_region(region, size, 0)
-                            target[name] = (region, handle, size)
-                            self._run(self._call("register_cuda_shared_memory", region,
-                                                 cudashm.get_raw_handle(handle), 0, size), None)
-        except Exception as exc:
-            self.release_shared_memory()
-            if isinstance(exc, TrtrepoError):
-                raise
-            raise TrtrepoError(f"{self._where()}: cannot set up {kind} shared memory: {_one_line(exc)}") from exc
-
-    def _reap_stale_regions(self) -> None:
-        """Regions of validate runs that were killed (named ``trtrepo_<pid>_...``): their
-        ``/dev/shm`` files, and, on a server on this machine, their registrations."""
-        from ..fsutil import pid_alive, reap_stale
-
-        if Path("/dev/shm").is_dir():
-            for p in reap_stale("trtrepo_", "/dev/shm"):
-                log.info("removed %s (left by a killed trtrepo process)", p)
-        if self.url.rsplit(":", 1)[0] not in ("127.0.0.1", "localhost", "::1", "[::1]"):
-            return  # process ids mean nothing on another host
-        with contextlib.suppress(Exception):
-            status = self._run(self._call("get_system_shared_memory_status"), None)
-            regions = status.get("regions", {}) if isinstance(status, dict) else status
-            names = list(regions) if isinstance(regions, dict) else [r.get("name", "") for r in regions]
-            for name in names:
-                parts = str(name).split("_")
-                if len(parts) > 2 and parts[0] == "trtrepo" and parts[1].isdigit() and not pid_alive(int(parts[1])):
-                    self._run(self._call("unregister_system_shared_memory", name), None)
-                    log.info("unregistered shared-memory region %s of a killed trtrepo process", name)
-
-    def _out_itemsize(self, name: str) -> int:
-        assert self._io is not None  # set by prepare() before shared memory is set up
-        return int(np.dtype(self._io.output(name).dtype).itemsize)
+        input and output of ``payloads`` (:meth:`SharedMemory.setup`)."""
+        self.shm.setup(kind, slots, payloads, self._io)
 
     def release_shared_memory(self) -> None:
-        if not self._slots:
-            return
-        mod = _shm_module(self._shm_kind)
-        unregister = f"unregister_{self._shm_kind}_shared_memory"
-        for slot in self._slots:
-            for region, handle, _ in (*slot.inputs.values(), *slot.outputs.values()):
-                with contextlib.suppress(Exception):
-                    self._run(self._call(unregister, region), None)
-                with contextlib.suppress(Exception):
-                    mod.destroy_shared_memory_region(handle)
-        self._slots = []
-        self._shm_kind = "none"
+        self.shm.release()
 
     # --- inference ----------------------------------------------------------------------------
     def prepare(self, io: ModelIO) -> None:
@@ -337,14 +255,12 @@ class TritonTarget:
         assert self._io is not None
         mod = self._mod
         inputs = []
-        shm = self._slots[slot] if slot is not None and self._slots else None
+        shm_slot = slot if slot is not None and len(self.shm) > 0 else None
         for spec in self._io.inputs:
             arr = payload.inputs[spec.name]
             t = mod.InferInput(spec.name, list(arr.shape), spec.triton_dtype_short)
-            if shm is not None:
-                region, handle, _ = shm.inputs[spec.name]
-                _shm_module(self._shm_kind).set_shared_memory_region(handle, [arr])
-                t.set_shared_memory(region, arr.nbytes)
+            if shm_slot is not None:
+                t.set_shared_memory(self.shm.write_input(shm_slot, spec.name, arr), arr.nbytes)
             elif self.protocol == "http":
                 t.set_data_from_numpy(arr, binary_data=True)
             else:
@@ -353,9 +269,8 @@ class TritonTarget:
         outputs = []
         for spec in self._io.outputs:
             o = mod.InferRequestedOutput(spec.name, binary_data=True) if self.protocol == "http" else mod.InferRequestedOutput(spec.name)
-            if shm is not None:
-                region, _, size = shm.outputs[spec.name]
-                o.set_shared_memory(region, size)
+            if shm_slot is not None:
+                o.set_shared_memory(*self.shm.output_region(shm_slot, spec.name))
             outputs.append(o)
         return inputs, outputs
 
@@ -391,17 +306,15 @@ class TritonTarget:
         """The outputs of a response (from the response or the slot's shared memory), shapes checked."""
         where = f"model '{self.model}' response"
         assert self._io is not None
-        if slot is not None and self._slots:
+        if slot is not None and len(self.shm) > 0:
             out: dict[str, np.ndarray] = {}
-            shm = self._slots[slot]
-            mod = _shm_module(self._shm_kind)
             for spec in self._io.outputs:
                 o = result.get_output(spec.name)
                 if o is None:
                     raise TrtrepoError(f"{where}: output '{spec.name}' is missing")
                 shape = _as_int_list(o["shape"] if isinstance(o, dict) else o.shape)
                 check_shape(spec.name, shape, payload.expected[spec.name], where)
-                out[spec.name] = mod.get_contents_as_numpy(shm.outputs[spec.name][1], np.dtype(spec.dtype), shape)
+                out[spec.name] = self.shm.read_output(slot, spec.name, np.dtype(spec.dtype), shape)
             return out
         out = {}
         for spec in self._io.outputs:
@@ -500,7 +413,7 @@ class TritonTarget:
         done_inf: list[int] = []
         done_t: list[float] = []
         prebuilt = None if use_shm else [self._request(p, None) for p in payloads]
-        slots = list(range(len(self._slots))) if use_shm else []
+        slots = list(range(len(self.shm))) if use_shm else []
         counter = 0
         stop = asyncio.Event()
         late = 0
@@ -653,7 +566,7 @@ class TritonTarget:
         errors: list[BaseException] = []
         stop = threading.Event()
         state = {"in_flight": 0, "sent": 0, "late": 0}
-        free_slots = list(range(len(self._slots))) if use_shm else []
+        free_slots = list(range(len(self.shm))) if use_shm else []
         counter = itertools.count()
         n = len(payloads)
 
@@ -881,30 +794,3 @@ def _lost_connection(exc: BaseException) -> bool:
         return True
     text = f"{type(exc).__name__} {exc}".lower()
     return any(sign in text for sign in _CONNECTION_SIGNS)
-
-
-def _shm_module(kind: str) -> Any:
-    if kind == "cuda":
-        return _cuda_shm()
-    import tritonclient.utils.shared_memory as sysshm
-
-    return sysshm
-
-
-def _cuda_shm() -> Any:
-    """``tritonclient.utils.cuda_shared_memory`` when a CUDA GPU is usable, else a UsageError."""
-    try:
-        import cuda.bindings.runtime as cudart  # type: ignore[import-not-found]
-    except ImportError:
-        raise UsageError("--shared-memory cuda needs an NVIDIA GPU and cuda-python (cuda.bindings), which this machine "
-                         "does not have; use --shared-memory system or none") from None
-    err, count = cudart.cudaGetDeviceCount()
-    if int(err) != 0 or not count:
-        why = getattr(err, "name", str(err))
-        raise UsageError(f"--shared-memory cuda: no CUDA GPU is visible on this machine ({why}); "
-                         f"use --shared-memory system or none")
-    import tritonclient.utils.cuda_shared_memory as cudashm
-
-    return cudashm
-
-

@@ -17,7 +17,7 @@ from ..errors import UsageError
 from ..modelio import ModelIO
 from ..speed import SpeedOptions
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
-from .client import TritonTarget, _cuda_shm
+from .client import TritonTarget
 from .contract import (
     ContractError,
     Mismatch,
@@ -31,6 +31,7 @@ from .contract import (
 from .fleet import agreement, measure_together, total_row
 from .options import Thresholds, ValidateOptions
 from .report import ValidationReport
+from .shm import _cuda_shm
 
 log = logging.getLogger(__name__)
 
