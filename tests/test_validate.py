@@ -17,7 +17,7 @@ import pytest
 
 from trtrepo.contracts.payload import check_shape
 from trtrepo.errors import TrtrepoError, UsageError
-from trtrepo.measure import Stability, parse_rates
+from trtrepo.measure import Stability, latency_ms, parse_rates
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.validate import (
     REPORT_SCHEMA,
@@ -27,7 +27,6 @@ from trtrepo.validate import (
     ValidationReport,
     check_thresholds,
     compare_contract,
-    latency_summary,
     parse_concurrency,
     parse_url,
     stats_diff,
@@ -37,16 +36,16 @@ from trtrepo.validate import (
 # Pure parts
 
 
-def test_latency_summary_percentiles_match_numpy_and_are_ordered():
+def test_client_latency_percentiles_match_numpy_and_are_ordered():
     lat = np.arange(1, 101) / 1000.0  # 1..100 ms
-    s = latency_summary(lat)
+    s = latency_ms(lat)
     assert s["p50"] == pytest.approx(50.5)
     assert s["p99"] == pytest.approx(99.01)
     assert s["mean"] == pytest.approx(50.5)
     assert s["min"] == pytest.approx(1.0) and s["max"] == pytest.approx(100.0)
     assert s["min"] <= s["p50"] <= s["p90"] <= s["p95"] <= s["p99"] <= s["max"]
     with pytest.raises(UsageError):
-        latency_summary([])
+        latency_ms([])
 
 
 def _stats(count, ns, inf, exe, as_str=False):

@@ -56,7 +56,6 @@ from .contract import (
     _shape_matches,
     check_thresholds,
     compare_contract,
-    latency_summary,
     stats_diff,
 )
 from .options import (
@@ -123,7 +122,6 @@ __all__ = [
     "_worst",
     "check_thresholds",
     "compare_contract",
-    "latency_summary",
     "make_payloads",
     "make_reference",
     "parse_concurrency",

@@ -1,5 +1,5 @@
-"""Pure parts: latency percentiles, server statistics windows, the served-vs-reference contract
-comparison, thresholds; :class:`ContractError`."""
+"""Pure parts: server statistics windows, the served-vs-reference contract comparison, thresholds;
+:class:`ContractError`. Client latency percentiles are :func:`trtrepo.measure.latency_ms`."""
 
 from __future__ import annotations
 
@@ -8,28 +8,15 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from ..errors import TrtrepoError, UsageError
 from ..modelio import ModelIO
-from .options import PERCENTILES, Thresholds
+from .options import Thresholds
 
 log = logging.getLogger(__name__)
 
 
 # --------------------------------------------------------------------------------------------
-# Pure parts: percentiles, statistics windows, contract comparison, thresholds
-
-
-def latency_summary(latencies_s: Sequence[float] | np.ndarray) -> dict[str, float]:
-    """Client latency percentiles in milliseconds: p50/p90/p95/p99 (linear interpolation),
-    mean, min, max."""
-    x = np.asarray(latencies_s, dtype=np.float64) * 1e3
-    if x.size == 0:
-        raise UsageError("no latencies to summarise")
-    out = {f"p{p}": float(np.percentile(x, p)) for p in PERCENTILES}
-    out.update(mean=float(x.mean()), min=float(x.min()), max=float(x.max()))
-    return out
+# Pure parts: statistics windows, contract comparison, thresholds
 
 
 _STAT_KEYS = ("success", "fail", "queue", "compute_input", "compute_infer", "compute_output")

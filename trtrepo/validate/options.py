@@ -7,7 +7,7 @@ import math
 from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
-from ..measure import DISTRIBUTIONS, Stability
+from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
 from ..speed import SpeedOptions
 
 log = logging.getLogger(__name__)
@@ -17,7 +17,7 @@ REPORT_SCHEMA = "trtrepo.validate/4"  # /2: speed_vs_reference added; /3: latenc
 PROTOCOLS = ("grpc", "http")
 SHARED_MEMORY = ("none", "system", "cuda")
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
-PERCENTILES = (50, 90, 95, 99)
+PERCENTILES = DEFAULT_PERCENTILES  # client latency percentiles reported by default
 
 
 # --------------------------------------------------------------------------------------------
