@@ -589,6 +589,30 @@ def test_request_rate_mode_holds_the_rate_and_writes_perf_analyzer_csv(run_cli, 
 
 
 @pytest.mark.triton
+@pytest.mark.parametrize("protocol", ["grpc", "http"])
+def test_both_transports_keep_the_budget_and_raise_a_failure_of_the_open_loop_schedule(server, models, protocol):
+    """validate.load's schedules over each transport (gRPC callbacks and asyncio HTTP): a budget of
+    3 requests at concurrency 8 sends 3, kept in request order; a schedule that cannot draw its
+    send times fails the level with the schedule's own error (it once left the gRPC level without
+    requests instead)."""
+    from trtrepo.data import open_data
+    from trtrepo.validate import TritonTarget, make_payloads
+
+    io = ModelIO.from_onnx(models["fp32"])
+    payloads, _ = make_payloads(open_data("demo:val", io=io, limit=8), io, 1)
+    url = server.grpc_url if protocol == "grpc" else server.http_url
+    with TritonTarget(ValidateOptions(model="demo", url=url, protocol=protocol, progress=False, speed=None)) as t:
+        t.wait_ready()
+        t.prepare(io)
+        res = t.load(payloads, 8, requests=3, keep=True)
+        assert res.requests == 3 and sorted(res.outputs) == [0, 1, 2]
+        t0 = time.monotonic()
+        with pytest.raises(UsageError, match="--request-distribution 'uniform'"):
+            t.measure(payloads, Stability(interval_s=0.5), rate=50.0, distribution="uniform")
+        assert time.monotonic() - t0 < 5
+
+
+@pytest.mark.triton
 def test_shared_memory_is_compared_with_none_and_a_slower_one_is_named(server, models):
     from trtrepo.data import open_data
     from trtrepo.validate import TritonTarget, make_payloads, run_latency

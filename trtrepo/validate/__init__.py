@@ -1,6 +1,7 @@
 """Deployment check against a running Triton server (``trtrepo validate``), a package split by concern:
-``options``, ``contract`` (pure comparisons and statistics), ``client`` (:class:`TritonTarget`),
-``accuracy``, ``report``, ``stage`` (:func:`validate`).
+``options``, ``contract`` (pure comparisons and statistics), ``shm`` (shared-memory regions),
+``load`` (closed and open loop, measured in windows, over two transports), ``client``
+(:class:`TritonTarget`), ``accuracy``, ``report``, ``stage`` (:func:`validate`).
 
 Four phases, each usable on its own through :class:`TritonTarget`:
 
@@ -14,11 +15,12 @@ Four phases, each usable on its own through :class:`TritonTarget`:
    reference (PyTorch, or ONNX Runtime for an ``.onnx`` reference) batch by batch, checks every
    response's shape and compares the outputs with the metric functions of
    :mod:`trtrepo.evaluate`; the worst samples (lowest cosine similarity) are listed.
-3. **Latency and throughput** -- :meth:`TritonTarget.load` keeps ``concurrency`` requests in
-   flight with tritonclient's asyncio clients (``tritonclient.grpc.aio`` / ``tritonclient.http.aio``)
-   for a number of requests or a duration, after a warm-up; client percentiles come next to the
-   server's own statistics for the same window (:func:`stats_diff` of
-   ``get_inference_statistics`` before and after), so the client's overhead is visible.
+3. **Latency and throughput** -- after a warm-up (:meth:`TritonTarget.load`),
+   :meth:`TritonTarget.measure` keeps ``concurrency`` requests in flight (or sends them at a
+   request rate) and measures in windows until the last ones are stable
+   (:mod:`~trtrepo.validate.load`); client percentiles come next to the server's own statistics
+   for the same level (:func:`stats_diff` of ``get_inference_statistics`` before and after), so
+   the client's overhead is visible.
    Tensors can travel through system shared memory (or CUDA shared memory on a GPU machine).
 4. **Speed against the reference** (issue 8) -- :func:`trtrepo.speed.compare_speed` times the
    PyTorch reference (CUDA when available, else CPU) and the served model at concurrency 1 on
@@ -40,10 +42,7 @@ from .accuracy import (
     reference_rows,
     run_accuracy,
 )
-from .client import (
-    LoadResult,
-    TritonTarget,
-)
+from .client import TritonTarget
 from .contract import (
     _STAT_KEYS,
     ContractError,
@@ -57,6 +56,13 @@ from .contract import (
     check_thresholds,
     compare_contract,
     stats_diff,
+)
+from .load import (
+    AsyncioTransport,
+    CallbackTransport,
+    LoadResult,
+    LoadRun,
+    Measurement,
 )
 from .options import (
     DEFAULT_PORTS,
@@ -91,9 +97,13 @@ from .stage import (
 )
 
 __all__ = [
+    "AsyncioTransport",
+    "CallbackTransport",
     "ContractError",
     "DEFAULT_PORTS",
     "LoadResult",
+    "LoadRun",
+    "Measurement",
     "Mismatch",
     "PERCENTILES",
     "PROTOCOLS",

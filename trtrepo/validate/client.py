@@ -1,15 +1,14 @@
-"""The Triton client: :class:`TritonTarget` (readiness, metadata, requests, shared memory, load
-generation on tritonclient's asyncio clients, every call bounded)."""
+"""The Triton client: :class:`TritonTarget` (connection, readiness, metadata and statistics, requests
+and their answers, every call bounded); load generation is :mod:`~trtrepo.validate.load` over its
+requests, shared memory :mod:`~trtrepo.validate.shm`."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import logging
-import math
 import time
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -19,6 +18,7 @@ from ..errors import TrtrepoError, UsageError
 from ..measure import Stability
 from ..modelio import ModelIO
 from .contract import _as_int_list, _booked
+from .load import AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement
 from .options import ValidateOptions, _one_line
 from .shm import SharedMemory
 
@@ -31,7 +31,8 @@ log = logging.getLogger(__name__)
 
 class TritonTarget:
     """A model on a Triton server, reached with tritonclient's asyncio client on a private
-    event loop. Synchronous methods; every call bounded by ``timeout``. A context manager."""
+    event loop (and, to measure over gRPC, the synchronous client's completion callbacks).
+    Synchronous methods; every call bounded by ``timeout``. A context manager."""
 
     def __init__(self, options: ValidateOptions) -> None:
         self.options = options
@@ -251,7 +252,9 @@ class TritonTarget:
         """The served IO (names and Triton data types) used to build requests."""
         self._io = io
 
-    def _request(self, payload: Payload, slot: int | None) -> tuple[list[Any], list[Any]]:
+    def build_request(self, payload: Payload, slot: int | None) -> tuple[list[Any], list[Any]]:
+        """tritonclient's inputs and requested outputs for ``payload``; with a shared-memory
+        ``slot``, the inputs are written into its regions and the outputs asked there."""
         assert self._io is not None
         mod = self._mod
         inputs = []
@@ -274,8 +277,10 @@ class TritonTarget:
             outputs.append(o)
         return inputs, outputs
 
-    async def _infer(self, payload: Payload, slot: int | None, prebuilt: Any = None) -> dict[str, np.ndarray] | None:
-        inputs, outputs = prebuilt if prebuilt is not None else self._request(payload, slot)
+    async def infer_async(self, payload: Payload, slot: int | None,
+                          request: tuple[list[Any], list[Any]] | None = None) -> dict[str, np.ndarray]:
+        """One request on the asyncio client (``request``: built already), outputs read and checked."""
+        inputs, outputs = request if request is not None else self.build_request(payload, slot)
         kw: dict[str, Any] = {"model_version": self.version, "outputs": outputs}
         if self.protocol == "grpc":
             kw["client_timeout"] = self.timeout
@@ -287,10 +292,20 @@ class TritonTarget:
         except (asyncio.TimeoutError, TimeoutError):
             raise TrtrepoError(f"inference request to model '{self.model}' timed out after {self.timeout:g}s (--timeout)") from None
         except Exception as exc:
-            raise self._request_error(exc) from exc
-        return self._read_result(result, payload, slot)
+            raise self.request_error(exc) from exc
+        return self.read_result(result, payload, slot)
 
-    def _request_error(self, exc: BaseException) -> TrtrepoError:
+    def infer_with_callback(self, request: tuple[list[Any], list[Any]], done: Callable[[Any, Any], None]) -> None:
+        """One request on gRPC's synchronous client; ``done(result, error)`` runs on a gRPC thread."""
+        inputs, outputs = request
+        self._sync_client().async_infer(self.model, inputs, done, model_version=self.version, outputs=outputs,
+                                        client_timeout=self.timeout)
+
+    def run_async(self, coro: Coroutine[Any, Any, Any]) -> Any:
+        """Run ``coro`` on this client's event loop (each step inside it bounded on its own)."""
+        return self._run(coro, None)
+
+    def request_error(self, exc: BaseException) -> TrtrepoError:
         """A failed request as the error trtrepo raises: a lost connection exits 2, a deadline or
         an error answer 1."""
         msg = _one_line(exc)
@@ -302,7 +317,7 @@ class TritonTarget:
                                 f"(--timeout): {msg}")
         return TrtrepoError(f"inference request to model '{self.model}' failed: {msg}")
 
-    def _read_result(self, result: Any, payload: Payload, slot: int | None) -> dict[str, np.ndarray]:
+    def read_result(self, result: Any, payload: Payload, slot: int | None) -> dict[str, np.ndarray]:
         """The outputs of a response (from the response or the slot's shared memory), shapes checked."""
         where = f"model '{self.model}' response"
         assert self._io is not None
@@ -331,62 +346,20 @@ class TritonTarget:
 
     def infer(self, payload: Payload) -> dict[str, np.ndarray]:
         """One request, outputs as numpy (shapes checked)."""
-        out = self._run(self._infer(payload, None), None)
-        assert out is not None
-        return out
+        return self._run(self.infer_async(payload, None), None)
 
     def load(self, payloads: Sequence[Payload], concurrency: int, *, requests: int | None = None,
              duration: float | None = None, keep: bool = False, use_shm: bool = False,
              progress: Callable[[int], None] | None = None) -> LoadResult:
         """Keep ``concurrency`` requests in flight, cycling through ``payloads``, until
-        ``requests`` were sent or ``duration`` seconds passed. Each response's shape is checked;
-        the first failure stops the run and raises. ``keep``: return the outputs too (in
-        payload order, for the accuracy phase)."""
-        return self._run(self._load(payloads, concurrency, requests, duration, keep, use_shm, progress), None)
-
-    async def _load(self, payloads: Sequence[Payload], concurrency: int, requests: int | None, duration: float | None,
-                    keep: bool, use_shm: bool, progress: Callable[[int], None] | None) -> LoadResult:
-        if not payloads:
-            raise UsageError("no data to send")
-        latencies: list[float] = []
-        outputs: dict[int, dict[str, np.ndarray]] = {}
-        inferences = 0
-        counter = 0
-        prebuilt = None if use_shm else [self._request(p, None) for p in payloads]
-        start = time.perf_counter()
-        end = start + duration if duration is not None else math.inf
-
-        async def worker(slot: int) -> None:
-            nonlocal counter, inferences
-            while True:
-                if requests is not None and counter >= requests:
-                    return
-                if time.perf_counter() >= end:
-                    return
-                i = counter
-                counter += 1
-                p = payloads[i % len(payloads)]
-                t0 = time.perf_counter()
-                out = await self._infer(p, slot if use_shm else None,
-                                        None if prebuilt is None else prebuilt[i % len(payloads)])
-                latencies.append(time.perf_counter() - t0)
-                inferences += p.batch
-                if keep and out is not None:
-                    outputs[i] = out
-                if progress is not None:
-                    progress(1)
-
-        tasks = [asyncio.ensure_future(worker(s)) for s in range(concurrency)]
-        try:
-            await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            await asyncio.wait(tasks, timeout=self.timeout + 1.0)
-            raise
-        wall = time.perf_counter() - start
-        return LoadResult(concurrency, len(latencies), inferences, wall, np.asarray(latencies), outputs)
-
+        ``requests`` were sent or ``duration`` seconds passed (:mod:`~trtrepo.validate.load`'s
+        closed loop, on the asyncio client). Each response's shape is checked; the first failure
+        stops the run and raises. ``keep``: return the outputs too (by request number, which is
+        payload order: for the accuracy phase)."""
+        run = LoadRun(payloads, concurrency=concurrency, requests=requests, duration=duration, keep=keep,
+                      slots=len(self.shm) if use_shm else None, progress=progress)
+        AsyncioTransport(self, run).drive()
+        return run.load_result()
 
     def measure(self, payloads: Sequence[Payload], stability: Stability, *, concurrency: int | None = None,
                 rate: float | None = None, distribution: str = "constant", use_shm: bool = False,
@@ -394,384 +367,24 @@ class TritonTarget:
         """Load the model without pause -- ``concurrency`` requests in flight (closed loop), or
         requests sent at ``rate`` per second whether or not earlier ones returned (open loop) --
         and cut it into windows by completion time until the last ones are stable
-        (:mod:`trtrepo.measure`). Each response's shape is checked; the first failure stops the
-        run and raises."""
-        if (concurrency is None) == (rate is None):
-            raise UsageError("give a concurrency or a request rate")
+        (:mod:`trtrepo.measure`, :mod:`trtrepo.validate.load`). Over gRPC the requests go through
+        completion callbacks, over HTTP through the asyncio client. Each response's shape is
+        checked; the first failure stops the run and raises."""
+        run = LoadRun(payloads, concurrency=concurrency, rate=rate, distribution=distribution, seed=seed,
+                      stability=stability, slots=len(self.shm) if use_shm else None, progress=progress)
+        transport: CallbackTransport | AsyncioTransport
         if self.protocol == "grpc":
-            return self._measure_callbacks(payloads, stability, concurrency, rate, distribution, use_shm, progress, seed)
-        return self._run(self._measure(payloads, stability, concurrency, rate, distribution, use_shm, progress, seed), None)
-
-    async def _measure(self, payloads: Sequence[Payload], stability: Stability, concurrency: int | None,
-                       rate: float | None, distribution: str, use_shm: bool, progress: Callable[[int], None] | None,
-                       seed: int) -> Measurement:
-        from ..measure import is_stable, send_times, window_summary
-
-        if not payloads:
-            raise UsageError("no data to send")
-        done_lat: list[float] = []
-        done_inf: list[int] = []
-        done_t: list[float] = []
-        prebuilt = None if use_shm else [self._request(p, None) for p in payloads]
-        slots = list(range(len(self.shm))) if use_shm else []
-        counter = 0
-        stop = asyncio.Event()
-        late = 0
-        sent = 0
-
-        async def one(i: int, slot: int | None) -> None:
-            p = payloads[i % len(payloads)]
-            t0 = time.perf_counter()
-            await self._infer(p, slot, None if prebuilt is None else prebuilt[i % len(payloads)])
-            t1 = time.perf_counter()
-            done_lat.append(t1 - t0)
-            done_inf.append(p.batch)
-            done_t.append(t1)
-            if progress is not None:
-                progress(1)
-
-        async def worker(slot: int) -> None:
-            nonlocal counter
-            while not stop.is_set():
-                i = counter
-                counter += 1
-                await one(i, slot if use_shm else None)
-
-        in_flight: set[asyncio.Task[None]] = set()
-        errors: list[BaseException] = []
-
-        def finished(task: asyncio.Task[None]) -> None:
-            in_flight.discard(task)
-            if not task.cancelled() and task.exception() is not None:
-                errors.append(task.exception())  # type: ignore[arg-type]
-                stop.set()
-            if use_shm and hasattr(task, "slot"):
-                slots.append(task.slot)
-
-        async def scheduler() -> None:
-            nonlocal late, sent
-            assert rate is not None
-            block = max(64, int(rate * stability.interval_s * 2))
-            offsets = send_times(rate, block, distribution, seed)
-            base = time.perf_counter()
-            k = 0
-            while not stop.is_set():
-                if k == len(offsets):
-                    base += float(offsets[-1]) + (1.0 / rate)
-                    offsets = send_times(rate, block, distribution, seed + sent)
-                    k = 0
-                due = base + float(offsets[k])
-                wait = due - time.perf_counter()
-                if wait > 0:
-                    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                        await asyncio.wait_for(stop.wait(), wait)
-                    if stop.is_set():
-                        break
-                while len(in_flight) >= self._max_in_flight() or (use_shm and not slots):
-                    await asyncio.sleep(0.0005)
-                    if stop.is_set():
-                        return
-                if time.perf_counter() - due > 1e-3:
-                    late += 1
-                slot = slots.pop() if use_shm else None
-                task = asyncio.ensure_future(one(sent, slot))
-                task.slot = slot  # type: ignore[attr-defined]
-                in_flight.add(task)
-                task.add_done_callback(finished)
-                sent += 1
-                k += 1
-
-        windows: list[dict[str, Any]] = []
-        latencies: list[np.ndarray] = []
-
-        async def monitor() -> None:
-            mark = 0
-            w_start = time.perf_counter()
-            while not stop.is_set():
-                if stability.requests is None:
-                    with contextlib.suppress(asyncio.TimeoutError, TimeoutError):
-                        await asyncio.wait_for(stop.wait(), stability.interval_s)
-                else:
-                    while len(done_lat) - mark < stability.requests and not stop.is_set():
-                        await asyncio.sleep(0.002)
-                if stop.is_set():
-                    return
-                if stability.requests is None:
-                    now, end = time.perf_counter(), len(done_lat)
-                else:  # the window ends with its last request's answer
-                    end = mark + stability.requests
-                    now = done_t[end - 1]
-                lat = np.asarray(done_lat[mark:end])
-                windows.append(window_summary(lat, sum(done_inf[mark:end]), now - w_start, stability.percentiles))
-                latencies.append(lat)
-                mark, w_start = end, now
-                if len(windows) >= stability.max_trials or is_stable(windows, stability.pct, stability.latency_key):
-                    stop.set()
-
-        start = time.perf_counter()
-        if concurrency is not None:
-            tasks = [asyncio.ensure_future(worker(s)) for s in range(concurrency)]
+            self._sync_client()  # made before the clock starts
+            transport = CallbackTransport(self, run)
         else:
-            tasks = [asyncio.ensure_future(scheduler())]
-        mon = asyncio.ensure_future(monitor())
-        try:
-            pending: set[Any] = {*tasks, mon}
-            while pending and not mon.done():
-                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-                for t in done:
-                    if t is not mon and t.exception() is not None:
-                        raise t.exception()  # type: ignore[misc]
-            if errors:
-                raise errors[0]
-            stop.set()
-            await asyncio.gather(*tasks)
-            if in_flight:
-                await asyncio.gather(*list(in_flight), return_exceptions=True)
-        except BaseException:
-            stop.set()
-            rest = [*tasks, mon, *in_flight]
-            for t in rest:
-                t.cancel()
-            await asyncio.wait(rest, timeout=self.timeout + 1.0)
-            raise
-        return Measurement(stability, windows, latencies, concurrency, rate, time.perf_counter() - start,
-                           sent=sent, late=late, completed=len(done_lat))
+            transport = AsyncioTransport(self, run)
+        transport.drive()
+        return run.measurement()
 
     def _sync_client(self) -> Any:
         if getattr(self, "_sync", None) is None:
             self._sync = self._mod.InferenceServerClient(self.url)
         return self._sync
-
-    def _measure_callbacks(self, payloads: Sequence[Payload], stability: Stability, concurrency: int | None,
-                           rate: float | None, distribution: str, use_shm: bool,
-                           progress: Callable[[int], None] | None, seed: int) -> Measurement:
-        """:meth:`measure` over gRPC without an event loop: tritonclient's ``async_infer`` with
-        completion callbacks on gRPC's threads, each callback sending its chain's next request
-        (closed loop) -- perf_analyzer's asynchronous mode. On a 2-core machine that shares its
-        cores with the server, the asyncio client cost up to a fifth of the throughput at
-        concurrency 1 against a plain synchronous client; this one matched it (bench/measurement.py)."""
-        import itertools
-        import threading
-
-        from ..measure import is_stable, send_times, window_summary
-
-        if not payloads:
-            raise UsageError("no data to send")
-        client = self._sync_client()
-        prebuilt = None if use_shm else [self._request(p, None) for p in payloads]
-        lock = threading.Condition()
-        done_lat: list[float] = []
-        done_inf: list[int] = []
-        done_t: list[float] = []
-        errors: list[BaseException] = []
-        stop = threading.Event()
-        state = {"in_flight": 0, "sent": 0, "late": 0}
-        free_slots = list(range(len(self.shm))) if use_shm else []
-        counter = itertools.count()
-        n = len(payloads)
-
-        def finish(slot: int | None) -> None:
-            with lock:
-                state["in_flight"] -= 1
-                if slot is not None:
-                    free_slots.append(slot)
-                lock.notify_all()
-
-        def send(i: int, slot: int | None) -> None:
-            p = payloads[i % n]
-            try:
-                inputs, outputs = prebuilt[i % n] if prebuilt is not None else self._request(p, slot)
-            except BaseException as exc:
-                errors.append(exc)
-                stop.set()
-                finish(slot)
-                return
-            t0 = time.perf_counter()
-
-            def done(result: Any, error: Any) -> None:
-                t1 = time.perf_counter()
-                try:
-                    if error is not None:
-                        raise self._request_error(error)
-                    self._read_result(result, p, slot)
-                except BaseException as exc:
-                    errors.append(exc)
-                    stop.set()
-                else:
-                    with lock:
-                        done_lat.append(t1 - t0)
-                        done_inf.append(p.batch)
-                        done_t.append(t1)
-                        lock.notify_all()
-                    if progress is not None:
-                        progress(1)
-                if concurrency is not None and not stop.is_set():
-                    send(next(counter), slot)
-                else:
-                    finish(slot)
-
-            try:
-                client.async_infer(self.model, inputs, done, model_version=self.version, outputs=outputs,
-                                   client_timeout=self.timeout)
-            except BaseException as exc:
-                errors.append(self._request_error(exc))
-                stop.set()
-                finish(slot)
-
-        def open_loop() -> None:
-            assert rate is not None
-            block = max(64, int(rate * stability.interval_s * 2))
-            offsets = send_times(rate, block, distribution, seed)
-            base = time.perf_counter()
-            k = 0
-            while not stop.is_set():
-                if k == len(offsets):
-                    base += float(offsets[-1]) + 1.0 / rate
-                    offsets = send_times(rate, block, distribution, seed + state["sent"])
-                    k = 0
-                due = base + float(offsets[k])
-                wait = due - time.perf_counter()
-                if wait > 0 and stop.wait(wait):
-                    return
-                with lock:
-                    while not stop.is_set() and (state["in_flight"] >= self._max_in_flight() or (use_shm and not free_slots)):
-                        lock.wait(0.01)
-                    if stop.is_set():
-                        return
-                    slot = free_slots.pop() if use_shm else None
-                    state["in_flight"] += 1
-                    if time.perf_counter() - due > 1e-3:
-                        state["late"] += 1
-                    i = state["sent"]
-                    state["sent"] += 1
-                send(i, slot)
-                k += 1
-
-        start = time.perf_counter()
-        sender = None
-        if concurrency is not None:
-            with lock:
-                state["in_flight"] = concurrency
-            for s in range(concurrency):
-                send(next(counter), s if use_shm else None)
-        else:
-            sender = threading.Thread(target=open_loop, name="trtrepo-open-loop", daemon=True)
-            sender.start()
-        windows: list[dict[str, Any]] = []
-        latencies: list[np.ndarray] = []
-        mark = 0
-        w_start = start
-        try:
-            while not stop.is_set():
-                with lock:
-                    if stability.requests is None:
-                        deadline = w_start + stability.interval_s
-                        while not stop.is_set() and time.perf_counter() < deadline:
-                            lock.wait(max(0.0, deadline - time.perf_counter()))
-                        now, end = time.perf_counter(), len(done_lat)
-                    else:
-                        while not stop.is_set() and len(done_lat) - mark < stability.requests:
-                            lock.wait(0.05)
-                        end = mark + stability.requests
-                        now = done_t[end - 1] if end <= len(done_t) else time.perf_counter()
-                    if stop.is_set():
-                        break
-                    lat = np.asarray(done_lat[mark:end])
-                    inferences = sum(done_inf[mark:end])
-                windows.append(window_summary(lat, inferences, now - w_start, stability.percentiles))
-                latencies.append(lat)
-                mark, w_start = end, now
-                if len(windows) >= stability.max_trials or is_stable(windows, stability.pct, stability.latency_key):
-                    break
-        except BaseException:
-            stop.set()
-            raise
-        finally:
-            stop.set()
-            if sender is not None:
-                sender.join(self.timeout + 1.0)
-            with lock:  # every request in flight answers or times out (client_timeout)
-                deadline = time.perf_counter() + self.timeout + 1.0
-                while state["in_flight"] > 0 and time.perf_counter() < deadline:
-                    lock.wait(0.05)
-        if errors:
-            raise errors[0]
-        sent = state["sent"] if rate is not None else 0
-        return Measurement(stability, windows, latencies, concurrency, rate, time.perf_counter() - start,
-                           sent=sent, late=state["late"], completed=len(done_lat))
-
-    def _max_in_flight(self) -> int:
-        from .options import MAX_CONCURRENCY
-
-        return MAX_CONCURRENCY
-
-
-@dataclass
-class LoadResult:
-    concurrency: int
-    requests: int
-    inferences: int
-    wall_s: float
-    latencies_s: np.ndarray
-    outputs: dict[int, dict[str, np.ndarray]] = field(default_factory=dict)
-
-    @property
-    def throughput(self) -> float:
-        return self.inferences / self.wall_s if self.wall_s > 0 else float("nan")
-
-
-@dataclass
-class Measurement:
-    """One level measured in windows (:meth:`TritonTarget.measure`): every window, and the
-    reported figures of the last ones merged."""
-
-    stability: Stability
-    windows: list[dict[str, Any]]
-    window_latencies: list[np.ndarray]
-    concurrency: int | None
-    rate: float | None
-    total_s: float
-    sent: int = 0  # open loop: requests sent
-    late: int = 0  # open loop: requests sent more than 1 ms after their time
-    completed: int = 0  # every request answered, in the windows or after the last one
-
-    @property
-    def stable(self) -> bool:
-        from ..measure import is_stable
-
-        return is_stable(self.windows, self.stability.pct, self.stability.latency_key)
-
-    def merged(self) -> tuple[np.ndarray, int, float]:
-        from ..measure import merged
-
-        return merged(self.windows, self.window_latencies)
-
-    @property
-    def throughput(self) -> float:
-        _, inferences, seconds = self.merged()
-        return inferences / seconds if seconds > 0 else 0.0
-
-    def latency_ms(self) -> dict[str, float]:
-        from ..measure import latency_ms
-
-        lat, _, _ = self.merged()
-        return latency_ms(lat, self.stability.percentiles)
-
-    def summary(self) -> dict[str, Any]:
-        """The level as reported: merged figures, stability, spread and every window."""
-        from ..measure import spread
-
-        lat, inferences, seconds = self.merged()
-        out: dict[str, Any] = {"requests": int(len(lat)), "inferences": inferences, "wall_s": seconds,
-                               "throughput": inferences / seconds if seconds > 0 else 0.0,
-                               "client_ms": self.latency_ms(), "stable": self.stable,
-                               "spread_pct": spread(self.windows, self.stability.latency_key),
-                               "windows": [dict(w) for w in self.windows], "completed": self.completed,
-                               "measured_s": self.total_s}
-        if self.rate is not None:
-            out.update(request_rate=self.rate, sent=self.sent, sent_late=self.late,
-                       late_share=self.late / self.sent if self.sent else 0.0)
-        return out
 
 
 _CONNECTION_SIGNS = ("unavailable", "connection refused", "socket closed", "connection reset", "failed to connect",

@@ -18,7 +18,8 @@ import numpy as np
 
 from ..contracts.payload import Payload
 from ..measure import Stability
-from .client import Measurement, TritonTarget
+from .client import TritonTarget
+from .load import Measurement
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> float:
