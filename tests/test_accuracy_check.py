@@ -168,3 +168,25 @@ def test_deploy_that_falls_back_says_fp32_was_shipped_and_why(hard_case, tmp_pat
     acc = json.loads(res.stdout)["accuracy"]
     assert acc["shipped"] == "fp32" and acc["gate"]["passed"] is False and "cosine" in acc["gate"]["failures"][0]
     assert acc["outputs"][acc["gate"]["output"]]["cosine_mean"] < 0.5
+
+
+def test_deploy_eval_data_is_the_set_the_check_runs_on(tmp_path):
+    """--eval-data: the INT8 choices and the check run on the given set (labelled demo:val, 597
+    samples: the label rule), not on a fifth of --data."""
+    from trtrepo.deploy import DeployOptions, deploy
+
+    report = deploy(DeployOptions(source="demo", data="demo:calib", limit=300, eval_data="demo:val", backend="onnxruntime",
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"), weight_rounding="nearest"))
+    (deployed,) = report.models
+    step = next(s for s in report.steps if s.step == "int8")
+    assert deployed.precision == "int8" and "passed" in step.detail
+    assert "label accuracy" in step.detail and "597 samples" in step.detail
+    assert "(300 samples" in step.detail  # all of --data calibrates
+
+
+def test_deploy_eval_data_without_data_is_refused(run_cli, tmp_path, demo_onnx):
+    result = run_cli("deploy", demo_onnx, "--eval-data", "demo:val", "--backend", "onnxruntime",
+                     "--repo", tmp_path / "repo")
+    assert result.exit_code == 2
+    assert "--eval-data demo:val" in result.stderr and "--data" in result.stderr
+    assert not (tmp_path / "repo").exists()

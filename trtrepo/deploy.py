@@ -46,6 +46,7 @@ class DeployOptions:
     ensemble: bool = False
     precision: str = "auto"
     data: str | None = None  # calibration data spec (demo:calib for the demo)
+    eval_data: str | None = None  # --eval-data: evaluation set for the INT8 choices and check (default: a fifth of --data)
     preprocess: str | None = None  # preprocessing spec file (ensemble; image-folder data)
     data_labels: str | None = None
     limit: int | None = None
@@ -230,6 +231,15 @@ class CalibrationData:
                                      limit=o.limit, seed=o.seed, skip_non_images=o.skip_non_images)
         return self._source
 
+    def eval_source(self) -> Any:
+        """``--eval-data`` opened like ``--data`` (same preprocessing; its own labels), or None."""
+        if self._opts.eval_data is None:
+            return None
+        from .data import open_data
+
+        o = self._opts
+        return open_data(o.eval_data, io=self._io, preprocess=o.preprocess, skip_non_images=o.skip_non_images)
+
     def skipped(self) -> list[str]:
         """Files of an image folder skipped by --skip-non-images (empty when not opened)."""
         return [str(p) for p in getattr(self._source, "skipped", None) or []]
@@ -273,6 +283,8 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
     if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
         return _int8_from_ranges(opts, onnx_path, target, work, report, step, calibration)
     if data is None:
+        if opts.eval_data is not None:
+            raise UsageError(f"--eval-data {opts.eval_data}: evaluates the INT8 model that --data calibrates; give --data too")
         reason = "no calibration data (give --data)"
         if opts.precision == "int8":
             raise UsageError(f"--precision int8: {reason}")
@@ -289,7 +301,8 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
                                            method=opts.method, smooth_quant=opts.smooth_quant,
                                            exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
                                            accuracy_target=opts.accuracy_target,
-                                           weight_rounding=opts.weight_rounding, **extra)
+                                           weight_rounding=opts.weight_rounding,
+                                           eval_data=calibration.eval_source(), **extra)
     method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
     sq = (result.report or {}).get("smooth_quant") or {}
     if sq.get("alpha") is not None:
@@ -336,7 +349,7 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
 
     given = "--cache" if opts.cache else "--ranges"
     result = run_quantize(onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache,
-                          data=calibration.source(),
+                          data=calibration.source(), eval_data=calibration.eval_source(),
                           options=QuantizeOptions(target=target, reduce_range=opts.reduce_range,
                                                   exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes),
                           metric_output=opts.metric_output, batch_size=opts.batch_size)

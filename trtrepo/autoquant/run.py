@@ -284,7 +284,7 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         reduce_range: bool = False, smooth_quant: float | str | None = "auto",
                         exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
                         accuracy_target: AccuracyTarget | str | None = None,
-                        weight_rounding: str = "auto") -> QuantizeResult:
+                        weight_rounding: str = "auto", eval_data: Any = None) -> QuantizeResult:
     """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
     ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
@@ -292,14 +292,16 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
     of the data, and falls back to entropy (ModelOpt's default) below
     :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
     on (default: the first output; give the embedding of a model whose first output is not a
-    classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
+    classifier). ``eval_data``: a separate evaluation set (spec or data source) for the choices
+    and the check, instead of the held-out fifth; then every sample of ``data_source`` calibrates.
+    ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
     ``smooth_quant``: see :func:`run_quantize`. The run ends with the held-out
     check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
     and the report."""
     from ..data import DataSource, open_data
     from ..modelio import ModelIO
 
-    if method == "auto":
+    if method == "auto" and eval_data is None:
         source = data_source
         if not isinstance(source, DataSource):
             source = open_data(data_source, io=ModelIO.from_onnx(load_model(onnx_path)))
@@ -311,4 +313,5 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
                                                 exclude_nodes=tuple(exclude_nodes)),
                         batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-                        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding)
+                        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding,
+                        eval_data=eval_data)
