@@ -233,11 +233,11 @@ class CalibrationData:
 
     def eval_source(self) -> Any:
         """``--eval-data`` opened like ``--data`` (same preprocessing; its own labels), or None."""
-        if self._opts.eval_data is None:
+        o = self._opts
+        if o.eval_data is None:
             return None
         from .data import open_data
 
-        o = self._opts
         return open_data(o.eval_data, io=self._io, preprocess=o.preprocess, skip_non_images=o.skip_non_images)
 
     def skipped(self) -> list[str]:
