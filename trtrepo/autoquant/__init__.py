@@ -20,7 +20,7 @@ from __future__ import annotations
 from .fallback import FallbackResult, FallbackStep, check_reachable, fallback, layer_blocks, layer_roles
 from .gate import MIN_CONFIDENT_AGREEMENT, AccuracyCheck, AccuracyLoss
 from .ranges import AUTO_MIN_SAMPLES, CACHE_BYTES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
-from .report import report_markdown
+from .report import HeldOutCheck, QuantizeReport, QuantizeRunResult, SmoothQuantReport, report_markdown
 from .run import quantize_for_deploy, run_quantize
 from .select import (
     AUTO_MIN_GROUPS,
@@ -51,11 +51,15 @@ __all__ = [
     "Evaluator",
     "FallbackResult",
     "FallbackStep",
+    "HeldOutCheck",
     "MAX_TOP1_DROP_POINTS",
     "MIN_CONFIDENT_AGREEMENT",
     "MIN_COSINE",
+    "QuantizeReport",
+    "QuantizeRunResult",
     "RoundingChoice",
     "SMOOTHED_RANGE_RULE",
+    "SmoothQuantReport",
     "SmoothChoice",
     "WEIGHT_ROUNDING",
     "_smoothed_ranges",

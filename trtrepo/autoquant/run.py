@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +16,6 @@ from ..evaluate import (
 )
 from ..quantize import (
     QuantizeOptions,
-    QuantizeResult,
     _result,
     load_model,
     ranges_from_cache,
@@ -25,9 +25,8 @@ from ..quantize import (
 from .fallback import check_reachable, fallback
 from .gate import AccuracyCheck, AccuracyLoss, _fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
-from .report import _kernel_report, _report, report_markdown
+from .report import HeldOutCheck, QuantizeRunResult, SmoothQuantReport, _kernel_report, build_report, report_markdown
 from .select import (
-    SMOOTHED_RANGE_RULE,
     Evaluator,
     _equalize,
     _smoothed_ranges,
@@ -68,7 +67,7 @@ def run_quantize(
     rounding_budget_s: float | None = None,
     accept_accuracy_loss: bool = True,
     equalize: bool = True,
-) -> QuantizeResult:
+) -> QuantizeRunResult:
     """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
     (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
     ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
@@ -78,7 +77,7 @@ def run_quantize(
     ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data; nothing with ranges
     or a cache, which were computed without it) or None.
     ``check``: the held-out accuracy check against FP32 the run ends with (result in
-    ``report["accuracy_check"]``, a warning when it fails; None skips it); when it fails and
+    ``report.accuracy_check``, a warning when it fails; None skips it); when it fails and
     ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is raised and nothing is written.
     ``weight_rounding``: see :func:`choose_weight_rounding`."""
     from ..data import open_data
@@ -244,37 +243,24 @@ def run_quantize(
 
     speed = evaluator.time_ratio(fp32_model, chosen.model) if evaluator is not None else None
     path = save_model(chosen.model, out_path, force=force)
-    result = _result(chosen, path, options, best.label)
-    result.layers_in_float = list(chosen.plan.excluded)
-    report = _report(onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src,
-                     calib_src, stats)
-    timings["total"] = time.perf_counter() - t_start
-    report["seconds"] = timings  # calibration (both passes) and total, selection and checks included
-    report["metric_output"] = metric_output or outputs[0]
-    report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
-    report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
-    report["speed"] = speed
-    report["weight_rounding"] = rounding.to_dict()
-    report["equalization"] = equalization
-    report["quantize_attention"] = options.quantize_attention
-    report["reduce_range"] = options.reduce_range
-    report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
-                              "range_rule": None if smooth.alpha is None else SMOOTHED_RANGE_RULE,
-                              "candidates": [{k: v for k, v in r.items() if k != "outputs"} for r in smooth.rows]}
-    report["accuracy_check"] = None if check is None else {
-        "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
-        "failures": check_failures or [], "max_top1_drop_points": check.max_top1_drop, "min_cosine": check.min_cosine,
-        "min_confident_agreement": check.min_confident_agreement,
-        "output": metric_output or outputs[0], "ungated_below_floor": ungated, "verdict": verdict}
-    if options.target == "onnxruntime":
-        report["integer_kernels"] = _kernel_report(base_model, per_method[best.label], options, chosen)
-    if stats is not None:
-        report["input_methods"] = {t.name: best.label for t in io.inputs if t.name in stats}
-    result.report = report
+    base = _result(chosen, path, options, best.label)
+    base.layers_in_float = list(chosen.plan.excluded)
+    timings["total"] = time.perf_counter() - t_start  # calibration (both passes) and total, selection and checks included
+    gated = metric_output or outputs[0]
+    report = build_report(
+        onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src, calib_src,
+        chosen=chosen, seconds=timings, metric_output=gated, speed=speed, rounding=rounding, equalization=equalization,
+        smooth_quant=SmoothQuantReport.of(sq_request, smooth),
+        accuracy_check=None if check is None else HeldOutCheck.of(check, gated, check_failures, ungated, verdict),
+        integer_kernels=(_kernel_report(base_model, per_method[best.label], options, chosen)
+                         if options.target == "onnxruntime" else None),
+        input_methods=None if stats is None else {t.name: best.label for t in io.inputs if t.name in stats})
     if report_dir is not None:
         from ..fsutil import report_json, write_report
 
-        write_report(report_dir, "quantize", report_json(report), report_markdown(report))
+        write_report(report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))
+        report = replace(report, report_dir=Path(report_dir))
+    result = QuantizeRunResult(**{f.name: getattr(base, f.name) for f in fields(base)}, report=report)
     return result
 
 
@@ -284,7 +270,7 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
                         reduce_range: bool = False, smooth_quant: float | str | None = "auto",
                         exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
                         accuracy_target: AccuracyTarget | str | None = None,
-                        weight_rounding: str = "auto") -> QuantizeResult:
+                        weight_rounding: str = "auto") -> QuantizeRunResult:
     """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
     ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
@@ -294,7 +280,7 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
     on (default: the first output; give the embedding of a model whose first output is not a
     classifier). ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
     ``smooth_quant``: see :func:`run_quantize`. The run ends with the held-out
-    check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
+    check against FP32 (``result.report.accuracy_check``). Returns the path, the method used
     and the report."""
     from ..data import DataSource, open_data
     from ..modelio import ModelIO
