@@ -487,6 +487,28 @@ def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli
     assert not out.exists() and not rep.exists()
 
 
+def test_quantize_request_is_checked_before_any_file_is_read(tmp_path):
+    from trtrepo.autoquant import QuantizeRequest
+
+    absent, out = tmp_path / "absent.onnx", tmp_path / "q.onnx"
+    with pytest.raises(UsageError, match="give only one of --ranges, --cache"):
+        QuantizeRequest(absent, out, ranges="r.json", cache="c.cache")
+    with pytest.raises(UsageError, match="--method minmax calibrates on --data"):
+        QuantizeRequest(absent, out, ranges="r.json", method="minmax")
+    with pytest.raises(UsageError, match="no ranges: give"):
+        QuantizeRequest(absent, out)
+    with pytest.raises(UsageError, match="--method 'nope'"):
+        QuantizeRequest(absent, out, data="demo:calib", method="nope")
+    with pytest.raises(UsageError, match="would overwrite the input model"):
+        QuantizeRequest(absent, absent, data="demo:calib")
+    with pytest.raises(UsageError, match="SmoothQuant needs calibration on --data, not --cache"):
+        QuantizeRequest(absent, out, cache="c.cache", smooth_quant=0.5)
+    given = QuantizeRequest(absent, out, cache="c.cache")  # smooth_quant "auto" means none with a cache
+    assert given.resolved_method == "entropy" and given.smooth_request() is None
+    here = QuantizeRequest(absent, out, data="demo:calib")
+    assert here.resolved_method == "auto" and here.smooth_request() == "auto"
+
+
 def test_quantize_report_file_is_the_report_the_run_returns(demo_onnx, tmp_path):
     """quantize.json is QuantizeReport.to_dict() and quantize.md its markdown: the file a user reads
     and the object the commands read cannot disagree; summary_lines() names the chosen method, the

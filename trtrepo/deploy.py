@@ -334,15 +334,15 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
                       step: Any, calibration: CalibrationData) -> tuple[Path, str]:
     """``--cache`` / ``--ranges``: quantize with the given ranges (no calibration); with ``--data`` the
     held-out check against FP32 runs on it, else the report says accuracy was NOT measured."""
-    from .autoquant import run_quantize
+    from .autoquant import QuantizeRequest, quantize_request
     from .quantize import QuantizeOptions
 
     given = "--cache" if opts.cache else "--ranges"
-    result = run_quantize(onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache,
-                          data=calibration.source(),
-                          options=QuantizeOptions(target=target, reduce_range=opts.reduce_range,
-                                                  exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes),
-                          metric_output=opts.metric_output, batch_size=opts.batch_size)
+    result = quantize_request(QuantizeRequest(
+        onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache, data=calibration.source(),
+        options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=opts.exclude_ops,
+                                exclude_nodes=opts.exclude_nodes),
+        metric_output=opts.metric_output, batch_size=opts.batch_size))
     step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
     return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{given} without --data")
 

@@ -1,6 +1,7 @@
 """Calibrate, quantize and evaluate in one loop: ``--method auto`` and ``--accuracy-target``.
 
-:func:`run_quantize` is the Python twin of ``trtrepo quantize``:
+:func:`quantize_request` runs a :class:`QuantizeRequest`, the Python twin of ``trtrepo quantize``
+(:func:`run_quantize` is its keyword form):
 
 1. ranges come from a ranges JSON, a TensorRT cache, or one calibration pass over ``data``
    (:class:`trtrepo.calibrate.Calibrator`; its statistics serve every method and carry the
@@ -21,7 +22,7 @@ from .fallback import FallbackResult, FallbackStep, check_reachable, fallback, l
 from .gate import MIN_CONFIDENT_AGREEMENT, AccuracyCheck, AccuracyLoss
 from .ranges import AUTO_MIN_SAMPLES, CACHE_BYTES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
 from .report import HeldOutCheck, QuantizeReport, QuantizeRunResult, SmoothQuantReport, report_markdown
-from .run import quantize_for_deploy, run_quantize
+from .run import QuantizeRequest, quantize_for_deploy, quantize_request, run_quantize
 from .select import (
     AUTO_MIN_GROUPS,
     DEFAULT_ALPHA,
@@ -56,6 +57,7 @@ __all__ = [
     "MIN_CONFIDENT_AGREEMENT",
     "MIN_COSINE",
     "QuantizeReport",
+    "QuantizeRequest",
     "QuantizeRunResult",
     "RoundingChoice",
     "SMOOTHED_RANGE_RULE",
@@ -72,6 +74,7 @@ __all__ = [
     "layer_blocks",
     "layer_roles",
     "quantize_for_deploy",
+    "quantize_request",
     "report_markdown",
     "run_quantize",
     "select_method",

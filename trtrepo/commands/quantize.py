@@ -83,27 +83,25 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
     residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
     with integer kernels.
     """
-    from ..autoquant import AccuracyLoss, run_quantize
+    from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request
+    from ..data import DataOptions
     from ..evaluate import AccuracyTarget
     from ..quantize import QuantizeOptions
 
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
+    data = None if data_spec is None else DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit,
+                                                       seed=seed, batch_size=batch_size, skip_non_images=skip_non_images)
     started = time.perf_counter()
     with summary_output(as_json) as emit:
         try:
-            result = run_quantize(
-                model, output,
-                ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
+            result = quantize_request(QuantizeRequest(
+                model, output, ranges=ranges_path, cache=cache_path, data=data, method=method, options=options,
                 accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
-                batch_size=batch_size,
-                threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                                                              skip_non_images=skip_non_images),
-                report_dir=report_dir, force=force, progress=progress,
+                batch_size=batch_size, threads=threads, report_dir=report_dir, force=force, progress=progress,
                 smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
-                equalize=equalize,
-            )
+                equalize=equalize))
         except AccuracyLoss as exc:  # the library names the concept; the command names its flags
             raise AccuracyLoss(f"{exc}; --accept-accuracy-loss writes it, --eval-data gives the check more samples") from exc
         report = result.report
