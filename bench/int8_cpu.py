@@ -248,8 +248,8 @@ def main() -> None:
         res = run_quantize(fp32, tmp / "demo.target.onnx", data=calib_src, method="entropy", eval_data=None,
                            options=QuantizeOptions(target="onnxruntime"), accuracy_target=target_text,
                            batch_size=args.batch_size)
-        targets[target_text] = {"layers_in_float": res.layers_in_float, "steps": res.report["steps"],
-                                "held_out": res.report["evaluation_data"], "val": val_metrics(tmp / "demo.target.onnx")}
+        targets[target_text] = {"layers_in_float": res.layers_in_float, "steps": res.report.to_dict()["steps"],
+                                "held_out": res.report.evaluation_data, "val": val_metrics(tmp / "demo.target.onnx")}
 
     # --- ONNX Runtime quantize_static on the same model and data ----------------------------------
     calib = np.ascontiguousarray(split_tensors("calib")[0][calib_src.indices])
@@ -280,7 +280,7 @@ def main() -> None:
         "versions": _versions(),
         "calibration_samples": len(calib_src), "collect_s": collect_s, "fp32_accuracy": fp32_acc,
         "val_samples": len(val), "accuracy": accuracy, "best": best,
-        "auto": {"method": auto.method, "held_out": auto.report["evaluation_data"], "val": auto_val},
+        "auto": {"method": auto.method, "held_out": auto.report.evaluation_data, "val": auto_val},
         "accuracy_targets": targets, "ort_static": ort_static, "latency_ms": lat, "integer_kernels": kernels,
         "conv_layers": layers,
         "runs": args.runs, "threads": args.threads, "wall_s": time.time() - started,

@@ -205,7 +205,7 @@ def main() -> None:
                                    options=QuantizeOptions(target=target), **kw)
                 row = metrics_of(fp32, out, val)
                 row.update(method=res.method, seconds=time.perf_counter() - t,
-                           layers_in_float=len(res.report["layers_in_float"]))
+                           layers_in_float=len(res.report.layers_in_float))
                 special[f"{target}/{label}"] = row
         r["auto"] = special
         ours = tmp / "text.onnxruntime.auto0.onnx"

@@ -43,10 +43,10 @@ def test_quantize_warns_and_reports_a_failed_check(hard_case, tmp_path, caplog):
     with caplog.at_level("WARNING", logger="trtrepo.autoquant"):
         res = run_quantize(model, tmp_path / "q.onnx", data=str(data), method="auto",
                            options=QuantizeOptions(target="onnxruntime"))
-    check = res.report["accuracy_check"]
+    check = res.report.accuracy_check
     # 16 near-uniform classes: no FP32 top-1 is confident, so the cosine decides (INT8 zeroes the output)
-    assert check["measured"] and check["ok"] is False and "cosine" in check["failures"][0]
-    assert check["verdict"]["rule"] == "mean cosine" and check["verdict"]["value"] < 0.5
+    assert check.measured and check.ok is False and "cosine" in check.failures[0]
+    assert check.verdict["rule"] == "mean cosine" and check.verdict["value"] < 0.5
     assert any("INT8 ACCURACY LOSS" in r.getMessage() for r in caplog.records)
     assert (tmp_path / "q.onnx").is_file()  # quantize writes it anyway, and says so
 
@@ -88,15 +88,15 @@ def test_deploy_ships_fp32_unless_accuracy_loss_is_accepted(hard_case, tmp_path,
 def test_a_good_int8_model_passes_the_check(demo_onnx, tmp_path):
     res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
                        options=QuantizeOptions(target="tensorrt"), weight_rounding="nearest")
-    assert res.report["accuracy_check"]["ok"] is True
-    assert res.report["input_methods"] == {"input": res.method}
+    assert res.report.accuracy_check.ok is True
+    assert res.report.input_methods == {"input": res.method}
 
 
 def test_labels_change_the_rule(demo_onnx, tmp_path):
     """With labelled evaluation data the gate is the label accuracy drop (the user's metric)."""
     res = run_quantize(demo_onnx, tmp_path / "d.onnx", data="demo:calib", data_args={"limit": 300, "seed": 0},
                        eval_data="demo:val", options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")
-    verdict = res.report["accuracy_check"]["verdict"]
+    verdict = res.report.accuracy_check.verdict
     assert verdict["rule"] == "label accuracy drop" and verdict["samples"] == 597
     assert verdict["reference_accuracy"] > 0.97 and verdict["ok"] is True
     assert "label accuracy" in verdict["message"]

@@ -74,17 +74,17 @@ def check_defaults_hold_a_floor(mobilenet, tmp_path, target):
     m = vision.metrics(fp32, int8)
     top1_floor, cos_floor, top5_floor = FLOOR[target]
     assert m["top1"] >= top1_floor and m["cos_mean"] >= cos_floor and m["top5"] >= top5_floor, m
-    check = res.report["accuracy_check"]
-    assert check["measured"]
-    verdict = check["verdict"]
+    check = res.report.accuracy_check
+    assert check.measured
+    verdict = check.verdict
     # no labels: the gate judges top-1 agreement on the confident crops, with the FP16 floor beside it
     assert verdict["rule"] == "confident top-1 agreement" and verdict["confident_samples"] > 0
     assert verdict["fp16_noise_floor"]["confident_agreement"] >= 0.99
-    if check["ok"]:  # a model the gate passes keeps its confident top-1s on crops the gate never saw
+    if check.ok:  # a model the gate passes keeps its confident top-1s on crops the gate never saw
         conf = confident_mask(fp32)
         assert np.mean(fp32[conf].argmax(1) == int8[conf].argmax(1)) >= 0.95, (m, verdict)
-    assert res.report["weight_rounding"]["chosen"] in ("nearest", "bias_correction", "adaround")
-    eq = res.report["equalization"]
+    assert res.report.weight_rounding["chosen"] in ("nearest", "bias_correction", "adaround")
+    eq = res.report.equalization
     assert eq["applied"] and eq["chains"] == 17 and eq["max_relative_change"] < 1e-5
     if target == "onnxruntime":
         kernels = integer_kernels(out)

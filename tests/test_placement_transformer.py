@@ -50,9 +50,9 @@ def test_weighted_matmuls_run_as_integer_kernels_with_float_outputs(text_onnx, q
     # the residual stream is float: no QLinearAdd in front of a LayerNorm
     assert kernels.get("QLinearAdd", 0) == 0, kernels
     assert any("residual-stream" in why for why in res.kept_float.values())
-    assert res.report["integer_kernels"]["kernels"]["total"] == kernels["total"]
+    assert res.report.integer_kernels["kernels"]["total"] == kernels["total"]
     # and it stays accurate on held-out data (the run's own check against FP32)
-    assert res.report["accuracy_check"]["ok"] is True
+    assert res.report.accuracy_check.ok is True
 
 
 def test_full_node_units_are_still_available_and_requantize(text_onnx, tmp_path):
@@ -73,7 +73,7 @@ def test_exclude_op_add_keeps_the_matmul_kernels_and_reports_its_cost(text_onnx,
                        data_args={"limit": 256, "seed": 0})
     kernels = integer_kernels(out)
     assert kernels.get("MatMulIntegerToFloat", 0) == base.get("MatMulIntegerToFloat", 0)
-    costs = res.report["integer_kernels"]["exclusion_costs"]
+    costs = res.report.integer_kernels["exclusion_costs"]
     assert [c["exclusion"] for c in costs] == ["--exclude-op Add"]
     assert costs[0]["kernels_lost"] == base["total"] - kernels["total"] >= 0
     # excluding the MatMuls themselves does cost kernels, and the report says how many
@@ -81,7 +81,7 @@ def test_exclude_op_add_keeps_the_matmul_kernels_and_reports_its_cost(text_onnx,
     res2 = run_quantize(text_onnx, out2, data="demo-text:calib", method="minmax", smooth_quant=None, check=None,
                         options=QuantizeOptions(target="onnxruntime", exclude_nodes=(".*MatMul.*",)),
                         data_args={"limit": 128, "seed": 0})
-    cost = res2.report["integer_kernels"]["exclusion_costs"][0]
+    cost = res2.report.integer_kernels["exclusion_costs"][0]
     assert cost["kernels_lost"] > 0 and cost["kernels_without_it"] >= kernels["total"] - 1
 
 
@@ -95,10 +95,10 @@ def test_smoothed_inputs_get_the_same_range_whatever_the_method_and_the_report_s
         out = tmp_path / f"{method}.onnx"
         res = run_quantize(text_onnx, out, data="demo-text:calib", method=method, smooth_quant=0.8, check=None,
                            options=QuantizeOptions(target="tensorrt"), data_args={"limit": 128, "seed": 0})
-        sq = res.report["smooth_quant"]
-        assert sq["alpha"] == 0.8 and sq["groups"] and "whatever the method" in sq["range_rule"]
+        sq = res.report.smooth_quant
+        assert sq.alpha == 0.8 and sq.groups and "whatever the method" in sq.range_rule
         # the Q of a smoothed input reads the LayerNorm output (scales folded in) or the inserted Mul's output
-        smoothed = {g["input"] for g in sq["groups"]} | {f"{g['input']}_smoothed" for g in sq["groups"]}
+        smoothed = {g["input"] for g in sq.groups} | {f"{g['input']}_smoothed" for g in sq.groups}
         model = onnx.load(str(out))
         inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
         scales[method] = {n.input[0]: float(inits[n.input[1]]) for n in model.graph.node

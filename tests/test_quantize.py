@@ -487,6 +487,55 @@ def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli
     assert not out.exists() and not rep.exists()
 
 
+def test_quantize_request_is_checked_before_any_file_is_read(tmp_path):
+    from trtrepo.autoquant import QuantizeRequest
+
+    absent, out = tmp_path / "absent.onnx", tmp_path / "q.onnx"
+    with pytest.raises(UsageError, match="give only one of --ranges, --cache"):
+        QuantizeRequest(absent, out, ranges="r.json", cache="c.cache")
+    with pytest.raises(UsageError, match="--method minmax calibrates on --data"):
+        QuantizeRequest(absent, out, ranges="r.json", method="minmax")
+    with pytest.raises(UsageError, match="no ranges: give"):
+        QuantizeRequest(absent, out)
+    with pytest.raises(UsageError, match="--method 'nope'"):
+        QuantizeRequest(absent, out, data="demo:calib", method="nope")
+    with pytest.raises(UsageError, match="would overwrite the input model"):
+        QuantizeRequest(absent, absent, data="demo:calib")
+    with pytest.raises(UsageError, match="SmoothQuant needs calibration on --data, not --cache"):
+        QuantizeRequest(absent, out, cache="c.cache", smooth_quant=0.5)
+    given = QuantizeRequest(absent, out, cache="c.cache")  # smooth_quant "auto" means none with a cache
+    assert given.resolved_method == "entropy" and given.smooth_request() is None
+    here = QuantizeRequest(absent, out, data="demo:calib")
+    assert here.resolved_method == "auto" and here.smooth_request() == "auto"
+
+
+def test_quantize_report_file_is_the_report_the_run_returns(demo_onnx, tmp_path):
+    """quantize.json is QuantizeReport.to_dict() and quantize.md its markdown: the file a user reads
+    and the object the commands read cannot disagree; summary_lines() names the chosen method, the
+    exclusion and where the report went."""
+    from trtrepo.autoquant import report_markdown, run_quantize
+    from trtrepo.fsutil import report_json
+
+    rep = tmp_path / "rep"
+    res = run_quantize(demo_onnx, tmp_path / "q.onnx", data="demo:calib", data_args={"limit": 120, "seed": 0},
+                       options=QuantizeOptions(target="onnxruntime", exclude_ops=("Add",)), weight_rounding="nearest",
+                       report_dir=rep)
+    written = json.loads((rep / "quantize.json").read_text())
+    assert written == json.loads(report_json(res.report.to_dict()))
+    assert list(written) == list(res.report.to_dict())  # same key order
+    assert written["integer_kernels"]["exclusion_costs"][0]["exclusion"] == "--exclude-op Add"
+    assert written["accuracy_check"]["ok"] is True and written["input_methods"] == {"input": res.method}
+    assert (rep / "quantize.md").read_text() == report_markdown(res.report)
+    lines = res.report.summary_lines()
+    chosen = [line for line in lines if line.endswith("<- chosen")]
+    assert len(chosen) == 1 and chosen[0].split()[0] == res.method == written["method"]
+    assert len([line for line in lines if "cosine" in line and line.startswith("  ") and "<-" not in line
+                and line.split()[0] in {"entropy", "minmax", "percentile", "mse"}]) == 3
+    assert f"wrote {rep / 'quantize.json'} and quantize.md" in lines
+    assert "  kept in float: 1: Add (excluded by the user)" in lines
+    assert any(line.startswith("  gate passed: output 'logits'") for line in lines)
+
+
 @pytest.mark.slow
 def test_auto_selects_best_method_on_held_out_split(demo_onnx, tmp_path, run_cli):
     out, rep = tmp_path / "q.onnx", tmp_path / "rep"
@@ -513,20 +562,20 @@ def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx,
     common = dict(data="demo:calib", eval_data=held_out, method="entropy", data_args={"limit": 256, "seed": 0},
                   options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")
     base = run_quantize(demo_onnx, tmp_path / "base.onnx", **common)
-    baseline = base.report["metrics"]["logits"]["cosine_mean"]
+    baseline = base.report.metrics["logits"].cosine_mean
     assert baseline < 0.99999
     goal = baseline + (1.0 - baseline) * 0.5  # stricter than plain INT8 reaches
     out = tmp_path / "fb.onnx"
     res = run_quantize(demo_onnx, out, accuracy_target=f"cosine={goal}", report_dir=tmp_path / "rep", **common)
-    steps = res.report["steps"]
-    assert not steps[0]["met"] and any(s["met"] for s in steps) and len(steps) >= 2
+    steps = res.report.steps
+    assert not steps[0].met and any(s.met for s in steps) and len(steps) >= 2
     # groups (roles, blocks) are tried before single layers, each step with its speed vs FP32
-    assert any(s["label"].startswith(("role ", "block ")) for s in steps[1:])
-    assert all(s["speed"] is not None and s["speed"] > 0 for s in steps)
-    smallest = min((s for s in steps if s["met"]), key=lambda s: len(s["layers_in_float"]))
-    assert res.layers_in_float and sorted(res.layers_in_float) == sorted(smallest["layers_in_float"])
+    assert any(s.label.startswith(("role ", "block ")) for s in steps[1:])
+    assert all(s.speed is not None and s.speed > 0 for s in steps)
+    smallest = min((s for s in steps if s.met), key=lambda s: len(s.layers_in_float))
+    assert res.layers_in_float and sorted(res.layers_in_float) == sorted(smallest.layers_in_float)
     assert len(res.layers_in_float) < len(base.layers)
-    fb = res.report["fallback"]
+    fb = res.report.fallback
     assert 0 < fb["weighted_in_float"] <= fb["weighted_layers"] and fb["evaluations"] == len(steps)
     # the written model really meets the target on the evaluation data, and keeps INT8 layers
     rep = evaluate(demo_onnx, out, held_out)

@@ -221,7 +221,7 @@ def test_infinite_mask_calibrates_and_quantizes_without_crashing(target, tmp_pat
     # quantize calibrates only what its placement quantizes; the scores are kept float either for
     # their own non-finite range or as downstream of the mask
     assert res.float_tensors["scores"] in ("non-finite range", "downstream of the mask tensor 'additive'")
-    assert res.report["float_tensors"] and any(r["node"] == "mask_add" for r in res.report["kept_float"])
+    assert res.report.float_tensors and "mask_add" in res.report.kept_float
     (y, _s) = run(onnx.load(str(res.path)), feed)
     assert np.all(np.isfinite(y))
 
@@ -293,7 +293,7 @@ def test_demo_text_cosine_target_api_onnxruntime_and_bad_metric_output(text_onnx
     res = run_quantize(text_onnx, tmp_path / "q.onnx", data="demo-text:calib", method="minmax",
                        options=QuantizeOptions(target="onnxruntime"), accuracy_target="cosine=0.999",
                        metric_output="embedding", data_args={"limit": 300})
-    assert res.report["steps"][-1]["met"] and res.report["metrics"]["embedding"]["cosine_mean"] >= 0.999
+    assert res.report.steps[-1].met and res.report.metrics["embedding"].cosine_mean >= 0.999
     with pytest.raises(UsageError, match="--metric-output 'pooled'.*outputs: logits, embedding"):
         run_quantize(text_onnx, tmp_path / "x.onnx", data="demo-text:calib", method="minmax", metric_output="pooled")
     r = run_cli("quantize", text_onnx, "-o", tmp_path / "y.onnx", "--data", "demo-text:calib", "--metric-output", "pooled",

@@ -206,6 +206,41 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     assert not [p for p in (tmp_path / "r").iterdir() if p.name.startswith(".")]  # no temporary files left
 
 
+def test_report_summary_lines_are_what_validate_prints():
+    """The console summary comes from the report: one line per server pair, per level (totals, then
+    each server), the count of stable levels, each threshold; an unstable level is marked."""
+    def level(c, stable):
+        return {"concurrency": c, "throughput": 100.0 * c, "client_ms": {"p50": 1.0 * c, "p99": 3.0 * c},
+                "overhead_ms": None if c == 2 else 0.4, "stable": stable, "windows": [1, 2, 3],
+                "spread_pct": {"throughput_pct": 3.2},
+                "servers": [{"url": u, "throughput": 50.0 * c, "client_ms": {"p50": 1.0, "p99": 2.0}} for u in ("a:1", "b:1")]}
+    report = ValidationReport(
+        server={"url": "a:1", "servers": ["a:1", "b:1"], "protocol": "http", "model": "m", "version": "2"},
+        contract={"ok": True},
+        fleet={"agreement": {"reference_server": "a:1",
+                             "outputs": [{"server": "b:1", "output": "logits", "max_abs_diff": 0.0, "identical": True}]}},
+        latency={"levels": [level(1, True), level(2, False)], "warnings": ["w"]},
+        thresholds=[ThresholdResult("p99_ms[c=2]", 5.0, 6.0, False), ThresholdResult("min_cosine[logits]", 0.99, 0.999, True)])
+    assert report.summary_lines() == [
+        "model m v2 at a:1, b:1 (http): contract ok",
+        "  b:1 vs a:1: logits max abs diff 0 (identical)",
+        "  c=1: 2 servers together: 100.0 infer/s, p50 1.00 ms, p99 3.00 ms, client overhead 0.40 ms, "
+        "stable over 3 windows (±3.2%)",
+        "    a:1: 50.0 infer/s, p50 1.00 ms, p99 2.00 ms",
+        "    b:1: 50.0 infer/s, p50 1.00 ms, p99 2.00 ms",
+        "  c=2: 2 servers together: 200.0 infer/s, p50 2.00 ms, p99 6.00 ms, client overhead - ms, "
+        "* NOT STABLE after 3 windows (±3.2%)",
+        "    a:1: 100.0 infer/s, p50 1.00 ms, p99 2.00 ms",
+        "    b:1: 100.0 infer/s, p50 1.00 ms, p99 2.00 ms",
+        "  latency: 1 of 2 level(s) stable (the others are not figures to quote: rerun on a quieter machine or raise "
+        "--max-trials)",
+        "  warning: w",
+        "  p99_ms[c=2]: 6 (limit 5) FAILED",
+        "  min_cosine[logits]: 0.999 (limit 0.99) ok",
+    ]
+    assert report.failure_detail() == "p99_ms[c=2] = 6, limit 5"
+
+
 def _gpu_visible() -> bool:
     try:
         import cuda.bindings.runtime as cudart

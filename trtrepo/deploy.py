@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .contracts import backends, builtin
 from .contracts.location import is_remote
@@ -30,6 +30,9 @@ from .progress import status
 from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
+
+if TYPE_CHECKING:  # autoquant is imported where deploy quantizes
+    from .autoquant import QuantizeRunResult
 
 log = logging.getLogger(__name__)
 
@@ -304,23 +307,22 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
                                            weight_rounding=opts.weight_rounding,
                                            eval_data=calibration.eval_source(), **extra)
     method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
-    sq = (result.report or {}).get("smooth_quant") or {}
-    if sq.get("alpha") is not None:
-        method += f", smooth-quant {sq['alpha']}"
+    alpha = result.report.smooth_quant.alpha
+    if alpha is not None:
+        method += f", smooth-quant {alpha}"
     step.detail = f"Q/DQ INT8 for {target} on {data} ({len(source)} samples{method})"
     return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
 
 
-def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,
+def _ship_or_fall_back(result: QuantizeRunResult, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,
                        unmeasured: str) -> tuple[Path, str]:
     """The INT8 model, or the FP32 one when the check against FP32 failed (unless
     --accept-accuracy-loss); ``unmeasured`` says why when there was no check."""
-    check = (result.report or {}).get("accuracy_check") or {}
-    if result.report:
-        shipped = "fp32" if check.get("ok") is False and not opts.accept_accuracy_loss else "int8"
-        report.accuracy = QuantizeSummary.from_report(result.report, shipped=shipped)
-    if check.get("ok") is False:
-        failures = "; ".join(check["failures"])
+    check = result.report.accuracy_check
+    failed = check is not None and check.ok is False
+    report.accuracy = result.report.accuracy_summary(shipped="fp32" if failed and not opts.accept_accuracy_loss else "int8")
+    if check is not None and failed:
+        failures = "; ".join(check.failures)
         if not opts.accept_accuracy_loss:
             step.status = "fallback"
             step.detail += f"; INT8 FAILED the held-out check vs FP32 ({failures}): deploying the FP32 model " \
@@ -329,14 +331,15 @@ def _ship_or_fall_back(result: Any, opts: DeployOptions, onnx_path: Path, step: 
             log.warning("INT8 ACCURACY LOSS: %s; deploying FP32 instead", failures)
             return onnx_path, "fp32"
         report.notes.append(f"INT8 shipped with --accept-accuracy-loss although {failures}")
-    elif check.get("ok") is True:
-        verdict = check.get("verdict") or {}
+    elif check is not None and check.ok is True:
+        verdict = check.verdict or {}
         figures = f" ({verdict['message']})" if verdict.get("message") else ""
-        step.detail += f"; held-out check vs FP32 on '{check['output']}' passed{figures}"
+        step.detail += f"; held-out check vs FP32 on '{check.output}' passed{figures}"
     else:
         report.notes.append(f"INT8 accuracy vs FP32 was NOT measured ({unmeasured})")
-    for below in check.get("ungated_below_floor") or []:  # other outputs: measured and named, not gated
-        report.notes.append(f"INT8 {below} (not gated: the check is on '{check['output']}'; --metric-output picks it)")
+    if check is not None:  # other outputs: measured and named, not gated
+        report.notes.extend(f"INT8 {below} (not gated: the check is on '{check.output}'; --metric-output picks it)"
+                            for below in check.ungated_below_floor)
     return result.path, "int8"
 
 
@@ -344,15 +347,16 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
                       step: Any, calibration: CalibrationData) -> tuple[Path, str]:
     """``--cache`` / ``--ranges``: quantize with the given ranges (no calibration); with ``--data`` the
     held-out check against FP32 runs on it, else the report says accuracy was NOT measured."""
-    from .autoquant import run_quantize
+    from .autoquant import QuantizeRequest, quantize_request
     from .quantize import QuantizeOptions
 
     given = "--cache" if opts.cache else "--ranges"
-    result = run_quantize(onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache,
-                          data=calibration.source(), eval_data=calibration.eval_source(),
-                          options=QuantizeOptions(target=target, reduce_range=opts.reduce_range,
-                                                  exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes),
-                          metric_output=opts.metric_output, batch_size=opts.batch_size)
+    result = quantize_request(QuantizeRequest(
+        onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache, data=calibration.source(),
+        eval_data=calibration.eval_source(),
+        options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=opts.exclude_ops,
+                                exclude_nodes=opts.exclude_nodes),
+        metric_output=opts.metric_output, batch_size=opts.batch_size))
     step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
     return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{given} without --data")
 

@@ -5,8 +5,8 @@ and the INT8/FP32 speed ratio on the held-out data.
 
 ``trtrepo quantize`` and ``trtrepo deploy`` print :meth:`QuantizeSummary.summary_lines` and put
 :meth:`QuantizeSummary.to_dict` under ``accuracy`` in ``--json``. It is built from the quantize
-report (:func:`trtrepo.autoquant.run_quantize`), so the console, the JSON and ``quantize.json``
-cannot disagree. The speed ratio is ONNX Runtime on this CPU at the held-out batch size: a hint of
+report (:meth:`trtrepo.autoquant.QuantizeReport.accuracy_summary`), so the console, the JSON and
+``quantize.json`` cannot disagree. The speed ratio is ONNX Runtime on this CPU at the held-out batch size: a hint of
 what INT8 buys, not the served latency (``trtrepo validate`` measures that)."""
 
 from __future__ import annotations
@@ -53,38 +53,6 @@ class QuantizeSummary:
     kept_float: tuple[Mapping[str, str], ...] = ()  # {"name", "reason"}
     speed: Mapping[str, Any] | None = None  # {"int8_vs_fp32", "batch_size", "engine"}
     held_out: Mapping[str, Any] | None = None  # {"name", "samples"}
-
-    @classmethod
-    def from_report(cls, report: Mapping[str, Any], shipped: str = "int8") -> QuantizeSummary:
-        metrics = report.get("metrics") or {}
-        outputs = tuple(OutputFigures(
-            output=name, samples=m["samples"], cosine_mean=m["cosine_mean"], top1_agreement=m.get("top1_agreement"),
-            confident_agreement=m.get("confident_agreement"), confident_samples=m.get("confident_samples"),
-            fp32_accuracy=m.get("reference_accuracy"), int8_accuracy=m.get("candidate_accuracy"))
-            for name, m in metrics.items())
-        check = report.get("accuracy_check") or {}
-        verdict = check.get("verdict") or {}
-        gate = None
-        if check:
-            gate = {"output": check.get("output"), "measured": check.get("measured"),
-                    "passed": check.get("ok"), "rule": verdict.get("rule"),
-                    "inconclusive": bool(verdict.get("inconclusive")), "message": verdict.get("message"),
-                    "failures": list(check.get("failures") or [])}
-        sq = report.get("smooth_quant") or {}
-        wr = report.get("weight_rounding") or {}
-        eq = report.get("equalization") or {}
-        steps = {"smooth_quant": sq.get("alpha"), "weight_rounding": wr.get("chosen"),
-                 "equalization": ({"chains": eq.get("chains"), "channels_scaled": eq.get("channels_scaled")}
-                                  if eq.get("applied") else None)}
-        kept: list[dict[str, str]] = []
-        kept += [{"name": t["tensor"], "reason": t["reason"]} for t in report.get("float_tensors") or []]
-        kept += [{"name": t["node"], "reason": t["reason"]} for t in report.get("kept_float") or []]
-        kept += [{"name": n, "reason": f"accuracy target {report.get('accuracy_target')}"}
-                 for n in report.get("layers_in_float") or []]
-        kept += [{"name": n, "reason": "excluded by the user"} for n in report.get("excluded") or []]
-        return cls(target=report.get("target", "?"), method=report.get("method", "?"), shipped=shipped,
-                   outputs=outputs, gate=gate, fp16_noise_floor=verdict.get("fp16_noise_floor"), steps=steps,
-                   kept_float=tuple(kept), speed=report.get("speed"), held_out=report.get("evaluation_data"))
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -51,7 +51,7 @@ def child(args: argparse.Namespace) -> None:
     res = run_quantize(args.model, args.out_model, data=args.calib, options=QuantizeOptions(target=args.target),
                        weight_rounding=args.step, accept_accuracy_loss=True)
     took = time.perf_counter() - t0
-    rep = res.report or {}
+    rep = res.report.to_dict()
     print(json.dumps({"seconds": took, "timings": rep.get("seconds"), "method": res.method,
                       "weight_rounding": {k: v for k, v in (rep.get("weight_rounding") or {}).items() if k != "layers"},
                       "check": rep.get("accuracy_check"),

@@ -167,7 +167,7 @@ def main() -> None:
                                accept_accuracy_loss=True)
             row = {"variant": variant, "target": target, "quantize_s": round(time.perf_counter() - t0, 1),
                    **agreement(fp32, logits(out, x), conf),
-                   "weight_rounding": (res.report or {}).get("weight_rounding", {}).get("chosen"), "method": res.method, **extra}
+                   "weight_rounding": res.report.weight_rounding.get("chosen"), "method": res.method, **extra}
             if target == "onnxruntime":
                 row["speed_b32"] = speed(model_path, out, x)
             print(json.dumps(row), flush=True)

@@ -1,6 +1,7 @@
 """Calibrate, quantize and evaluate in one loop: ``--method auto`` and ``--accuracy-target``.
 
-:func:`run_quantize` is the Python twin of ``trtrepo quantize``:
+:func:`quantize_request` runs a :class:`QuantizeRequest`, the Python twin of ``trtrepo quantize``
+(:func:`run_quantize` is its keyword form):
 
 1. ranges come from a ranges JSON, a TensorRT cache, or one calibration pass over ``data``
    (:class:`trtrepo.calibrate.Calibrator`; its statistics serve every method and carry the
@@ -20,8 +21,8 @@ from __future__ import annotations
 from .fallback import FallbackResult, FallbackStep, check_reachable, fallback, layer_blocks, layer_roles
 from .gate import MIN_CONFIDENT_AGREEMENT, AccuracyCheck, AccuracyLoss
 from .ranges import AUTO_MIN_SAMPLES, CACHE_BYTES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
-from .report import report_markdown
-from .run import quantize_for_deploy, run_quantize
+from .report import HeldOutCheck, QuantizeReport, QuantizeRunResult, SmoothQuantReport, report_markdown
+from .run import QuantizeRequest, quantize_for_deploy, quantize_request, run_quantize
 from .select import (
     AUTO_MIN_GROUPS,
     DEFAULT_ALPHA,
@@ -51,11 +52,16 @@ __all__ = [
     "Evaluator",
     "FallbackResult",
     "FallbackStep",
+    "HeldOutCheck",
     "MAX_TOP1_DROP_POINTS",
     "MIN_CONFIDENT_AGREEMENT",
     "MIN_COSINE",
+    "QuantizeReport",
+    "QuantizeRequest",
+    "QuantizeRunResult",
     "RoundingChoice",
     "SMOOTHED_RANGE_RULE",
+    "SmoothQuantReport",
     "SmoothChoice",
     "WEIGHT_ROUNDING",
     "_smoothed_ranges",
@@ -68,6 +74,7 @@ __all__ = [
     "layer_blocks",
     "layer_roles",
     "quantize_for_deploy",
+    "quantize_request",
     "report_markdown",
     "run_quantize",
     "select_method",

@@ -1,34 +1,50 @@
-"""The quantize stage end to end (:func:`run_quantize`) and the entry ``deploy`` calls."""
+"""The quantize stage end to end: a :class:`QuantizeRequest` run by :func:`quantize_request`,
+its keyword form :func:`run_quantize`, and the entry ``deploy`` calls (:func:`quantize_for_deploy`).
+
+:func:`quantize_request` reads as its steps: check the request (:meth:`QuantizeRequest.__post_init__`),
+load the model, open the calibration and held-out data (:func:`_open_sources`), collect or read
+the ranges (:func:`_ranges`), choose SmoothQuant, the method, the weight rounding and the layers
+left in float (:func:`_choose`), run the held-out check (:func:`_held_out_check`), then write the
+model and the report."""
 
 from __future__ import annotations
 
+import gc
 import logging
+import tempfile
 import time
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from .. import histogram as H
+from ..calibrate import DEFAULT_MEMORY_BUDGET_MB, Calibrator
+from ..data import DataOptions, DataSource, open_data
 from ..errors import UsageError
-from ..evaluate import (
-    AccuracyTarget,
-)
+from ..evaluate import AccuracyTarget, OutputMetrics
+from ..fsutil import report_json, write_report
+from ..modelio import ModelIO
 from ..quantize import (
+    ActivationRange,
+    QuantizedModel,
     QuantizeOptions,
-    QuantizeResult,
     _result,
     load_model,
     ranges_from_cache,
     ranges_from_json,
     save_model,
 )
-from .fallback import check_reachable, fallback
+from ..smoothquant import parse_alpha, smooth_candidates
+from .fallback import FallbackResult, check_reachable, fallback
 from .gate import AccuracyCheck, AccuracyLoss, _fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
-from .report import _kernel_report, _report, report_markdown
+from .report import HeldOutCheck, QuantizeRunResult, SmoothQuantReport, _kernel_report, build_report, report_markdown
 from .select import (
-    SMOOTHED_RANGE_RULE,
+    Candidate,
     Evaluator,
+    RoundingChoice,
+    SmoothChoice,
     _equalize,
     _smoothed_ranges,
     choose_smoothing,
@@ -37,166 +53,242 @@ from .select import (
 )
 
 log = logging.getLogger(__name__)
-# --------------------------------------------------------------------------------------------
-# The quantize command's engine
 
 
-def run_quantize(
-    onnx_path: str | Path,
-    out_path: str | Path,
-    *,
-    ranges: str | Path | None = None,
-    cache: str | Path | None = None,
-    data: Any = None,
-    method: str | None = None,
-    options: QuantizeOptions | None = None,
-    accuracy_target: AccuracyTarget | str | None = None,
-    eval_data: Any = None,
-    holdout: float = DEFAULT_HOLDOUT,
-    metric_output: str | None = None,
-    seed: int = 0,
-    batch_size: int = 32,
-    threads: int | None = None,
-    data_args: Mapping[str, Any] | None = None,
-    report_dir: str | Path | None = None,
-    force: bool = True,
-    progress: bool = False,
-    smooth_quant: float | str | None = "auto",
-    check: AccuracyCheck | None = AccuracyCheck(),
-    memory_budget_mb: float | None = None,
-    weight_rounding: str = "auto",
-    rounding_budget_s: float | None = None,
-    accept_accuracy_loss: bool = True,
-    equalize: bool = True,
-) -> QuantizeResult:
-    """Quantize ``onnx_path`` into ``out_path`` (see the module doc). Exactly one of ``ranges``
-    (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here) gives the ranges; with
-    ranges or a cache, ``data``/``eval_data`` only serve evaluation. Nothing is written when
-    anything fails. ``metric_output`` names the output that ``auto`` and ``accuracy_target``
-    are measured on (default: the first output; an embedding output wants ``cosine=``).
-    ``method``: a registered method or "auto"; None: auto when calibrating here.
+@dataclass(frozen=True)
+class QuantizeRequest:
+    """One ``trtrepo quantize`` run (module doc of :mod:`trtrepo.autoquant`), checked on construction.
+
+    Exactly one of ``ranges`` (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here)
+    gives the ranges; with ranges or a cache, ``data``/``eval_data`` only serve evaluation.
+    ``data``: a :class:`~trtrepo.data.DataOptions` (a spec and how to open it), a bare spec or an
+    open :class:`~trtrepo.data.DataSource`; ``eval_data`` is opened as given. ``batch_size`` is
+    the batch of calibration and evaluation. ``metric_output`` names the output that ``auto`` and
+    ``accuracy_target`` are measured on (default: the first output; an embedding output wants
+    ``cosine=``). ``method``: a registered method or "auto"; None: auto when calibrating here.
     ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data; nothing with ranges
-    or a cache, which were computed without it) or None.
-    ``check``: the held-out accuracy check against FP32 the run ends with (result in
-    ``report["accuracy_check"]``, a warning when it fails; None skips it); when it fails and
-    ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is raised and nothing is written.
-    ``weight_rounding``: see :func:`choose_weight_rounding`."""
-    from ..data import open_data
-    from ..modelio import ModelIO
-    from ..smoothquant import parse_alpha
+    or a cache, which were computed without it) or None. ``check``: the held-out accuracy check
+    against FP32 the run ends with (result in ``report.accuracy_check``, a warning when it fails;
+    None skips it); when it fails and ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is
+    raised and nothing is written. ``weight_rounding``: see :func:`choose_weight_rounding`."""
 
-    options = options or QuantizeOptions()
+    model: str | Path
+    output: str | Path
+    ranges: str | Path | None = None
+    cache: str | Path | None = None
+    data: DataOptions | DataSource | str | None = None
+    method: str | None = None
+    options: QuantizeOptions = field(default_factory=QuantizeOptions)
+    accuracy_target: AccuracyTarget | None = None
+    eval_data: DataSource | str | None = None
+    holdout: float = DEFAULT_HOLDOUT
+    metric_output: str | None = None
+    seed: int = 0  # of the held-out split
+    batch_size: int = 32
+    threads: int | None = None
+    report_dir: str | Path | None = None
+    force: bool = True
+    progress: bool = False
+    smooth_quant: float | str | None = "auto"
+    check: AccuracyCheck | None = field(default_factory=AccuracyCheck)
+    memory_budget_mb: float | None = None
+    weight_rounding: str = "auto"
+    rounding_budget_s: float | None = None
+    accept_accuracy_loss: bool = True
+    equalize: bool = True
+
+    def __post_init__(self) -> None:
+        given = self.given
+        if len(given) > 1:
+            raise UsageError("give only one of --ranges, --cache")
+        if given and self.method is not None:
+            raise UsageError(f"--method {self.method} calibrates on --data; it cannot be combined with {given[0]} "
+                             "(ranges are used as given)")
+        if not given and self.data is None:
+            raise UsageError("no ranges: give --ranges R.json, --cache C.cache or --data SPEC")
+        if self.resolved_method != "auto" and self.resolved_method not in H.METHODS:
+            raise UsageError(f"--method '{self.resolved_method}': expected one of {', '.join(H.method_names(auto=True))}")
+        if Path(self.model).resolve() == Path(self.output).resolve():
+            raise UsageError(f"-o {self.output}: would overwrite the input model")
+        if given and parse_alpha(self.smooth_quant) not in (None, "auto"):
+            raise UsageError(f"--smooth-quant {self.smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
+
+    @property
+    def given(self) -> list[str]:
+        """The flags of the ranges given as files (empty: calibrate here)."""
+        return [n for n, v in (("--ranges", self.ranges), ("--cache", self.cache)) if v is not None]
+
+    @property
+    def resolved_method(self) -> str:
+        """The method: as given, else auto when calibrating here; with ranges/a cache it names their source."""
+        return self.method or ("auto" if not self.given else "entropy")
+
+    def smooth_request(self) -> float | str | None:
+        """The SmoothQuant alpha asked for; "auto" means none with ranges or a cache."""
+        return None if self.given else parse_alpha(self.smooth_quant)
+
+
+def run_quantize(onnx_path: str | Path, out_path: str | Path, *, data: Any = None,
+                 data_args: Mapping[str, Any] | None = None, accuracy_target: AccuracyTarget | str | None = None,
+                 **request: Any) -> QuantizeRunResult:
+    """The keyword form of :func:`quantize_request`, kept for scripts, benchmarks and tests:
+    ``request`` holds :class:`QuantizeRequest`'s other fields; ``data_args`` are
+    :func:`~trtrepo.data.open_data`'s keywords for ``data`` (preprocess, labels, limit, seed,
+    skip_non_images), made into a :class:`~trtrepo.data.DataOptions`; ``accuracy_target`` may be
+    given as text (``top1-drop=1``)."""
     if isinstance(accuracy_target, str):
         accuracy_target = AccuracyTarget.parse(accuracy_target)
-    given = [n for n, v in (("--ranges", ranges), ("--cache", cache)) if v is not None]
-    if len(given) > 1:
-        raise UsageError("give only one of --ranges, --cache")
-    if given and method is not None:
-        raise UsageError(f"--method {method} calibrates on --data; it cannot be combined with {given[0]} "
-                         "(ranges are used as given)")
-    if not given and data is None:
-        raise UsageError("no ranges: give --ranges R.json, --cache C.cache or --data SPEC")
-    # the method: as given, else auto when calibrating here; with ranges/a cache it names their source
-    method = method or ("auto" if not given else "entropy")
-    if method != "auto" and method not in H.METHODS:
-        raise UsageError(f"--method '{method}': expected one of {', '.join(H.method_names(auto=True))}")
-    if Path(onnx_path).resolve() == Path(out_path).resolve():
-        raise UsageError(f"-o {out_path}: would overwrite the input model")
-    if given and parse_alpha(smooth_quant) == "auto":
-        smooth_quant = None
-    elif given and parse_alpha(smooth_quant) is not None:
-        raise UsageError(f"--smooth-quant {smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
-    onnx_path = Path(onnx_path)
+    if request.get("options", ...) is None:
+        del request["options"]  # None: the default options
+    if data_args and data is not None:
+        data = DataOptions(spec=data, **{"seed": None, **data_args})
+    return quantize_request(QuantizeRequest(onnx_path, out_path, data=data, accuracy_target=accuracy_target, **request))
+
+
+def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
+    """Quantize ``req.model`` into ``req.output`` (see :class:`QuantizeRequest`). Nothing is
+    written when anything fails."""
+    options, method, check = req.options, req.resolved_method, req.check
+    onnx_path = Path(req.model)
     model = fp32_model = load_model(onnx_path)
     io = ModelIO.from_onnx(model, source=onnx_path)
     outputs = [o.name for o in model.graph.output]
+    metric_output = req.metric_output
     if metric_output is not None and metric_output not in outputs:
         raise UsageError(f"--metric-output '{metric_output}': {onnx_path.name} has no such output (outputs: {', '.join(outputs)})")
-    if accuracy_target is not None:
-        accuracy_target = accuracy_target.on_output(metric_output)
-    data_args = dict(data_args or {})
-    if Path(out_path).exists() and not force:
-        raise UsageError(f"{out_path}: already exists (use --force to overwrite)")
-
-    def open_(spec: Any, with_args: bool = True) -> Any:
-        return open_data(spec, io=io, **(data_args if with_args else {}))
+    accuracy_target = None if req.accuracy_target is None else req.accuracy_target.on_output(metric_output)
+    if Path(req.output).exists() and not req.force:
+        raise UsageError(f"{req.output}: already exists (use --force to overwrite)")
 
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
-    sq_request = parse_alpha(smooth_quant)
+    sq_request = req.smooth_request()
     need_eval = method == "auto" or accuracy_target is not None or check is not None or sq_request == "auto"
-    calib_src = eval_src = None
-    if given:
-        if eval_data is not None:
-            eval_src = open_(eval_data, with_args=False)
-        elif data is not None:
-            eval_src = open_(data)
-    else:
-        source = open_(data)
-        if eval_data is not None:
-            calib_src, eval_src = source, open_(eval_data, with_args=False)
-        elif need_eval:
-            try:
-                calib_src, eval_src = split_holdout(source, holdout, seed)
-                log.info("holding out %d of %d samples of %s for evaluation", len(eval_src), len(source), source.name)
-            except UsageError:
-                if method == "auto" or accuracy_target is not None:
-                    raise
-                log.warning("%s: %d samples are too few to hold some out; the INT8 model's accuracy is NOT checked "
-                            "against FP32 (give more data or --eval-data)", source.name, len(source))
-                calib_src = source
-        else:
-            calib_src = source
+    calib_src, eval_src = _open_sources(req, io, need_eval=need_eval, strict=method == "auto" or accuracy_target is not None)
     if accuracy_target is not None and eval_src is None:
         raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
 
     # A top-1 target on --metric-output makes that output a classification output too.
     top1_on = metric_output if accuracy_target is not None and accuracy_target.kind != "cosine" else None
-    evaluator = Evaluator(model, eval_src, batch_size=batch_size, threads=threads,
+    evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads,
                           label_output=top1_on) if eval_src is not None else None
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
-    stats = None
-    equalization: dict[str, Any] = {"applied": False, "note": "ranges or a cache were given (computed on the original model)"}
-    if ranges is not None:
-        per_method = {"ranges": ranges_from_json(ranges)}
-    elif cache is not None:
-        per_method = {"cache": activation_ranges(ranges_from_cache(cache, model))}
-    else:
-        from ..calibrate import Calibrator
-        from ..smoothquant import smooth_candidates
-
-        # only the input tensor names are used: no prepared (renamed) copy of the weights needed
-        channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
-        from ..calibrate import DEFAULT_MEMORY_BUDGET_MB
-
-        equalization = _equalize(model, calib_src, evaluator, options, equalize, threads)
-        calib_path = onnx_path
-        if equalization.get("applied"):
-            import tempfile
-
-            model = equalization.pop("model")
-            tmp_dir = tempfile.TemporaryDirectory(prefix="trtrepo-equalized-")
-            calib_path = Path(tmp_dir.name) / "equalized.onnx"
-            save_model(model, calib_path)
-        equalization.pop("model", None)
-        t_cal = time.perf_counter()
-        cal = Calibrator(calib_path, calib_src, batch_size=batch_size, progress=progress,
-                         tensors=calibration_tensors(model, options), channel_tensors=channel_tensors,
-                         memory_budget_mb=memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
-        stats = cal.collect()
-        timings["calibration"] = time.perf_counter() - t_cal
-        if equalization.get("seconds"):
-            timings["equalization"] = equalization["seconds"]
-        del cal  # its ONNX Runtime session holds the model with every tensor as an output
-        import gc
-
-        gc.collect()
-        methods = tuple(H.METHODS) if method == "auto" else (method,)
-        per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
+    model, per_method, stats, equalization = _ranges(req, model, onnx_path, calib_src, evaluator, sq_request, timings)
     if sq_request is not None and stats is None and sq_request != "auto":
         raise UsageError("--smooth-quant needs calibration data (--data): ranges and caches carry no per-channel statistics")
+    c = _choose(req, model, stats, per_method, evaluator, sq_request, accuracy_target, calib_src, timings)
+    gated = metric_output or outputs[0]
+    metrics, held_out = _held_out_check(req, c.metrics, c.chosen, model, evaluator, gated, eval_src, onnx_path)
+
+    speed = evaluator.time_ratio(fp32_model, c.chosen.model) if evaluator is not None else None
+    path = save_model(c.chosen.model, req.output, force=req.force)
+    base = _result(c.chosen, path, options, c.best.label)
+    base.layers_in_float = list(c.chosen.plan.excluded)
+    timings["total"] = time.perf_counter() - t_start  # calibration (both passes) and total, selection and checks included
+    report = build_report(
+        onnx_path, path, options, method, c.best, c.candidates, metrics, accuracy_target, c.fb, eval_src, calib_src,
+        chosen=c.chosen, seconds=timings, metric_output=gated, speed=speed, rounding=c.rounding,
+        equalization=equalization, smooth_quant=SmoothQuantReport.of(sq_request, c.smooth), accuracy_check=held_out,
+        integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
+                         if options.target == "onnxruntime" else None),
+        input_methods=None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats})
+    if req.report_dir is not None:
+        write_report(req.report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))
+        report = replace(report, report_dir=Path(req.report_dir))
+    return QuantizeRunResult(**{f.name: getattr(base, f.name) for f in fields(base)}, report=report)
+
+
+def _open(spec: DataOptions | DataSource | str, io: ModelIO) -> DataSource:
+    return spec.open(io) if isinstance(spec, DataOptions) else open_data(spec, io=io)
+
+
+def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
+                  strict: bool) -> tuple[DataSource | None, DataSource | None]:
+    """(calibration data, held-out data). Calibrating here without ``eval_data``, a ``holdout``
+    part of ``data`` is held out when anything is evaluated; too few samples for that is an error
+    when ``strict`` (auto or an accuracy target), else a warning that accuracy is not checked."""
+    if req.given:  # the ranges are given: the data only serves evaluation
+        if req.eval_data is not None:
+            return None, _open(req.eval_data, io)
+        return None, None if req.data is None else _open(req.data, io)
+    assert req.data is not None  # checked by the request
+    source = _open(req.data, io)
+    if req.eval_data is not None:
+        return source, _open(req.eval_data, io)
+    if not need_eval:
+        return source, None
+    try:
+        calib_src, eval_src = split_holdout(source, req.holdout, req.seed)
+    except UsageError:
+        if strict:
+            raise
+        log.warning("%s: %d samples are too few to hold some out; the INT8 model's accuracy is NOT checked "
+                    "against FP32 (give more data or --eval-data)", source.name, len(source))
+        return source, None
+    log.info("holding out %d of %d samples of %s for evaluation", len(eval_src), len(source), source.name)
+    return calib_src, eval_src
+
+
+def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSource | None,
+            evaluator: Evaluator | None, sq_request: float | str | None,
+            timings: dict[str, float]) -> tuple[Any, dict[str, dict[str, ActivationRange]], Any, dict[str, Any]]:
+    """(model, ranges per method, statistics, equalization entry of the report): read from
+    ``--ranges`` / ``--cache``, or collected on ``calib_src`` after activation equalization (one
+    calibration pass serves every method tried)."""
+    if req.ranges is not None:
+        return model, {"ranges": ranges_from_json(req.ranges)}, None, dict(_NOT_EQUALIZED)
+    if req.cache is not None:
+        return model, {"cache": activation_ranges(ranges_from_cache(req.cache, model))}, None, dict(_NOT_EQUALIZED)
+    # only the input tensor names are used: no prepared (renamed) copy of the weights needed
+    channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
+    equalization = _equalize(model, calib_src, evaluator, req.options, req.equalize, req.threads)
+    calib_path = onnx_path
+    if equalization.get("applied"):
+        model = equalization.pop("model")
+        tmp_dir = tempfile.TemporaryDirectory(prefix="trtrepo-equalized-")
+        calib_path = Path(tmp_dir.name) / "equalized.onnx"
+        save_model(model, calib_path)
+    equalization.pop("model", None)
+    t_cal = time.perf_counter()
+    cal = Calibrator(calib_path, calib_src, batch_size=req.batch_size, progress=req.progress,
+                     tensors=calibration_tensors(model, req.options), channel_tensors=channel_tensors,
+                     memory_budget_mb=req.memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
+    stats = cal.collect()
+    timings["calibration"] = time.perf_counter() - t_cal
+    if equalization.get("seconds"):
+        timings["equalization"] = equalization["seconds"]
+    del cal  # its ONNX Runtime session holds the model with every tensor as an output
+    gc.collect()
+    methods = tuple(H.METHODS) if req.resolved_method == "auto" else (req.resolved_method,)
+    return model, {m: activation_ranges(stats.compute(m), stats) for m in methods}, stats, equalization
+
+
+_NOT_EQUALIZED = {"applied": False, "note": "ranges or a cache were given (computed on the original model)"}
+
+
+@dataclass
+class _Choice:
+    """What :func:`_choose` settled on."""
+
+    smooth: SmoothChoice
+    base_model: Any  # the FP32 model the chosen Q/DQ model was made from (smoothed, rounded weights)
+    per_method: dict[str, dict[str, ActivationRange]]
+    best: Candidate
+    candidates: Sequence[Candidate]
+    rounding: RoundingChoice
+    chosen: QuantizedModel
+    metrics: Mapping[str, OutputMetrics] | None
+    fb: FallbackResult | None
+
+
+def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, dict[str, ActivationRange]],
+            evaluator: Evaluator | None, sq_request: float | str | None, accuracy_target: AccuracyTarget | None,
+            calib_src: DataSource | None, timings: dict[str, float]) -> _Choice:
+    """SmoothQuant, then the method, then the weight rounding, then (with an accuracy target)
+    the layers left in float, each measured on the held-out data."""
+    options, metric_output = req.options, req.metric_output
     metric = "cosine" if (accuracy_target is not None and accuracy_target.kind == "cosine") else None
     smooth = choose_smoothing(model, stats, next(iter(per_method.values())), options, evaluator, sq_request,
                               metric_output=metric_output, metric=metric)
@@ -205,8 +297,8 @@ def run_quantize(
     best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     assert best.quantized is not None
     rounding = choose_weight_rounding(base_model, per_method[best.label], options, calib_src, evaluator, best,
-                                      weight_rounding, metric_output=metric_output, metric=metric,
-                                      budget_s=rounding_budget_s, threads=threads)
+                                      req.weight_rounding, metric_output=metric_output, metric=metric,
+                                      budget_s=req.rounding_budget_s, threads=req.threads)
     timings.update(rounding.seconds)
     if rounding.model is not None and rounding.best is not None:
         base_model, best = rounding.model, rounding.best
@@ -218,73 +310,44 @@ def run_quantize(
             raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
         fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
-    if metrics is None and evaluator is not None and check is not None:
+    return _Choice(smooth, base_model, per_method, best, candidates, rounding, chosen, metrics, fb)
+
+
+def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] | None, chosen: QuantizedModel,
+                    model: Any, evaluator: Evaluator | None, gated: str, eval_src: DataSource | None,
+                    onnx_path: Path) -> tuple[Mapping[str, OutputMetrics] | None, HeldOutCheck | None]:
+    """(the chosen model's metrics, the check's result): ``req.check`` judges the ``gated``
+    output; the other outputs below the floor are named, not gated. A failure is a warning, or
+    :class:`AccuracyLoss` without ``accept_accuracy_loss``."""
+    check = req.check
+    if check is None:
+        return metrics, None
+    if metrics is None and evaluator is not None:
         metrics = evaluator(chosen.model)
-    check_failures: list[str] | None = None
-    ungated: list[str] = []
-    verdict: dict[str, Any] | None = None
-    noise_floor: dict[str, Any] | None = None
-    if check is not None and metrics is not None:
-        verdict = check.judge(metrics[metric_output or outputs[0]])
-        if evaluator is not None and verdict["rule"] == "confident top-1 agreement":
-            noise_floor = _fp16_floor(model, evaluator, metric_output or outputs[0])
-            verdict["fp16_noise_floor"] = noise_floor
-        check_failures = check.failures(metrics, metric_output or outputs[0])
-        # The other outputs are measured too: one below the floor is named (not gated).
-        ungated = [f for f in check.failures(metrics) if f not in check_failures]
-        if ungated:
-            log.warning("INT8 accuracy of outputs not gated by the check (the gate is '%s'): %s",
-                        metric_output or outputs[0], "; ".join(ungated))
-        if check_failures:
-            log.warning("INT8 ACCURACY LOSS on %d held-out samples: %s", len(eval_src) if eval_src is not None else 0,
-                        "; ".join(check_failures))
-            if not accept_accuracy_loss:
-                raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(check_failures)}; "
-                                   f"nothing written to {out_path} (accept the loss to write it anyway)")
-
-    speed = evaluator.time_ratio(fp32_model, chosen.model) if evaluator is not None else None
-    path = save_model(chosen.model, out_path, force=force)
-    result = _result(chosen, path, options, best.label)
-    result.layers_in_float = list(chosen.plan.excluded)
-    report = _report(onnx_path, path, options, method, best, candidates, metrics, accuracy_target, fb, eval_src,
-                     calib_src, stats)
-    timings["total"] = time.perf_counter() - t_start
-    report["seconds"] = timings  # calibration (both passes) and total, selection and checks included
-    report["metric_output"] = metric_output or outputs[0]
-    report["kept_float"] = [{"node": n, "reason": why} for n, why in chosen.plan.auto_float.items()]
-    report["float_tensors"] = [{"tensor": n, "reason": why} for n, why in chosen.plan.float_tensors.items()]
-    report["speed"] = speed
-    report["weight_rounding"] = rounding.to_dict()
-    report["equalization"] = equalization
-    report["quantize_attention"] = options.quantize_attention
-    report["reduce_range"] = options.reduce_range
-    report["smooth_quant"] = {"requested": sq_request, "alpha": smooth.alpha, "groups": smooth.groups,
-                              "range_rule": None if smooth.alpha is None else SMOOTHED_RANGE_RULE,
-                              "candidates": [{k: v for k, v in r.items() if k != "outputs"} for r in smooth.rows]}
-    report["accuracy_check"] = None if check is None else {
-        "measured": check_failures is not None, "ok": check_failures == [] if check_failures is not None else None,
-        "failures": check_failures or [], "max_top1_drop_points": check.max_top1_drop, "min_cosine": check.min_cosine,
-        "min_confident_agreement": check.min_confident_agreement,
-        "output": metric_output or outputs[0], "ungated_below_floor": ungated, "verdict": verdict}
-    if options.target == "onnxruntime":
-        report["integer_kernels"] = _kernel_report(base_model, per_method[best.label], options, chosen)
-    if stats is not None:
-        report["input_methods"] = {t.name: best.label for t in io.inputs if t.name in stats}
-    result.report = report
-    if report_dir is not None:
-        from ..fsutil import report_json, write_report
-
-        write_report(report_dir, "quantize", report_json(report), report_markdown(report))
-    return result
-
-
+    if metrics is None:
+        return metrics, HeldOutCheck.of(check, gated, None, [], None)
+    verdict = check.judge(metrics[gated])
+    if evaluator is not None and verdict["rule"] == "confident top-1 agreement":
+        verdict["fp16_noise_floor"] = _fp16_floor(model, evaluator, gated)
+    failures = check.failures(metrics, gated)
+    # The other outputs are measured too: one below the floor is named (not gated).
+    ungated = [f for f in check.failures(metrics) if f not in failures]
+    if ungated:
+        log.warning("INT8 accuracy of outputs not gated by the check (the gate is '%s'): %s", gated, "; ".join(ungated))
+    if failures:
+        log.warning("INT8 ACCURACY LOSS on %d held-out samples: %s", len(eval_src) if eval_src is not None else 0,
+                    "; ".join(failures))
+        if not req.accept_accuracy_loss:
+            raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(failures)}; "
+                               f"nothing written to {req.output} (accept the loss to write it anyway)")
+    return metrics, HeldOutCheck.of(check, gated, failures, ungated, verdict)
 def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
                         target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
                         force: bool = True, progress: bool = False, metric_output: str | None = None,
                         reduce_range: bool = False, smooth_quant: float | str | None = "auto",
                         exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
                         accuracy_target: AccuracyTarget | str | None = None,
-                        weight_rounding: str = "auto", eval_data: Any = None) -> QuantizeResult:
+                        weight_rounding: str = "auto", eval_data: Any = None) -> QuantizeRunResult:
     """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
     ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
     or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
@@ -295,12 +358,9 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
     classifier). ``eval_data``: a separate evaluation set (spec or data source) for the choices
     and the check, instead of the held-out fifth; then every sample of ``data_source`` calibrates.
     ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
-    ``smooth_quant``: see :func:`run_quantize`. The run ends with the held-out
-    check against FP32 (``result.report["accuracy_check"]``). Returns the path, the method used
+    ``smooth_quant``: see :class:`QuantizeRequest`. The run ends with the held-out
+    check against FP32 (``result.report.accuracy_check``). Returns the path, the method used
     and the report."""
-    from ..data import DataSource, open_data
-    from ..modelio import ModelIO
-
     if method == "auto" and eval_data is None:
         source = data_source
         if not isinstance(source, DataSource):
@@ -309,9 +369,12 @@ def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str |
             log.info("%d samples: too few to hold some out; using entropy", len(source))
             method = "entropy"
         data_source = source
-    return run_quantize(onnx_path, out_path, data=data_source, method=method,
-                        options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
-                                                exclude_nodes=tuple(exclude_nodes)),
-                        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-                        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding,
-                        eval_data=eval_data)
+    if isinstance(accuracy_target, str):
+        accuracy_target = AccuracyTarget.parse(accuracy_target)
+    return quantize_request(QuantizeRequest(
+        onnx_path, out_path, data=data_source, method=method,
+        options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
+                                exclude_nodes=tuple(exclude_nodes)),
+        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
+        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding,
+        eval_data=eval_data))

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
 
 import click
 
 from .. import histogram as H
-from ..quantsummary import QuantizeSummary
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._options import data_options
@@ -85,89 +83,44 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
     residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
     with integer kernels.
     """
-    from ..autoquant import AccuracyLoss, run_quantize
+    from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request
+    from ..data import DataOptions
     from ..evaluate import AccuracyTarget
     from ..quantize import QuantizeOptions
 
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
+    data = None if data_spec is None else DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit,
+                                                       seed=seed, batch_size=batch_size, skip_non_images=skip_non_images)
     started = time.perf_counter()
     with summary_output(as_json) as emit:
         try:
-            result = run_quantize(
-                model, output,
-                ranges=ranges_path, cache=cache_path, data=data_spec, method=method, options=options,
+            result = quantize_request(QuantizeRequest(
+                model, output, ranges=ranges_path, cache=cache_path, data=data, method=method, options=options,
                 accuracy_target=target_obj, eval_data=eval_data, holdout=holdout, metric_output=metric_output, seed=seed,
-                batch_size=batch_size,
-                threads=threads, data_args=dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                                                              skip_non_images=skip_non_images),
-                report_dir=report_dir, force=force, progress=progress,
+                batch_size=batch_size, threads=threads, report_dir=report_dir, force=force, progress=progress,
                 smooth_quant=smooth_quant, weight_rounding=weight_rounding, accept_accuracy_loss=accept_accuracy_loss,
-                equalize=equalize,
-            )
+                equalize=equalize))
         except AccuracyLoss as exc:  # the library names the concept; the command names its flags
             raise AccuracyLoss(f"{exc}; --accept-accuracy-loss writes it, --eval-data gives the check more samples") from exc
-        report = result.report or {}
+        report = result.report
         took = time.perf_counter() - started
         click.echo(f"quantized {model} for {result.target} ({result.method}): {len(result.layers)} layers, "
                    f"{result.activations} activations, {result.weights} weights -> {result.path} in {took:.1f}s")
-        if result.float_tensors:
-            click.echo(f"  kept in float: {len(result.float_tensors)} tensor(s) with unquantizable ranges: "
-                       + ", ".join(result.float_tensors))
-        if result.kept_float:
-            click.echo(f"  kept in float: {len(result.kept_float)} node(s) by the transformer rules "
-                       "(Softmax, LayerNorm, attention MatMuls, mask path; see --report)")
-        metric_output = report.get("metric_output")
-        for row in report.get("methods", []):
-            outs = row.get("outputs", {})
-            m = outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
-            if m:
-                acc = f"accuracy {100 * m['candidate_accuracy']:.2f}%, " if m["candidate_accuracy"] is not None else ""
-                agree = f"top-1 agreement {100 * m['top1_agreement']:.2f}%, " if m["top1_agreement"] is not None else ""
-                mark = "  <- chosen" if row["label"] == result.method else ""
-                click.echo(f"  {row['label']:<10} {acc}{agree}cosine {m['cosine_mean']:.6f}{mark}")
-        if report.get("accuracy_target"):
-            steps = report["steps"]
-            click.echo(f"  accuracy target {report['accuracy_target']}: met with {len(steps[-1]['layers_in_float'])} "
-                       f"layer(s) left in float (value {steps[-1]['value']:.6g})")
-            for name in report["layers_in_float"]:
-                click.echo(f"    float: {name}")
-        sq = report.get("smooth_quant") or {}
-        if sq.get("alpha") is not None:
-            click.echo(f"  smooth-quant: alpha {sq['alpha']} on {len(sq['groups'])} MatMul/Gemm input(s) "
-                       "(their ranges: exact min/max of the smoothed tensors, not --method)")
-        if report_dir is not None:
-            click.echo(f"wrote {Path(report_dir) / 'quantize.json'} and quantize.md")
-        eqr = report.get("equalization") or {}
-        if eqr.get("applied"):
-            click.echo(f"  equalized {eqr['chains']} Conv -> activation -> depthwise chain(s), {eqr['channels_scaled']} "
-                       f"channel(s) (FP32 outputs moved by {eqr['max_relative_change']:.1g} of their range)")
-        elif eqr.get("chains"):
-            click.echo(f"  equalization not applied: {eqr.get('note', '')}")
-        wr = report.get("weight_rounding") or {}
-        if wr.get("chosen") and wr.get("requested") != "nearest":
-            for row in wr.get("candidates", []):
-                mm = row.get("metrics") or {}
-                agree = "" if mm.get("top1_agreement") is None else f"top-1 agreement {100 * mm['top1_agreement']:.2f}%, "
-                mark = "  <- chosen" if row["step"] == wr["chosen"] else ""
-                took_s = f" ({row['seconds']:.1f}s)" if "seconds" in row else ""
-                click.echo(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{mark}")
-            if wr.get("note"):
-                click.echo(f"  weights: {wr['note']}")
-        check = report.get("accuracy_check") or {}
-        summary = QuantizeSummary.from_report(report)
-        for line in summary.summary_lines():
-            click.echo(f"  {line}")
-        if check.get("measured") is False or (check and check.get("ok") is None):
+        for line in report.summary_lines():
+            click.echo(line)
+        check = report.accuracy_check
+        if check is not None and (not check.measured or check.ok is None):
             click.echo("  WARNING: accuracy vs FP32 NOT measured (no held-out data)", err=True)
-        elif check.get("ok") is False:
-            click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check["failures"])
+        elif check is not None and check.ok is False:
+            click.echo("WARNING: INT8 ACCURACY LOSS vs FP32 on held-out data: " + "; ".join(check.failures)
                        + " (written because of --accept-accuracy-loss; try --accuracy-target, --smooth-quant or --exclude-node)",
                        err=True)
         emit({"command": "quantize", "model": model, "output": str(result.path), "target": result.target,
               "method": result.method, "layers": len(result.layers), "activations": result.activations,
               "weights": result.weights, "kept_float": list(result.kept_float),
-              "float_tensors": list(result.float_tensors), "smooth_quant": sq.get("alpha"),
-              "accuracy_check": check or None, "accuracy": summary.to_dict(), "methods": report.get("methods", []),
+              "float_tensors": list(result.float_tensors), "smooth_quant": report.smooth_quant.alpha,
+              "accuracy_check": None if check is None else check.to_dict(),
+              "accuracy": report.accuracy_summary().to_dict(), "methods": list(report.methods),
               "seconds": took})

@@ -117,10 +117,10 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     the message; the report is written), 2 for usage and connection errors.
     """
     from ..errors import TrtrepoError, UsageError
-    from ..speed import SpeedOptions, parse_batch_sizes, speed_console_lines
+    from ..speed import SpeedOptions, parse_batch_sizes
     from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
     from ..validate.options import REFUSED_GRACE_S
-    from ..validate.report import accuracy_console_lines, level_label, write_latency_csv
+    from ..validate.report import write_latency_csv
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
@@ -146,45 +146,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                           preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
                           input_shapes=input_shapes, cache=not no_cache, skip_non_images=skip_non_images,
                           output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
-        s = report.server
-        click.echo(f"model {s['model']} v{s['version']} at {', '.join(s.get('servers') or [s['url']])} "
-                   f"({s['protocol']}): contract ok")
-        if report.fleet:
-            a = report.fleet["agreement"]
-            for r in a["outputs"]:
-                click.echo(f"  {r['server']} vs {a['reference_server']}: {r['output']} max abs diff {r['max_abs_diff']:.3g}"
-                           f"{' (identical)' if r['identical'] else ''}")
-        if report.accuracy:
-            for line in accuracy_console_lines(report.accuracy):
-                click.echo(f"  {line}")
-        if report.latency:
-            for lv in report.latency["levels"]:
-                c = lv["client_ms"]
-                ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
-                sp = lv["spread_pct"]["throughput_pct"]
-                steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
-                          else f"* NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
-                total = f"{len(lv['servers'])} servers together: " if lv.get("servers") else ""
-                click.echo(f"  {level_label(lv)}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
-                           f"client overhead {ov} ms, {steady}")
-                for sv in lv.get("servers", []):
-                    click.echo(f"    {sv['url']}: {sv['throughput']:.1f} infer/s, p50 {sv['client_ms']['p50']:.2f} ms, "
-                               f"p99 {sv['client_ms']['p99']:.2f} ms")
-            levels = report.latency["levels"]
-            stable = sum(1 for lv in levels if lv["stable"])
-            click.echo(f"  latency: {stable} of {len(levels)} level(s) stable"
-                       + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter machine "
-                                                           "or raise --max-trials)"))
-            for w in report.latency.get("warnings", []):
-                click.echo(f"  warning: {w}")
-        sp = report.speed_vs_reference
-        if sp:
-            r = sp["reference"]
-            click.echo(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
-            for line in speed_console_lines(sp["rows"]):
-                click.echo(f"    {line}")
-        for t in report.thresholds:
-            click.echo(f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}")
+        for line in report.summary_lines():
+            click.echo(line)
         if csv_path is not None:
             if not report.latency:
                 raise UsageError("--csv writes the latency table: drop --no-latency")
@@ -193,7 +156,6 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
             click.echo(f"report: {report.files.get('markdown')}")
         emit({"command": "validate", **report.to_dict()})
         if not report.passed:
-            failed = [t for t in report.thresholds if not t.passed]
-            detail = "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed)
+            detail = report.failure_detail()
             where = f" (report {report.files.get('markdown')})" if report_dir is not None else ""
             raise TrtrepoError(f"validation failed: {detail}{where}")

@@ -56,7 +56,8 @@ def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, f
 
 @dataclass
 class QuantizeResult:
-    """What :func:`quantize_model` / :func:`trtrepo.autoquant.quantize_for_deploy` wrote."""
+    """What :func:`quantize_model` wrote (:func:`trtrepo.autoquant.run_quantize` adds its report:
+    :class:`trtrepo.autoquant.QuantizeRunResult`)."""
 
     path: Path
     target: str
@@ -67,7 +68,6 @@ class QuantizeResult:
     float_tensors: dict[str, str] = field(default_factory=dict)  # unquantizable tensor -> reason
     activations: int = 0
     weights: int = 0
-    report: dict[str, Any] | None = None
 
 
 def save_model(model: Any, out_path: str | Path, *, force: bool = True) -> Path:

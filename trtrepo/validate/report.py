@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from ..speed import speed_console_lines, speed_markdown
 from .contract import ThresholdResult
 from .options import REPORT_SCHEMA
 
@@ -58,6 +59,40 @@ class ValidationReport:
             "files": self.files,
         }
 
+    def summary_lines(self) -> list[str]:
+        """What ``trtrepo validate`` prints, indented as printed: the contract, the servers'
+        agreement (a fleet), accuracy per output, each latency level (and each server of it), how
+        many levels were stable, the reference-vs-served speed rows, then each threshold."""
+        s = self.server
+        lines = [f"model {s['model']} v{s['version']} at {', '.join(s.get('servers') or [s['url']])} "
+                 f"({s['protocol']}): contract ok"]
+        if self.fleet:
+            a = self.fleet["agreement"]
+            lines += [f"  {r['server']} vs {a['reference_server']}: {r['output']} max abs diff {r['max_abs_diff']:.3g}"
+                      f"{' (identical)' if r['identical'] else ''}" for r in a["outputs"]]
+        if self.accuracy:
+            lines += [f"  {line}" for line in accuracy_console_lines(self.accuracy)]
+        if self.latency:
+            levels = self.latency["levels"]
+            for lv in levels:
+                lines += _level_lines(lv)
+            stable = sum(1 for lv in levels if lv["stable"])
+            lines.append(f"  latency: {stable} of {len(levels)} level(s) stable"
+                         + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter "
+                                                             "machine or raise --max-trials)"))
+            lines += [f"  warning: {w}" for w in self.latency.get("warnings", [])]
+        sp = self.speed_vs_reference
+        if sp:
+            r = sp["reference"]
+            lines.append(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
+            lines += [f"    {line}" for line in speed_console_lines(sp["rows"])]
+        lines += [f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}" for t in self.thresholds]
+        return lines
+
+    def failure_detail(self) -> str:
+        """The failed thresholds, one clause each (empty when none failed)."""
+        return "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in self.thresholds if not t.passed)
+
     def to_json(self) -> str:
         from ..fsutil import report_json
 
@@ -104,8 +139,6 @@ class ValidationReport:
         if self.latency:
             lines += latency_markdown(self.latency)
         if self.speed_vs_reference:
-            from ..speed import speed_markdown
-
             lines += speed_markdown(self.speed_vs_reference)
         if self.files.get("plot"):
             lines += ["", f"![latency]({Path(self.files['plot']).name})"]
@@ -167,7 +200,22 @@ def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[
     return lines
 
 
-def level_label(level: dict[str, Any]) -> str:
+def _level_lines(lv: Mapping[str, Any]) -> list[str]:
+    """One latency level on the console: the totals, then each server of a fleet."""
+    c = lv["client_ms"]
+    ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
+    sp = lv["spread_pct"]["throughput_pct"]
+    steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
+              else f"* NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
+    total = f"{len(lv['servers'])} servers together: " if lv.get("servers") else ""
+    lines = [f"  {level_label(lv)}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
+             f"client overhead {ov} ms, {steady}"]
+    lines += [f"    {sv['url']}: {sv['throughput']:.1f} infer/s, p50 {sv['client_ms']['p50']:.2f} ms, "
+              f"p99 {sv['client_ms']['p99']:.2f} ms" for sv in lv.get("servers", [])]
+    return lines
+
+
+def level_label(level: Mapping[str, Any]) -> str:
     """``c=4`` for a concurrency level, ``20/s`` for a request rate."""
     return f"{level['request_rate']:g}/s" if level.get("request_rate") is not None else f"c={level['concurrency']}"
 
