@@ -176,7 +176,8 @@ def test_deploy_eval_data_is_the_set_the_check_runs_on(tmp_path):
     from trtrepo.deploy import DeployOptions, deploy
 
     report = deploy(DeployOptions(source="demo", data="demo:calib", limit=300, eval_data="demo:val", backend="onnxruntime",
-                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"), weight_rounding="nearest"))
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"), method="minmax",
+                                  weight_rounding="nearest", smooth_quant=None))
     (deployed,) = report.models
     step = next(s for s in report.steps if s.step == "int8")
     assert deployed.precision == "int8" and "passed" in step.detail
