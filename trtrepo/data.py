@@ -20,13 +20,11 @@ without padding).
 from __future__ import annotations
 
 import importlib
-import json
 import logging
-import numbers
 import os
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,202 +34,18 @@ from .arrayfile import Pick, declared_samples, read_npy, read_npz, subset_rows
 from .contracts import builtin
 from .errors import UsageError, one_line
 from .modelio import ModelIO
+from .preprocessing import Preprocess
 
 log = logging.getLogger(__name__)
 _SKIP_WARNED: set[tuple[str, str]] = set()
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
-MAX_IMAGE_SIDE = 16384  # resize / center_crop sides (a 16384 x 16384 RGB float image is 3 GiB)
-MAX_IMAGE_PIXELS_ENV = "TRTREPO_MAX_IMAGE_PIXELS"
-MAX_IMAGE_PIXELS = 4096 * 4096  # per resized image: 192 MiB as RGB float32 (--resize 16384 of a 4:3 photo: 4.3 GiB)
 MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit ...
 MAX_ITERABLE_BYTES = 2 * 2**30  # ... and their bytes
 
 # --------------------------------------------------------------------------------------------
 # Preprocessing
-
-
-def _pixel_budget() -> int:
-    """Pixels one resized image may hold: ``$TRTREPO_MAX_IMAGE_PIXELS`` or :data:`MAX_IMAGE_PIXELS`."""
-    text = os.environ.get(MAX_IMAGE_PIXELS_ENV)
-    if not text:
-        return MAX_IMAGE_PIXELS
-    if not text.isdigit() or int(text) <= 0:
-        raise UsageError(f"{MAX_IMAGE_PIXELS_ENV}={text!r}: expected a positive whole number of pixels")
-    return int(text)
-
-
-@dataclass(frozen=True)
-class Preprocess:
-    """How an image becomes an input tensor. Saved to and loaded from JSON or YAML.
-
-    Steps, in order: convert to ``color`` (rgb, bgr or gray), resize (``resize`` = shorter side
-    when one int, or ``[height, width]``), center crop, to float, multiply by ``scale``,
-    subtract ``mean`` and divide by ``std`` per channel, lay out as ``NCHW`` or ``NHWC``
-    (``CHW``/``HWC`` per sample) and cast to ``dtype``.
-    """
-
-    resize: tuple[int, ...] | None = None
-    center_crop: tuple[int, int] | None = None
-    interpolation: str = "bilinear"
-    color: str = "rgb"
-    scale: float = 1.0 / 255.0
-    mean: tuple[float, ...] = (0.0,)
-    std: tuple[float, ...] = (1.0,)
-    layout: str = "NCHW"
-    dtype: str = "float32"
-    input_name: str | None = None
-
-    _INTERP = ("nearest", "bilinear", "bicubic", "lanczos")
-
-    def __post_init__(self) -> None:
-        def norm(value: Any, what: str, n: tuple[int, ...]) -> tuple[int, ...] | None:
-            if value is None:
-                return None
-            try:
-                vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
-            except (TypeError, ValueError, OverflowError):
-                raise UsageError(f"preprocess option '{what}': expected positive ints, got {value!r}") from None
-            if len(vals) not in n or any(v <= 0 for v in vals):
-                raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
-            if any(v > MAX_IMAGE_SIDE for v in vals):
-                raise UsageError(f"preprocess option '{what}': {value!r} is larger than {MAX_IMAGE_SIDE} pixels per side")
-            return vals
-
-        if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) or not np.isfinite(self.scale):
-            raise UsageError(f"preprocess option 'scale': expected a finite number, got {self.scale!r}")
-        for what in ("interpolation", "color", "layout", "dtype"):
-            if not isinstance(getattr(self, what), str):
-                raise UsageError(f"preprocess option '{what}': expected a string, got {getattr(self, what)!r}")
-        if self.input_name is not None and not isinstance(self.input_name, str):
-            raise UsageError(f"preprocess option 'input_name': expected a string, got {self.input_name!r}")
-        for what in ("mean", "std"):
-            values = getattr(self, what)
-            flat = list(values) if isinstance(values, (list, tuple, np.ndarray)) else [values]
-            if not flat or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) for v in flat):
-                raise UsageError(f"preprocess option '{what}': expected finite numbers, got {values!r}")
-        object.__setattr__(self, "resize", norm(self.resize, "resize", (1, 2)))
-        crop = norm(self.center_crop, "center_crop", (1, 2))
-        if crop is not None and len(crop) == 1:
-            crop = (crop[0], crop[0])
-        object.__setattr__(self, "center_crop", crop)
-        object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
-        object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
-        if self.interpolation not in self._INTERP:
-            raise UsageError(f"preprocess option 'interpolation': '{self.interpolation}' is not one of {', '.join(self._INTERP)}")
-        if self.color not in ("rgb", "bgr", "gray"):
-            raise UsageError(f"preprocess option 'color': '{self.color}' is not one of rgb, bgr, gray")
-        if self.layout not in ("NCHW", "NHWC"):
-            raise UsageError(f"preprocess option 'layout': '{self.layout}' is not one of NCHW, NHWC")
-        if self.dtype not in ("float32", "float16", "uint8", "int8"):
-            raise UsageError(f"preprocess option 'dtype': '{self.dtype}' is not one of float32, float16, uint8, int8")
-        if any(s == 0 for s in self.std):
-            raise UsageError("preprocess option 'std': values must be non-zero")
-        channels = self.channels
-        for what in ("mean", "std"):
-            if len(getattr(self, what)) not in (1, channels):
-                raise UsageError(f"preprocess option '{what}': expected 1 or {channels} values for color '{self.color}'")
-
-    @property
-    def channels(self) -> int:
-        return 1 if self.color == "gray" else 3
-
-    def apply(self, image: Any) -> np.ndarray:
-        """PIL image -> array laid out per sample (``CHW`` or ``HWC``)."""
-        from PIL import Image
-
-        img = image.convert("L" if self.color == "gray" else "RGB")
-        resample = getattr(Image.Resampling, self.interpolation.upper())
-        if self.resize is not None:
-            if len(self.resize) == 2:
-                h, w = self.resize
-            else:
-                short = self.resize[0]
-                w0, h0 = img.size
-                if w0 <= h0:
-                    w, h = short, max(1, round(h0 * short / w0))
-                else:
-                    h, w = short, max(1, round(w0 * short / h0))
-            budget = _pixel_budget()
-            if w * h > budget:
-                name = getattr(image, "filename", "") or "an image"
-                raise UsageError(f"preprocess option 'resize': {list(self.resize)} makes {name} {h}x{w} "
-                                 f"({w * h / 1e6:.1f} M pixels), over the budget of {budget / 1e6:.1f} M pixels per "
-                                 f"image (set {MAX_IMAGE_PIXELS_ENV} to raise it)")
-            img = img.resize((w, h), resample=resample)
-        if self.center_crop is not None:
-            ch, cw = self.center_crop
-            w0, h0 = img.size
-            if ch > h0 or cw > w0:
-                raise UsageError(f"preprocess option 'center_crop': {ch}x{cw} is larger than the resized image {h0}x{w0}")
-            left, top = (w0 - cw) // 2, (h0 - ch) // 2
-            img = img.crop((left, top, left + cw, top + ch))
-        arr: np.ndarray = np.asarray(img, dtype=np.float32)
-        if arr.ndim == 2:
-            arr = arr[:, :, None]
-        if self.color == "bgr":
-            arr = arr[:, :, ::-1]
-        arr = arr * np.float32(self.scale)
-        arr = (arr - np.asarray(self.mean, np.float32)) / np.asarray(self.std, np.float32)
-        if self.layout == "NCHW":
-            arr = arr.transpose(2, 0, 1)
-        if self.dtype in ("uint8", "int8"):
-            info = np.iinfo(self.dtype)
-            arr = np.clip(np.rint(arr), info.min, info.max)
-        return np.ascontiguousarray(arr.astype(self.dtype))
-
-    # --- serialisation -----------------------------------------------------------------------
-    def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
-        for k, v in d.items():
-            if isinstance(v, tuple):
-                d[k] = list(v)
-        return d
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any], source: str = "preprocess") -> Preprocess:
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(data) - known)
-        if unknown:
-            raise UsageError(f"{source}: unknown preprocess option(s): {', '.join(unknown)}")
-        return cls(**dict(data))
-
-    def save(self, path: str | Path) -> Path:
-        from .fsutil import atomic_write_text
-
-        p = Path(path)
-        if p.suffix.lower() in (".yaml", ".yml"):
-            import yaml
-
-            text = yaml.safe_dump(self.to_dict(), sort_keys=False)
-        else:
-            text = json.dumps(self.to_dict(), indent=2) + "\n"
-        atomic_write_text(p, text)
-        return p
-
-    @classmethod
-    def load(cls, path: str | Path) -> Preprocess:
-        p = Path(path)
-        if not p.is_file():
-            raise UsageError(f"{p}: preprocessing file not found")
-        text = p.read_text()
-        try:
-            if p.suffix.lower() in (".yaml", ".yml"):
-                import yaml
-
-                data = yaml.safe_load(text)
-            else:
-                data = json.loads(text)
-        except Exception as exc:
-            raise UsageError(f"{p}: cannot parse preprocessing file ({type(exc).__name__}: {one_line(exc)})") from exc
-        if not isinstance(data, dict):
-            raise UsageError(f"{p}: preprocessing file must hold a mapping of options")
-        return cls.from_dict(data, source=str(p))
-
-
-# --------------------------------------------------------------------------------------------
-# Samples and sources
 
 
 @dataclass
