@@ -192,11 +192,38 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     Every activation the plan quantizes must be covered; otherwise a :class:`UsageError` names
     the first missing tensor. Raises when the model has no quantizable operator."""
     import onnx
-    from onnx import helper, numpy_helper
 
     options = options or QuantizeOptions()
     work = prepare_model(model)
     view = GraphView(work)
+    plan = _covered_plan(work, view, ranges, options, source, warn)
+    writer = _QdqWriter(work, view)
+    act_q = writer.activations(plan, ranges, options)
+    qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
+    biases = _int32_biases(view, plan, act_q, writer.rewires)
+    floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
+    weight_dq = writer.weights(plan, floors, options.target, qmax)
+    writer.biases(biases, weight_dq, act_q, qmax)
+    writer.rebuild()
+    # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
+    _drop_unused_initializers(work)
+    try:
+        # The checker serializes the model: for a large one (a copy of every weight) check the
+        # graph without the weights; ONNX Runtime checks the rest when it loads the model.
+        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else weights_as_inputs(work))
+    except onnx.checker.ValidationError as exc:
+        first = str(exc).strip().splitlines()[0]
+        raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
+    return QuantizedModel(work, plan, act_q)
+
+
+def _covered_plan(work: Any, view: GraphView, ranges: Mapping[str, RangeLike], options: QuantizeOptions,
+                  source: str, warn: bool) -> QdqPlan:
+    """The target's plan for ``work``, its activation points reduced to those ``ranges`` cover.
+
+    Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra tensors
+    of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a warning when
+    the ranges lack them (those units then run in float)."""
     if not any(n.op_type in WEIGHTED_OPS for n in view.nodes):
         raise UsageError(f"the model has no quantizable operator ({', '.join(WEIGHTED_OPS)}); nothing to quantize")
     plan = plan_qdq(work, options, view=view, ranges=ranges)
@@ -204,10 +231,6 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
         warn_float(plan)
     if not plan.points:
         raise NothingToQuantize(_why_nothing(plan, options))
-
-    # Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra
-    # tensors of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a
-    # warning when the ranges lack them (those units then run in float).
     required = {p.tensor for p in plan.points if p.kind == "activation" and p.rule in REQUIRED_RULES}
     missing = [t for t in plan.activation_tensors() if t in required and t not in ranges]
     if missing:
@@ -219,134 +242,140 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
         log.warning("%s have no range for %d tensor(s) of ONNX Runtime node units (e.g. '%s'); those units run in float",
                     source, len(optional_missing), optional_missing[0])
         plan.points = [p for p in plan.points if not (p.kind == "activation" and p.tensor in optional_missing)]
-    needed = plan.activation_tensors()
+    return plan
 
-    used_names = {n for node in work.graph.node for n in list(node.input) + list(node.output)}
-    used_names |= set(view.initializers) | {i.name for i in work.graph.input}
 
-    def fresh(base: str) -> str:
+class _QdqWriter:
+    """The rewrite of one graph: fresh names, new initializers, the Q/DQ nodes to insert after
+    each tensor's producer (key None: before every node) and the consumer inputs to rewire."""
+
+    def __init__(self, work: Any, view: GraphView) -> None:
+        self.work, self.view = work, view
+        used = {n for node in work.graph.node for n in list(node.input) + list(node.output)}
+        self.used_names = used | set(view.initializers) | {i.name for i in work.graph.input}
+        self.new_inits: list[Any] = []
+        self.inserted_after: dict[str | None, list[Any]] = defaultdict(list)
+        self.rewires: dict[tuple[str, int], str] = {}  # (node name, input index) -> new input
+
+    def fresh(self, base: str) -> str:
         name, k = base, 1
-        while name in used_names:
+        while name in self.used_names:
             name = f"{base}_{k}"
             k += 1
-        used_names.add(name)
+        self.used_names.add(name)
         return name
 
-    new_inits: list[Any] = []
-    # Nodes to insert after the producer of a tensor (None key: before every node).
-    inserted_after: dict[str | None, list[Any]] = defaultdict(list)
-    rewires: dict[tuple[str, int], str] = {}  # (node name, input index) -> new input
-    act_q: dict[str, QParams] = {}
-    act_dq_out: dict[str, str] = {}
+    def add_init(self, base: str, array: np.ndarray) -> str:
+        from onnx import numpy_helper
 
-    def add_init(base: str, array: np.ndarray) -> str:
-        name = fresh(base)
-        new_inits.append(numpy_helper.from_array(array, name))
+        name = self.fresh(base)
+        self.new_inits.append(numpy_helper.from_array(array, name))
         return name
 
-    def anchor(tensor: str) -> str | None:
-        prod = view.producer.get(tensor)
+    def anchor(self, tensor: str) -> str | None:
+        prod = self.view.producer.get(tensor)
         return prod.name if prod is not None else None
 
-    # Activations: one Q -> DQ pair per tensor, shared by the consumers the plan names.
-    for tensor in needed:
-        rng = _as_range(ranges[tensor])
-        qp = activation_qparams(rng, options.target, nonneg=view.non_negative(tensor), tensor=tensor)
-        act_q[tensor] = qp
-        s = add_init(f"{tensor}_scale", qp.scale)
-        z = add_init(f"{tensor}_zero_point", qp.zero_point)
-        q_out, dq_out = fresh(f"{tensor}_quantized"), fresh(f"{tensor}_dequantized")
-        inserted_after[anchor(tensor)] += [
-            helper.make_node("QuantizeLinear", [tensor, s, z], [q_out], name=fresh(f"{tensor}_QuantizeLinear")),
-            helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{tensor}_DequantizeLinear")),
-        ]
-        act_dq_out[tensor] = dq_out
+    def node(self, op: str, inputs: list[str], output: str, base: str, **kw: Any) -> Any:
+        from onnx import helper
 
-    excluded = set(plan.excluded)
-    for p in plan.points:
-        if p.kind == "activation":
+        return helper.make_node(op, inputs, [output], name=self.fresh(f"{base}_{op}"), **kw)
+
+    def activations(self, plan: QdqPlan, ranges: Mapping[str, RangeLike], options: QuantizeOptions) -> dict[str, QParams]:
+        """One Q -> DQ pair per activation tensor, shared by the consumers the plan names."""
+        act_q: dict[str, QParams] = {}
+        act_dq_out: dict[str, str] = {}
+        for tensor in plan.activation_tensors():
+            qp = activation_qparams(_as_range(ranges[tensor]), options.target, nonneg=self.view.non_negative(tensor),
+                                    tensor=tensor)
+            act_q[tensor] = qp
+            s = self.add_init(f"{tensor}_scale", qp.scale)
+            z = self.add_init(f"{tensor}_zero_point", qp.zero_point)
+            q_out, dq_out = self.fresh(f"{tensor}_quantized"), self.fresh(f"{tensor}_dequantized")
+            self.inserted_after[self.anchor(tensor)] += [
+                self.node("QuantizeLinear", [tensor, s, z], q_out, tensor),
+                self.node("DequantizeLinear", [q_out, s, z], dq_out, tensor),
+            ]
+            act_dq_out[tensor] = dq_out
+        excluded = set(plan.excluded)
+        for p in plan.points:
+            if p.kind != "activation":
+                continue
             if p.consumer is not None:
-                rewires[(p.consumer, p.input_index)] = act_dq_out[p.tensor]  # type: ignore[index]
+                self.rewires[(p.consumer, p.input_index)] = act_dq_out[p.tensor]  # type: ignore[index]
             else:
-                for node, idx in view.consumers.get(p.tensor, []):
+                for node, idx in self.view.consumers.get(p.tensor, []):
                     if node.name not in excluded:
-                        rewires[(node.name, idx)] = act_dq_out[p.tensor]
+                        self.rewires[(node.name, idx)] = act_dq_out[p.tensor]
+        return act_q
 
-    qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
-    biases = _int32_biases(view, plan, act_q, rewires)
-    floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
-    weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
-    for p in plan.points:
-        if p.kind == "weight":
+    def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: str,
+                qmax: float) -> dict[tuple[str, int | None], tuple[str, QParams]]:
+        """Per-channel (or per-tensor) symmetric weights: FP32 behind Q -> DQ for TensorRT (it
+        quantizes them at build time), int8 initializers behind a DQ for ONNX Runtime."""
+        weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
+        for p in plan.points:
+            if p.kind != "weight":
+                continue
             key = (p.tensor, p.axis)
             if key not in weight_dq:
-                w = view.constant_array(p.tensor).astype(np.float32)
+                w = self.view.constant_array(p.tensor).astype(np.float32)
                 qp = weight_qparams(w, p.axis, qmax)
                 if key in floors:
                     qp = _raise_scale(qp, floors[key][0], p.tensor, floors[key][1])
-                s = add_init(f"{p.tensor}_scale", qp.scale)
-                z = add_init(f"{p.tensor}_zero_point", qp.zero_point)
+                s = self.add_init(f"{p.tensor}_scale", qp.scale)
+                z = self.add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
-                dq_out = fresh(f"{p.tensor}_dequantized")
-                if options.target == "tensorrt":
-                    # FP32 weights behind Q -> DQ: TensorRT quantizes them at build time.
-                    q_out = fresh(f"{p.tensor}_quantized")
-                    nodes = [
-                        helper.make_node("QuantizeLinear", [p.tensor, s, z], [q_out], name=fresh(f"{p.tensor}_QuantizeLinear"), **axis_kw),
-                        helper.make_node("DequantizeLinear", [q_out, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw),
-                    ]
+                dq_out = self.fresh(f"{p.tensor}_dequantized")
+                if target == "tensorrt":
+                    q_out = self.fresh(f"{p.tensor}_quantized")
+                    nodes = [self.node("QuantizeLinear", [p.tensor, s, z], q_out, p.tensor, **axis_kw),
+                             self.node("DequantizeLinear", [q_out, s, z], dq_out, p.tensor, **axis_kw)]
                 else:
-                    wq = add_init(f"{p.tensor}_quantized", quantize_weight(w, qp, qmax))
-                    nodes = [helper.make_node("DequantizeLinear", [wq, s, z], [dq_out], name=fresh(f"{p.tensor}_DequantizeLinear"), **axis_kw)]
-                inserted_after[anchor(p.tensor)] += nodes
+                    wq = self.add_init(f"{p.tensor}_quantized", quantize_weight(w, qp, qmax))
+                    nodes = [self.node("DequantizeLinear", [wq, s, z], dq_out, p.tensor, **axis_kw)]
+                self.inserted_after[self.anchor(p.tensor)] += nodes
                 weight_dq[key] = (dq_out, qp)
-            rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
+            self.rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
+        return weight_dq
 
-    # Biases (onnxruntime target): int32 with scale s_x * s_w once input and weight are quantized;
-    # the weight scales above were raised where a bias would not fit (_bias_scale_floors).
-    for unit in biases:
-        p, node, x_name, w_key, b = unit.point, unit.node, unit.x, unit.weight, unit.bias
-        w_qp = weight_dq[w_key][1]
-        n_out = int(b.size)
-        w_scale = np.broadcast_to(w_qp.scale, (n_out,)) if w_qp.scale.ndim == 0 else w_qp.scale
-        if w_scale.shape != (n_out,):
-            continue
-        b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
-        # In float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wrapped a
-        # saturated positive bias to -2**31. With the raised scales nothing reaches the limit; the
-        # clip is a backstop that keeps the sign.
-        limit = _bias_limit(unit.reduction, qmax)
-        bq = np.clip(np.rint(b.astype(np.float64) / b_scale.astype(np.float64)), -limit, limit).astype(np.int32)
-        bq_name = add_init(f"{p.tensor}_quantized", bq)
-        s = add_init(f"{p.tensor}_scale", b_scale)
-        z = add_init(f"{p.tensor}_zero_point", np.zeros(n_out, np.int32))
-        dq_out = fresh(f"{p.tensor}_dequantized")
-        inserted_after[None].append(helper.make_node("DequantizeLinear", [bq_name, s, z], [dq_out],
-                                                     name=fresh(f"{p.tensor}_DequantizeLinear"), axis=0))
-        rewires[(node.name, 2)] = dq_out
+    def biases(self, biases: Sequence[Any], weight_dq: Mapping[tuple[str, int | None], tuple[str, QParams]],
+               act_q: Mapping[str, QParams], qmax: float) -> None:
+        """Biases (onnxruntime target): int32 with scale ``s_x * s_w`` once input and weight are
+        quantized; the weight scales were raised where a bias would not fit (_bias_scale_floors)."""
+        for unit in biases:
+            p, node, x_name, w_key, b = unit.point, unit.node, unit.x, unit.weight, unit.bias
+            w_qp = weight_dq[w_key][1]
+            n_out = int(b.size)
+            w_scale = np.broadcast_to(w_qp.scale, (n_out,)) if w_qp.scale.ndim == 0 else w_qp.scale
+            if w_scale.shape != (n_out,):
+                continue
+            b_scale = (act_q[x_name].scale.astype(np.float64) * w_scale.astype(np.float64)).astype(np.float32)
+            # In float64: in float32 the bound 2**31 - 1 rounds up to 2**31 and the cast wrapped a
+            # saturated positive bias to -2**31. With the raised scales nothing reaches the limit;
+            # the clip is a backstop that keeps the sign.
+            limit = _bias_limit(unit.reduction, qmax)
+            bq = np.clip(np.rint(b.astype(np.float64) / b_scale.astype(np.float64)), -limit, limit).astype(np.int32)
+            bq_name = self.add_init(f"{p.tensor}_quantized", bq)
+            s = self.add_init(f"{p.tensor}_scale", b_scale)
+            z = self.add_init(f"{p.tensor}_zero_point", np.zeros(n_out, np.int32))
+            dq_out = self.fresh(f"{p.tensor}_dequantized")
+            self.inserted_after[None].append(self.node("DequantizeLinear", [bq_name, s, z], dq_out, p.tensor, axis=0))
+            self.rewires[(node.name, 2)] = dq_out
 
-    # Rebuild the node list in topological order: Q/DQ right after the tensor's producer.
-    nodes_out = list(inserted_after.get(None, []))
-    for node in work.graph.node:
-        for i in range(len(node.input)):
-            new = rewires.get((node.name, i))
-            if new is not None:
-                node.input[i] = new
-        nodes_out.append(node)
-        nodes_out.extend(inserted_after.get(node.name, []))
-    del work.graph.node[:]
-    work.graph.node.extend(nodes_out)
-    work.graph.initializer.extend(new_inits)
-    # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
-    _drop_unused_initializers(work)
-    try:
-        # The checker serializes the model: for a large one (a copy of every weight) check the
-        # graph without the weights; ONNX Runtime checks the rest when it loads the model.
-        onnx.checker.check_model(work if work.ByteSize() < CHECK_FULL_BYTES else weights_as_inputs(work))
-    except onnx.checker.ValidationError as exc:
-        first = str(exc).strip().splitlines()[0]
-        raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
-    return QuantizedModel(work, plan, act_q)
+    def rebuild(self) -> None:
+        """The node list in topological order: Q/DQ right after their tensor's producer."""
+        nodes_out = list(self.inserted_after.get(None, []))
+        for node in self.work.graph.node:
+            for i in range(len(node.input)):
+                new = self.rewires.get((node.name, i))
+                if new is not None:
+                    node.input[i] = new
+            nodes_out.append(node)
+            nodes_out.extend(self.inserted_after.get(node.name, []))
+        del self.work.graph.node[:]
+        self.work.graph.node.extend(nodes_out)
+        self.work.graph.initializer.extend(self.new_inits)
 
 
 def warn_float(plan: QdqPlan) -> None:
