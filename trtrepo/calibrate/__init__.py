@@ -27,6 +27,10 @@ The modules, top to bottom (the layers contract in ``pyproject.toml``):
   ``budget``: the memory budget's micro-batches and tensor groups (pure functions);
   ``tensors``: which tensors are calibrated (:func:`select_tensors`);
 - ``weights``: the model read and handed to ONNX Runtime without its weights in memory.
+
+``onnx``, ``onnxruntime`` and ``tqdm`` are imported inside the functions that use them: reading or
+writing ranges, statistics and caches (``trtrepo quantize --ranges``, ``trtrepo calibrate --cache``
+reused) loads none of them.
 """
 
 from __future__ import annotations

@@ -29,10 +29,11 @@ from typing import Any
 import numpy as np
 
 from .. import histogram as H
-from ..data import DataOptions
+from ..cache import check_names
+from ..data import DataOptions, iter_batches, open_data
 from ..errors import TrtrepoError, UsageError, onnxruntime_run_error
 from ..fsutil import temp_dir
-from ..modelio import ModelIO
+from ..modelio import ModelIO, with_outputs
 from ..progress import bar_disabled
 from .budget import DEFAULT_MEMORY_BUDGET_MB, Signature, _digest, _elements, _pack, _signature, _take
 from .statistics import Ranges, Statistics, TensorStatistics
@@ -141,15 +142,11 @@ class Calibrator:
         if self._source is None:
             if self._data_spec is None:
                 raise UsageError("calibration needs data (--data)")
-            from ..data import open_data
-
             self._source = open_data(self._data_spec, io=self.io, **self._data_args)
         return self._source
 
     def _augmented_model(self) -> Any:
         """A copy of the model (without its weights) with every selected tensor as a graph output."""
-        from ..modelio import with_outputs
-
         return with_outputs(self.model, self.tensors, _inferred_types(self.model))
 
     def _augmented_path(self) -> Path:
@@ -215,7 +212,6 @@ class Calibrator:
         Measures the bytes of every tensor on the first sample, alone, with the full session."""
         if self._groups is not None:
             return self._groups
-        from ..data import iter_batches
 
         budget = self._budget
         groups = [list(self.tensors)]
@@ -333,8 +329,6 @@ class Calibrator:
         a batch-independent tensor whole, once per batch). Each array is dropped by this generator
         as soon as it is yielded."""
         from tqdm import tqdm
-
-        from ..data import iter_batches
 
         source = self.source
         groups = [list(self.tensors)] if self._budget is None else self._output_groups()
@@ -487,8 +481,6 @@ class Calibrator:
     # --- caches -------------------------------------------------------------------------------
     def check_ranges(self, names: Sequence[str], source: str = "calibration cache") -> None:
         """Refuse ranges/caches whose tensors do not match this model (see :func:`trtrepo.cache.check_names`)."""
-        from ..cache import check_names
-
         check_names(names, self.tensors, tensor_names(self.model), source=source)
 
     def load_cache(self, path: str | Path) -> Ranges:

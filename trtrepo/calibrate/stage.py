@@ -10,8 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import histogram as H
+from ..cache import format_cache, format_dynamic_range, trt_version_int
 from ..data import DataOptions
 from ..errors import UsageError
+from ..fsutil import atomic_write_text
 from .budget import DEFAULT_MEMORY_BUDGET_MB
 from .calibrator import Calibrator
 from .statistics import Ranges, Statistics
@@ -56,9 +58,6 @@ def run_calibrate(model: str | Path, options: CalibrateOptions) -> CalibrateResu
     """Compute (or reuse) ranges and write the outputs asked for, all rendered before any is written
     so that a failure writes nothing. Refuses outputs that name the same file, a directory, or the
     model or data they are computed from."""
-    from ..cache import format_cache, format_dynamic_range, trt_version_int
-    from ..fsutil import atomic_write_text
-
     trt_version_int(options.trt_version)  # validate before any work
     if options.method not in H.METHODS:
         raise UsageError(f"--method '{options.method}': expected one of {', '.join(H.METHODS)}")

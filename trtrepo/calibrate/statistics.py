@@ -14,7 +14,9 @@ from typing import Any
 import numpy as np
 
 from .. import histogram as H
+from ..cache import check_range, read_cache, scale_of, write_cache, write_dynamic_range
 from ..errors import TrtrepoError, UsageError
+from ..fsutil import atomic_path, atomic_write_text
 
 
 def _cache_algorithm(method: str) -> str:
@@ -88,8 +90,6 @@ class Statistics:
 
     def save_npz(self, path: str | Path) -> Path:
         """Save the statistics (to compute other methods later without the data)."""
-        from ..fsutil import atomic_path
-
         names = self.names
         with atomic_path(path) as tmp:
             with open(tmp, "wb") as f:
@@ -146,8 +146,6 @@ class Ranges(Mapping[str, float]):
 
     def scales(self) -> dict[str, float]:
         """``{name: amax / 127}`` as float32 values (what TensorRT stores), floored above 0."""
-        from ..cache import scale_of
-
         return {name: scale_of(a) for name, a in self._amax.items()}
 
     # --- files -----------------------------------------------------------------------------
@@ -167,8 +165,6 @@ class Ranges(Mapping[str, float]):
                 "num_samples": self.num_samples, "num_bins": self.num_bins, "tensors": tensors}
 
     def save_json(self, path: str | Path, statistics: Statistics | None = None) -> Path:
-        from ..fsutil import atomic_write_text
-
         return atomic_write_text(path, json.dumps(self.to_dict(statistics), indent=2) + "\n")
 
     @classmethod
@@ -176,7 +172,6 @@ class Ranges(Mapping[str, float]):
         tensors = data.get("tensors") if isinstance(data, Mapping) else None
         if not isinstance(tensors, Mapping):
             raise UsageError(f"{source}: not a trtrepo ranges file (no 'tensors' mapping)")
-        from ..cache import check_range
 
         try:
             amax = {name: check_range(str(name), float(entry["amax"]), source) for name, entry in tensors.items()}
@@ -197,19 +192,13 @@ class Ranges(Mapping[str, float]):
         return cls.from_dict(data, source=str(p))
 
     def write_cache(self, path: str | Path, trt_version: str | int = "10.13.0", algorithm: str | None = None) -> Path:
-        from ..cache import write_cache
-
         return write_cache(path, self, trt_version, algorithm or _cache_algorithm(self.method))
 
     def write_dynamic_range(self, path: str | Path) -> Path:
-        from ..cache import write_dynamic_range
-
         return write_dynamic_range(path, self)
 
     @classmethod
     def from_cache(cls, path: str | Path) -> Ranges:
-        from ..cache import read_cache
-
         header, scales = read_cache(path)
         amax = {n: float(np.float32(s)) * 127.0 for n, s in scales.items()}
         return cls(amax, method="cache", options={"header": header.text})

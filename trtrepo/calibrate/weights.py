@@ -17,6 +17,7 @@ other last bits.
 from __future__ import annotations
 
 import logging
+import mmap
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -163,8 +164,6 @@ def _gather_weights(model: Any, source: Path, target: Path) -> None:
 
     Each tensor starts at a multiple of ``mmap.ALLOCATIONGRANULARITY``: ONNX Runtime then maps
     the file instead of reading it into memory. The data is copied in chunks, never held whole."""
-    import mmap
-
     import onnx
 
     external = onnx.TensorProto.EXTERNAL
