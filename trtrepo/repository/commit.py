@@ -33,9 +33,12 @@ atomic): for a new model there, a kill can leave a folder without ``config.pbtxt
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
 import logging
 import os
 import shutil
+import sys
 import uuid
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
@@ -55,7 +58,7 @@ COMMIT_STEPS = ("staging", "staged", "live")  # "swapping" too where the exchang
 
 @contextlib.contextmanager
 def repository_lock(repo: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
-    import filelock
+    import filelock  # deferred: only writers take the lock; readers (repo list, serve) need not import it
 
     try:
         repo.mkdir(parents=True, exist_ok=True)
@@ -268,10 +271,6 @@ def _fsync_tree(root: Path) -> None:
 def _exchange(a: Path, b: Path) -> bool:
     """Atomically exchange two paths (Linux ``renameat2(RENAME_EXCHANGE)``); False where the
     system or filesystem does not support it."""
-    import ctypes
-    import errno
-    import sys
-
     if not sys.platform.startswith("linux"):
         return False
     libc = ctypes.CDLL(None, use_errno=True)

@@ -5,15 +5,17 @@ backend running ONNX Runtime; external data files travel with it), from a Tensor
 
 from __future__ import annotations
 
+import ast
 import json
 from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from ..contracts import backends
 from ..contracts.plan import plan_metadata_path, read_plan_metadata
 from ..errors import UsageError
-from ..modelio import ModelIO
+from ..modelio import ModelIO, TensorSpec, load_onnx
 from ..tritonconfig import (
     ModelConfig,
     ModelOptions,
@@ -67,8 +69,6 @@ def add_onnx_model(
     io = ModelIO.from_onnx(onnx_path)
     options = options or ModelOptions()
     if labels is not None:
-        from dataclasses import replace
-
         options = replace(options, has_labels=True)
     config = config_from_io(name, io, spec, options)
     files: dict[str, FileSource] = {"model.onnx": onnx_path}
@@ -88,8 +88,6 @@ def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
     their location relative to the model, which they keep beside ``model.onnx``; each must exist
     and hold the bytes the model reads from it."""
     import onnx
-
-    from ..modelio import load_onnx
 
     model = load_onnx(onnx_path, load_weights=False)
     need: dict[str, int] = {}
@@ -143,8 +141,6 @@ def add_plan_model(
         io = meta.io
     options = options or ModelOptions()
     if labels is not None:
-        from dataclasses import replace
-
         options = replace(options, has_labels=True)
     config = config_from_io(name, io, backends.BACKENDS["tensorrt_plan"], options, plan=meta)
     files: dict[str, FileSource] = {"model.plan": plan}
@@ -174,8 +170,6 @@ def _module_closure(pkg: Path, start: str) -> list[str]:
     imports; a subpackage brings its ``__init__.py``), as paths relative to ``pkg``: what a copy of
     ``start`` needs to import on its own. Function-level imports are not followed (they load
     optional parts the preprocessing never calls)."""
-    import ast
-
     todo, seen = [start], set()
     while todo:
         rel = todo.pop()
@@ -220,8 +214,6 @@ def add_image_ensemble(
     if len(model.inputs) != 1:
         raise UsageError(f"ensemble '{name}': model '{model.name}' has {len(model.inputs)} inputs; an image ensemble needs one")
     tensor = model.inputs[0]
-    from ..modelio import TensorSpec
-
     dtype = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8"}.get(tensor.data_type)
     if dtype is None or dtype != preprocess.dtype:
         raise UsageError(f"ensemble '{name}': preprocessing produces {preprocess.dtype} but input '{tensor.name}' is {tensor.data_type}")

@@ -20,6 +20,7 @@ from typing import Any
 
 from ..contracts.plan import PlanMetadata
 from ..errors import UsageError
+from ..fsutil import atomic_write_text
 from ..modelio import ModelIO
 from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
 from .commit import _write, recover, repository_lock
@@ -108,8 +109,6 @@ def replace_config(repo: str | Path, name: str, text: str) -> Path:
     every config trtrepo writes, the same inputs and outputs as the live one, versions still
     served, then one atomic rename under the repository lock -- a server polling the repository
     reads the old file or the new one, never a mix."""
-    from ..fsutil import atomic_write_text
-
     repo = Path(repo)
     model_dir = repo / check_model_name(name)
     where = f"{name}/config.pbtxt"
