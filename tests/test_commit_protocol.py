@@ -1,4 +1,4 @@
-"""Issue 16 items 1-2: the repository commit protocol (trtrepo.repository's docstring) under faults.
+"""Issue 16 items 1-2: the repository commit protocol (trtrepo.repository.commit's docstring) under faults.
 
 A writer is stopped at every step of the protocol -- by an exception (the ``finally`` blocks run)
 and by a real SIGKILL in a child process (nothing runs) -- for a new model, a new version and a
@@ -22,6 +22,7 @@ from conftest import requires_tritonserver
 
 from trtrepo import repository
 from trtrepo.repository import COMMIT_STEPS, add_onnx_model, leftovers, versions_of
+from trtrepo.repository import commit as repository_commit
 from trtrepo.tritonconfig import ModelOptions
 
 SCENARIOS = ("new-model", "new-version", "force-replace")
@@ -62,7 +63,7 @@ def _write(repo: str, onnx: str, scenario: str, step: str | None, how: str) -> N
                 os.kill(os.getpid(), signal.SIGKILL)
             raise RuntimeError(f"simulated crash at {name}")
 
-    repository._commit_hook = hook
+    repository_commit._commit_hook = hook
     kwargs = {"version": 1, "force": True} if scenario == "force-replace" else {}
     add_onnx_model(Path(repo), "demo", Path(onnx), backend="python", options=_options(1), **kwargs)
 
@@ -73,7 +74,7 @@ def _expected_states(tmp: Path, onnx: Path, scenario: str) -> tuple[dict, dict]:
     _prepare(scratch, onnx, scenario)
     before = snapshot(scratch)
     _write(str(scratch), str(onnx), scenario, None, "raise")
-    repository._commit_hook = None
+    repository_commit._commit_hook = None
     return before, snapshot(scratch)
 
 
@@ -88,7 +89,7 @@ def test_an_exception_at_any_step_leaves_the_old_or_the_new_repository_and_no_le
         with pytest.raises(RuntimeError, match=f"simulated crash at {step}"):
             _write(str(repo), str(demo_onnx), scenario, step, "raise")
     finally:
-        repository._commit_hook = None
+        repository_commit._commit_hook = None
     assert snapshot(repo) == (after if step == "live" else before)
     assert leftovers(repo) == []
 
@@ -133,7 +134,7 @@ def test_a_two_rename_swap_killed_between_its_renames_is_restored_by_the_next_wr
     repo = tmp_path / "repo"
     add_onnx_model(repo, "demo", demo_onnx, backend="python", options=_options(0))
     before = snapshot(repo)
-    monkeypatch.setattr(repository, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(repository_commit, "_exchange", lambda a, b: False)
     _kill_at(repo, demo_onnx, "new-version", "swapping")
     assert not (repo / "demo").exists() and leftovers(repo)
     from trtrepo.repository import recover, repository_lock
@@ -211,7 +212,7 @@ def test_repo_check_reports_the_leftovers_of_a_killed_write_and_fix_recovers(tmp
     repo = tmp_path / "repo"
     add_onnx_model(repo, "demo", demo_onnx, backend="python", options=_options(0))
     before = snapshot(repo)
-    monkeypatch.setattr(repository, "_exchange", lambda a, b: False)
+    monkeypatch.setattr(repository_commit, "_exchange", lambda a, b: False)
     _kill_at(repo, demo_onnx, "new-version", "swapping")  # the model is moved aside: missing
     res = run_cli("repo", "check", repo)
     assert res.exit_code == 1 and "left by an interrupted write" in res.output

@@ -177,7 +177,7 @@ def test_a_new_model_of_a_mount_point_repository_is_staged_inside_another_model_
                                                                                       monkeypatch):
     """The staging folder of a new model never appears at the repository's top level: it sits in
     another model's folder (ignored by Triton) and the model appears by one rename, complete."""
-    from trtrepo import repository
+    from trtrepo.repository import commit as repository_commit
 
     repo = mounted_repo
     _add(str(repo), "demo", str(_tiny(tmp_path / "tiny.onnx")))
@@ -186,7 +186,7 @@ def test_a_new_model_of_a_mount_point_repository_is_staged_inside_another_model_
     def hook(step: str) -> None:
         seen[step] = (sorted(p.name for p in repo.iterdir()), [str(p.relative_to(repo)) for p in leftovers(repo)])
 
-    monkeypatch.setattr(repository, "_commit_hook", hook)
+    monkeypatch.setattr(repository_commit, "_commit_hook", hook)
     _add(str(repo), "second", str(_tiny(tmp_path / "tiny2.onnx")))
     top, staged = seen["staged"]
     assert "second" not in top and not [n for n in top if n.startswith(".trtrepo-staging")], top
@@ -197,7 +197,7 @@ def test_a_new_model_of_a_mount_point_repository_is_staged_inside_another_model_
 def _add_killed_before_its_config(repo: str, model: str) -> None:
     """The in-place write (no other model to stage in), killed after its version went live and
     before its config did."""
-    from trtrepo import repository
+    from trtrepo.repository import commit as repository_commit
 
     real = os.replace
 
@@ -206,8 +206,8 @@ def _add_killed_before_its_config(repo: str, model: str) -> None:
             os.kill(os.getpid(), signal.SIGKILL)
         real(src, dst)
 
-    repository._staging_parent = lambda repo: None  # type: ignore[assignment]  # the forked child only
-    repository.os.replace = replace  # type: ignore[attr-defined]
+    repository_commit._staging_parent = lambda repo: None  # type: ignore[assignment]  # the forked child only
+    repository_commit.os.replace = replace  # type: ignore[attr-defined]
     _add(repo, "big", model)
 
 

@@ -11,6 +11,7 @@ import pytest
 from conftest import requires_tritonserver
 
 from trtrepo import repository
+from trtrepo.errors import UsageError
 from trtrepo.repository import MAX_VERSION, add_onnx_model, versions_of
 from trtrepo.tritonconfig import ModelOptions
 
@@ -107,7 +108,7 @@ def test_version_numbers_stay_within_int64(tmp_path, demo_onnx, run_cli):
     assert res.exit_code == 2 and "--version" in res.stderr and not (repo / "d").exists()
     add_onnx_model(repo, "d", demo_onnx, version=MAX_VERSION)
     before = tree(repo)
-    with pytest.raises(repository.UsageError, match=f"no version number left after {MAX_VERSION}"):
+    with pytest.raises(UsageError, match=f"no version number left after {MAX_VERSION}"):
         add_onnx_model(repo, "d", demo_onnx)
     assert tree(repo) == before
     assert add_onnx_model(repo, "d", demo_onnx, version=7, options=ModelOptions())[0].version == 7

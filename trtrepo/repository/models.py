@@ -1,0 +1,234 @@
+"""The usual models: from an ONNX file (:func:`add_onnx_model`: ONNX Runtime or the Python
+backend running ONNX Runtime; external data files travel with it), from a TensorRT plan
+(:func:`add_plan_model`, reading the builder's ``model.plan.json``) and the image ensemble
+(:func:`add_image_ensemble`)."""
+
+from __future__ import annotations
+
+import ast
+import json
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from ..contracts import backends
+from ..contracts.plan import plan_metadata_path, read_plan_metadata
+from ..errors import UsageError
+from ..modelio import ModelIO, TensorSpec, load_onnx
+from ..tritonconfig import (
+    ModelConfig,
+    ModelOptions,
+    config_from_io,
+    ensemble_config,
+    execution_env_files,
+    parse_config_text,
+    preprocess_config,
+    render_config,
+    template_file,
+    validate_config_text,
+)
+from .layout import FileSource, WriteResult, _check_relpath, check_plan_target
+from .write import _known_models, add_model
+
+
+def labels_bytes(labels: Sequence[str] | str | Path) -> bytes:
+    if isinstance(labels, (str, Path)):
+        p = Path(labels)
+        if not p.is_file():
+            raise UsageError(f"{p}: labels file not found")
+        data = p.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError:
+            text = "\0"
+        if "\0" in text or any(not line.isprintable() for line in text.splitlines()):
+            raise UsageError(f"{p}: not a labels file (expected UTF-8 text, one class name per line)")
+        return data
+    return ("\n".join(str(x) for x in labels) + "\n").encode()
+
+
+def add_onnx_model(
+    repo: str | Path,
+    name: str,
+    onnx_path: str | Path,
+    *,
+    backend: str = "onnxruntime",
+    options: ModelOptions | None = None,
+    labels: Sequence[str] | str | Path | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, ModelConfig]:
+    """An ONNX model for a backend that runs ONNX files (:func:`trtrepo.contracts.backends.options`
+    ``("onnx")``: the ONNX Runtime backend, the Python backend running ONNX Runtime, ...)."""
+    spec = backends.for_option(backend)
+    if spec is None or spec.source != "onnx":
+        raise UsageError(f"--backend {backend!r}: an ONNX model deploys to {' or '.join(map(repr, backends.options('onnx')))}")
+    onnx_path = Path(onnx_path)
+    io = ModelIO.from_onnx(onnx_path)
+    options = options or ModelOptions()
+    if labels is not None:
+        options = replace(options, has_labels=True)
+    config = config_from_io(name, io, spec, options)
+    files: dict[str, FileSource] = {"model.onnx": onnx_path}
+    files.update(external_data_files(onnx_path))
+    for dst, src in spec.extra_files:
+        files[dst] = template_file(src, template_dir)
+    model_files: dict[str, FileSource] = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    if spec.runs_python:
+        model_files.update(execution_env_files(options))
+    result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
+                       template_dir=template_dir)
+    return result, config
+
+
+def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
+    """The external data files an ONNX model names (every model over 2 GB has them), keyed by
+    their location relative to the model, which they keep beside ``model.onnx``; each must exist
+    and hold the bytes the model reads from it."""
+    import onnx
+
+    model = load_onnx(onnx_path, load_weights=False)
+    need: dict[str, int] = {}
+    tensors = [*model.graph.initializer, *(t for n in model.graph.node for a in n.attribute
+                                            if a.type == onnx.AttributeProto.TENSOR for t in (a.t,))]
+    for t in tensors:
+        if not onnx.external_data_helper.uses_external_data(t):
+            continue
+        info = {e.key: e.value for e in t.external_data}
+        rel = info.get("location", "")
+        try:
+            _check_relpath(rel, f"{onnx_path}: tensor '{t.name}' external data location")
+        except UsageError as exc:
+            raise UsageError(exc.message) from None
+        end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
+        need[rel] = max(need.get(rel, 0), end)
+    files: dict[str, FileSource] = {}
+    for rel, end in need.items():
+        src = onnx_path.parent / rel
+        if not src.is_file():
+            raise UsageError(f"{onnx_path}: its external data file {src} is missing")
+        if src.stat().st_size < end:
+            raise UsageError(f"{src}: {src.stat().st_size} bytes, but {onnx_path.name} reads up to byte {end} of it")
+        files[rel] = src
+    return files
+
+
+def add_plan_model(
+    repo: str | Path,
+    name: str,
+    plan: str | Path,
+    *,
+    io: ModelIO | None = None,
+    options: ModelOptions | None = None,
+    labels: Sequence[str] | str | Path | None = None,
+    target_tensorrt: str | None = None,
+    target_compute_capability: str | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, ModelConfig]:
+    """A TensorRT plan; its IO (unless given) and optimization profiles come from ``model.plan.json``."""
+    plan = Path(plan)
+    if not plan.is_file():
+        raise UsageError(f"{plan}: plan file not found")
+    meta = read_plan_metadata(plan, missing_ok=True)
+    if io is None:
+        if meta is None:
+            raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep "
+                             f"{plan_metadata_path(plan).name} beside it")
+        io = meta.io
+    options = options or ModelOptions()
+    if labels is not None:
+        options = replace(options, has_labels=True)
+    config = config_from_io(name, io, backends.BACKENDS["tensorrt_plan"], options, plan=meta)
+    files: dict[str, FileSource] = {"model.plan": plan}
+    for _, fname in config.cc_model_filenames:
+        files.setdefault(fname, plan.parent / fname)
+    if meta is not None:
+        files[plan_metadata_path("model.plan").name] = meta.portable().to_json().encode()
+    warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
+    model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
+    result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
+                       plan=meta, template_dir=template_dir, warnings=warnings)
+    return result, config
+
+
+def preprocess_package_files() -> dict[str, FileSource]:
+    """trtrepo's own preprocessing code, copied into the preprocessing model's version folder so
+    the server runs exactly ``Preprocess.apply`` (data.py plus the modules it imports)."""
+    pkg = Path(__file__).parent.parent  # the trtrepo package
+    files: dict[str, FileSource] = {"trtrepo_preprocess/__init__.py": b'"""Copy of trtrepo preprocessing (written by trtrepo)."""\n'}
+    for rel in _module_closure(pkg, "data.py"):
+        files[f"trtrepo_preprocess/{rel}"] = pkg / rel
+    return files
+
+
+def _module_closure(pkg: Path, start: str) -> list[str]:
+    """``start`` and every module of the package it imports at module level, transitively (relative
+    imports; a subpackage brings its ``__init__.py``), as paths relative to ``pkg``: what a copy of
+    ``start`` needs to import on its own. Function-level imports are not followed (they load
+    optional parts the preprocessing never calls)."""
+    todo, seen = [start], set()
+    while todo:
+        rel = todo.pop()
+        if rel in seen:
+            continue
+        seen.add(rel)
+        here = Path(rel).parent
+        for node in ast.parse((pkg / rel).read_text()).body:
+            if not isinstance(node, ast.ImportFrom) or node.level == 0:
+                continue
+            base = here
+            for _ in range(node.level - 1):
+                base = base.parent
+            names = [node.module] if node.module else [a.name for a in node.names]
+            for name in names:
+                target = base.joinpath(*name.split("."))
+                if (pkg / target / "__init__.py").is_file():
+                    parts = target.parts
+                    todo += [str(Path(*parts[:i], "__init__.py")) for i in range(1, len(parts) + 1)]
+                    todo += [str(target / f"{a.name}.py") for a in node.names if (pkg / target / f"{a.name}.py").is_file()]
+                elif (pkg / f"{target}.py").is_file():
+                    todo.append(f"{target}.py")
+                    todo += [str(Path(*target.parts[:i], "__init__.py")) for i in range(1, len(target.parts))]
+    return sorted(seen)
+
+
+def add_image_ensemble(
+    repo: str | Path,
+    model: ModelConfig,
+    preprocess: Any,
+    *,
+    name: str | None = None,
+    image_input: str = "IMAGE",
+    options: ModelOptions | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, WriteResult]:
+    """``<model>_preprocess`` (Python: image bytes -> input tensor) and ``<model>_ensemble``."""
+    name = name or f"{model.name}_ensemble"
+    pre_name = f"{model.name}_preprocess"
+    if len(model.inputs) != 1:
+        raise UsageError(f"ensemble '{name}': model '{model.name}' has {len(model.inputs)} inputs; an image ensemble needs one")
+    tensor = model.inputs[0]
+    dtype = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8"}.get(tensor.data_type)
+    if dtype is None or dtype != preprocess.dtype:
+        raise UsageError(f"ensemble '{name}': preprocessing produces {preprocess.dtype} but input '{tensor.name}' is {tensor.data_type}")
+    spec = TensorSpec(tensor.name, dtype, ((-1,) if model.max_batch_size > 0 else ()) + tuple(tensor.dims),
+                      0 if model.max_batch_size > 0 else None)
+    pre_cfg = preprocess_config(pre_name, image_input, spec, model.max_batch_size, options)
+    ens_cfg = ensemble_config(name, image_input, pre_cfg, model)
+    pre_spec = json.dumps(preprocess.to_dict(), indent=2).encode() + b"\n"
+    files: dict[str, FileSource] = {"model.py": template_file("preprocess_model.py", template_dir), "preprocess.json": pre_spec}
+    files.update(preprocess_package_files())
+    # Render and validate the ensemble before writing anything (its steps must resolve).
+    ens_text = render_config(ens_cfg, template_dir)
+    known = _known_models(Path(repo), {pre_name: parse_config_text(render_config(pre_cfg, template_dir), pre_name)})
+    validate_config_text(ens_text, f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
+    pre = add_model(repo, pre_cfg, files, model_files=execution_env_files(options or ModelOptions()), version=version,
+                    force=force, template_dir=template_dir)
+    ens = add_model(repo, ens_cfg, {}, version=version, force=force, template_dir=template_dir)
+    return pre, ens

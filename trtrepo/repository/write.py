@@ -1,0 +1,142 @@
+"""Writing one model: :func:`add_model` (and :func:`replace_config` for ``trtrepo tune --apply``).
+
+:func:`add_model` renders a :class:`~trtrepo.tritonconfig.ModelConfig`, validates the text
+(protobuf schema + Triton's load-time rules, against the model file's IO) and only then writes
+(:mod:`trtrepo.repository.commit`); a new version number is allocated unless ``version`` is given
+(1 .. 2**63-1, Triton's int64); an existing version is never replaced without ``force``; a file
+lock (``REPO/.trtrepo.lock``) serialises concurrent writers.
+
+A new config whose IO (names, data types, dims, batching on/off) differs from the live one is
+refused while its version policy would serve an old version under it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from ..contracts.plan import PlanMetadata
+from ..errors import UsageError
+from ..fsutil import atomic_write_text
+from ..modelio import ModelIO
+from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
+from .commit import _write, recover, repository_lock
+from .layout import MAX_VERSION, FileSource, WriteResult, _check_relpath, _io_of, read_config, served_versions, versions_of
+
+log = logging.getLogger(__name__)
+
+
+def _known_models(repo: Path, pending: Mapping[str, Any] | None) -> dict[str, Any]:
+    known: dict[str, Any] = {}
+    if repo.is_dir():
+        for d in repo.iterdir():
+            if d.is_dir() and not d.name.startswith(".") and (d / "config.pbtxt").is_file():
+                with contextlib.suppress(UsageError):
+                    known[d.name] = read_config(d)
+    known.update(pending or {})
+    return known
+
+
+def add_model(
+    repo: str | Path,
+    config: ModelConfig,
+    version_files: Mapping[str, FileSource],
+    *,
+    model_files: Mapping[str, FileSource] | None = None,
+    version: int | None = None,
+    force: bool = False,
+    io: ModelIO | None = None,
+    plan: PlanMetadata | None = None,
+    template_dir: str | Path | None = None,
+    warnings: Sequence[str] = (),
+) -> WriteResult:
+    """Render, validate and write one model. Nothing is written when anything fails."""
+    repo = Path(repo)
+    name = check_model_name(config.name)
+    if version is not None and version < 1:
+        raise UsageError(f"--version {version}: versions are integers >= 1")
+    model_files = dict(model_files or {})
+    for rel in (*version_files, *model_files):
+        _check_relpath(rel, "file")
+    for reserved in ("config.pbtxt",):
+        if reserved in model_files:
+            raise UsageError(f"model file '{reserved}' is written by trtrepo itself")
+    expected = [config.model_filename] if config.model_filename else []
+    expected += [f for _, f in config.cc_model_filenames]
+    missing = [f for f in expected if f not in version_files]
+    if missing:
+        raise UsageError(f"model '{name}': the version folder needs {', '.join(missing)}")
+    for rel, src in (*version_files.items(), *model_files.items()):
+        if not isinstance(src, bytes) and not Path(src).exists():
+            raise UsageError(f"{src}: file not found (for {name}/{rel})")
+
+    text = render_config(config, template_dir)
+    where = f"{name}/config.pbtxt"
+    known = _known_models(repo, None) if config.kind == "ensemble" else None
+    msg = validate_config_text(text, where, io=io, plan=plan, model_dir_name=name, known_models=known,
+                               model_files=sorted(model_files))
+    check_rendered(msg, config, where, template_dir)
+
+    with repository_lock(repo):
+        recover(repo)
+        model_dir = repo / name
+        existing = versions_of(model_dir)
+        if version is None:
+            version = (max(existing) + 1) if existing else 1
+            if version > MAX_VERSION:
+                raise UsageError(f"{model_dir}: no version number left after {max(existing)} (Triton's versions are "
+                                 f"int64); give --version")
+        elif version > MAX_VERSION:
+            raise UsageError(f"--version {version}: beyond Triton's largest version number {MAX_VERSION}")
+        replaced = version in existing
+        if replaced and not force:
+            raise UsageError(f"{model_dir / str(version)}: version {version} already exists (use --force to replace it, "
+                             f"or leave --version out to add version {max(existing) + 1})")
+        if existing:
+            _check_kept_versions(model_dir, text, existing, version)
+        _write(repo, model_dir, version, text, version_files, model_files)
+    files = sorted(str(p.relative_to(model_dir / str(version))) for p in (model_dir / str(version)).rglob("*") if p.is_file())
+    for w in warnings:
+        log.warning("%s: %s", name, w)
+    return WriteResult(name, version, model_dir, text, files, list(warnings), replaced)
+
+
+def replace_config(repo: str | Path, name: str, text: str) -> Path:
+    """Write ``text`` as model ``name``'s ``config.pbtxt`` (``trtrepo tune --apply``): checked like
+    every config trtrepo writes, the same inputs and outputs as the live one, versions still
+    served, then one atomic rename under the repository lock -- a server polling the repository
+    reads the old file or the new one, never a mix."""
+    repo = Path(repo)
+    model_dir = repo / check_model_name(name)
+    where = f"{name}/config.pbtxt"
+    live = read_config(model_dir)
+    msg = validate_config_text(text, where, model_dir_name=name)
+    if _io_of(msg) != _io_of(live):
+        raise UsageError(f"{model_dir / 'config.pbtxt'}: the new config changes the model's inputs or outputs; "
+                         f"not written")
+    with repository_lock(repo):
+        recover(repo)
+        existing = versions_of(model_dir)
+        if existing:
+            _check_kept_versions(model_dir, text, existing, max(existing))
+        return Path(atomic_write_text(model_dir / "config.pbtxt", text))
+
+
+def _check_kept_versions(model_dir: Path, text: str, existing: Sequence[int], version: int) -> None:
+    """Refuse a config whose IO differs from the live config's while its version policy would
+    serve an old version under it (Triton would fail to load that version)."""
+    try:
+        live = read_config(model_dir)
+    except UsageError:
+        return  # no readable live config: nothing is served from this folder now
+    new = parse_config_text(text, f"{model_dir.name}/config.pbtxt")
+    if _io_of(live) == _io_of(new):
+        return
+    old = [v for v in served_versions(new, sorted({*existing, version})) if v != version]
+    if old:
+        raise UsageError(f"model '{model_dir.name}': the new version's IO (input/output names, data types, dims, batching) differs from "
+                         f"the live config.pbtxt's, and its version policy would serve the older version(s) "
+                         f"{', '.join(map(str, old))} under the new config; use another --name, or --version-policy latest:1")
