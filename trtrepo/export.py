@@ -334,27 +334,7 @@ def export_onnx(
                          f"{onnx.defs.onnx_opset_version()}")
 
     if source.kind == "onnx":
-        # parsed once: the graph first, the weights of an external-data model added to it
-        model = load_onnx(source.location, load_weights=False)
-        external = any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
-        if external:
-            try:
-                onnx.external_data_helper.load_external_data_for_model(model, str(Path(source.location).parent))
-            except Exception as exc:  # a missing file, a location outside the folder (onnx's ValidationError)
-                raise UsageError(f"{source.location}: its external data cannot be read: {one_line(exc)}") from exc
-        try:
-            onnx.checker.check_model(model, full_check=True)
-        except Exception as exc:
-            raise UsageError(f"{source.location}: onnx.checker rejected the model: {str(exc).splitlines()[0]}") from exc
-        io = ModelIO.from_onnx(model, source=source.location)
-        io = ModelIO(io.inputs, io.outputs, source=str(output))
-        if Path(source.location).resolve() != output.resolve():
-            with atomic_path(output, force=force) as tmp:
-                if external:  # gathered into one file
-                    onnx.save(model, str(tmp))
-                else:  # the given bytes, unchanged (a Q/DQ model is deployed as given)
-                    shutil.copyfile(source.location, tmp)
-        return ExportResult(output, io, source, notes=["ONNX passed through after onnx.checker"])
+        return _pass_through(source, output, force)
 
     torch = _import_torch()
     model = load_torch_model(source)
@@ -370,26 +350,7 @@ def export_onnx(
     if len(set(names)) != len(names):
         raise UsageError(f"input names are not unique: {', '.join(names)}")
     notes: list[str] = []
-    export_feed = _random_batch(inputs, 2, seed=0)
-    try:
-        ref_out = _torch_outputs(torch, model, export_feed, names)
-    except Exception as exc:
-        shapes = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in inputs)
-        retry = _without_batch(inputs)
-        if retry is None:
-            raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: "
-                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
-        try:  # trtexec-style shapes (batch included): the model runs once the leading 1 is dropped
-            export_feed = _random_batch(retry, 2, seed=0)
-            ref_out = _torch_outputs(torch, model, export_feed, names)
-        except Exception:
-            raise UsageError(f"{source.location}: the model does not run on inputs {shapes} (batch axis excluded), nor "
-                             f"without their leading 1: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
-                             ) from exc
-        fixed = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in retry)
-        notes.append(f"--input-shape {', '.join(str(i.given) for i in inputs)} includes the batch axis: --input-shape "
-                     f"excludes it (build/deploy --shape include it, trtexec-style); exported with {fixed}")
-        inputs = retry
+    inputs, export_feed, ref_out = _reference_run(torch, model, inputs, names, source, notes)
     if output_names is None and plugin is not None:
         output_names = list(plugin.output_names)
     if output_names is None:
@@ -431,20 +392,86 @@ def export_onnx(
         exported = _write_static_output_dims(exported, tmp, export_feed, axes, notes)
         io = ModelIO.from_onnx(exported)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
-        max_err = None
-        if check_batch:
-            feed = _random_batch(inputs, check_batch, seed=1)
-            expected = _torch_outputs(torch, model, feed, names)
-            got = _ort_run(tmp, feed)
-            max_err = 0.0
-            for name, e, g in zip(output_names, expected, got, strict=True):
-                if e.shape != g.shape:
-                    raise TrtrepoError(f"{output}: output '{name}' has shape {list(g.shape)} in ONNX Runtime but {list(e.shape)} in PyTorch")
-                err = float(np.max(np.abs(e.astype(np.float64) - g.astype(np.float64)))) if e.size else 0.0
-                max_err = max(max_err, err)
-                if not np.allclose(g, e, atol=atol, rtol=rtol):
-                    raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
+        max_err = _check_against_torch(torch, model, tmp, output, inputs, names, output_names, check_batch, atol, rtol)
     return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None, notes=notes)
+
+
+def _pass_through(source: ModelSource, output: Path, force: bool) -> ExportResult:
+    """An ONNX source: checked and copied to ``output`` (external data gathered into one file;
+    otherwise the given bytes unchanged, so a Q/DQ model is deployed as given)."""
+    import onnx
+
+    from .fsutil import atomic_path
+
+    # parsed once: the graph first, the weights of an external-data model added to it
+    model = load_onnx(source.location, load_weights=False)
+    external = any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
+    if external:
+        try:
+            onnx.external_data_helper.load_external_data_for_model(model, str(Path(source.location).parent))
+        except Exception as exc:  # a missing file, a location outside the folder (onnx's ValidationError)
+            raise UsageError(f"{source.location}: its external data cannot be read: {one_line(exc)}") from exc
+    try:
+        onnx.checker.check_model(model, full_check=True)
+    except Exception as exc:
+        raise UsageError(f"{source.location}: onnx.checker rejected the model: {str(exc).splitlines()[0]}") from exc
+    io = ModelIO.from_onnx(model, source=source.location)
+    io = ModelIO(io.inputs, io.outputs, source=str(output))
+    if Path(source.location).resolve() != output.resolve():
+        with atomic_path(output, force=force) as tmp:
+            if external:  # gathered into one file
+                onnx.save(model, str(tmp))
+            else:  # the given bytes, unchanged (a Q/DQ model is deployed as given)
+                shutil.copyfile(source.location, tmp)
+    return ExportResult(output, io, source, notes=["ONNX passed through after onnx.checker"])
+
+
+def _reference_run(torch: Any, model: Any, inputs: list[InputShape], names: list[str], source: ModelSource,
+                   notes: list[str]) -> tuple[list[InputShape], dict[str, np.ndarray], list[np.ndarray]]:
+    """PyTorch's outputs on the export batch; trtexec-style shapes (batch included) are retried
+    without their leading 1, with a note."""
+    export_feed = _random_batch(inputs, 2, seed=0)
+    try:
+        ref_out = _torch_outputs(torch, model, export_feed, names)
+    except Exception as exc:
+        shapes = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in inputs)
+        retry = _without_batch(inputs)
+        if retry is None:
+            raise UsageError(f"{source.location}: the model does not run on inputs {shapes}: {type(exc).__name__}: "
+                             f"{str(exc).splitlines()[0] if str(exc) else ''}") from exc
+        try:  # trtexec-style shapes (batch included): the model runs once the leading 1 is dropped
+            export_feed = _random_batch(retry, 2, seed=0)
+            ref_out = _torch_outputs(torch, model, export_feed, names)
+        except Exception:
+            raise UsageError(f"{source.location}: the model does not run on inputs {shapes} (batch axis excluded), nor "
+                             f"without their leading 1: {type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
+                             ) from exc
+        fixed = ", ".join(f"{i.name}:{'x'.join(map(str, i.shape))}" for i in retry)
+        notes.append(f"--input-shape {', '.join(str(i.given) for i in inputs)} includes the batch axis: --input-shape "
+                     f"excludes it (build/deploy --shape include it, trtexec-style); exported with {fixed}")
+        inputs = retry
+    return inputs, export_feed, ref_out
+
+
+def _check_against_torch(torch: Any, model: Any, path: Path, output: Path, inputs: Sequence[InputShape],
+                         names: Sequence[str], output_names: Sequence[str], check_batch: int, atol: float,
+                         rtol: float) -> float | None:
+    """ONNX Runtime against PyTorch on a random batch of ``check_batch`` samples: the largest
+    absolute difference, or a one-line error naming the output that differs."""
+    if not check_batch:
+        return None
+    feed = _random_batch(inputs, check_batch, seed=1)
+    expected = _torch_outputs(torch, model, feed, names)
+    got = _ort_run(path, feed)
+    max_err = 0.0
+    for name, e, g in zip(output_names, expected, got, strict=True):
+        if e.shape != g.shape:
+            raise TrtrepoError(f"{output}: output '{name}' has shape {list(g.shape)} in ONNX Runtime but {list(e.shape)} in PyTorch")
+        err = float(np.max(np.abs(e.astype(np.float64) - g.astype(np.float64)))) if e.size else 0.0
+        max_err = max(max_err, err)
+        if not np.allclose(g, e, atol=atol, rtol=rtol):
+            raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
+    return max_err
 
 
 def probe_feed(feed: Mapping[str, np.ndarray], axes: Mapping[str, Mapping[int, str]]) -> dict[str, np.ndarray]:

@@ -301,61 +301,12 @@ def _image_tag(image: str) -> str:
 def manifest_values(repo_url: str, facts: RepositoryFacts, options: ManifestOptions) -> ManifestValues:
     """Decide every value of the manifests for the repository at ``repo_url`` (what the pods read
     unless ``options.repository_url`` says otherwise) described by ``facts``. Pure: no I/O but
-    the packaged release table."""
-    from .server import release_for_tensorrt
-
-    if options.repository_url:
-        location = parse_storage_url(options.repository_url, "--repository-url", options.s3_endpoint)
-        if location is None:
-            raise UsageError(f"--repository-url {options.repository_url}: not an object-storage URL (s3://, gs://, as://); "
-                             f"pods cannot read a local folder")
-    else:
-        location = parse_storage_url(repo_url, "REPO_URL", options.s3_endpoint)
-        if location is None:
-            raise UsageError(f"REPO_URL {repo_url}: a local folder is not reachable from the cluster; upload it and give "
-                             f"--repository-url s3://BUCKET/PREFIX (or gs://, as://) for the pods to read")
-    if not facts.models:
-        raise UsageError(f"{facts.source or repo_url}: the repository holds no models")
+    the packaged release table. ``notes`` keep the order: location, image, GPUs, Python backend,
+    portability, polling, shared memory, credentials."""
     notes: list[str] = []
-    if options.repository_url and parse_storage_url(repo_url, "REPO_URL") is None:
-        notes.append(f"facts read from the local folder {repo_url}; the pods read {options.repository_url}: upload the "
-                     f"repository there first (same layout)")
-
-    # image and Triton release
-    versions = facts.tensorrt_versions
-    if len(versions) > 1:
-        raise UsageError(f"{facts.source or repo_url}: plans were built with several TensorRT versions "
-                         f"({', '.join(versions)}); one Triton release loads only one")
-    version = versions[0] if versions else None
-    if options.image:
-        image = options.image
-        choice = f"image given by --image; plans need TensorRT {version}" if version else "image given by --image"
-        notes.append(choice)
-        if not image.startswith(TRITON_IMAGE + ":"):
-            notes.append(f"KServe's variant runs its kserve-tritonserver runtime's image at tag {_image_tag(image)} "
-                         f"(runtimeVersion), not {image}")
-    else:
-        rel = release_for_tensorrt(version)
-        image = f"{TRITON_IMAGE}:{rel.release}-py3"
-        if version:
-            choice = f"plans built with TensorRT {version}: Triton {rel.release} ships TensorRT {rel.tensorrt}"
-        else:
-            choice = f"no TensorRT plans in the repository: newest known release {rel.release}"
-        notes.append(choice)
-    if facts.plans_without_metadata:
-        notes.append(f"plans of {', '.join(facts.plans_without_metadata)} carry no readable model.plan.json: the TensorRT "
-                     f"version they need is unknown; check that {image} ships it")
-
-    # GPUs
-    gpus = options.gpus if options.gpus is not None else (1 if facts.needs_gpu else 0)
-    if gpus == 0 and facts.needs_gpu:
-        notes.append(f"--gpus 0, but {', '.join(facts.gpu_models or facts.models)} need a GPU: they will not load")
-    if gpus:
-        notes.append(f"each pod requests {gpus} nvidia.com/gpu: the cluster needs the NVIDIA device plugin (or GPU operator); "
-                     f"the HorizontalPodAutoscaler scales on CPU utilization, not GPU load")
-    if facts.compute_capabilities:
-        notes.append(f"the plans run only on GPUs of compute capability {', '.join(facts.compute_capabilities)}: schedule the "
-                     f"pods on such nodes (e.g. a nodeSelector on GPU feature discovery's nvidia.com/gpu.compute.major/minor)")
+    location = _location(repo_url, facts, options, notes)
+    image, choice, version = _image(repo_url, facts, options, notes)
+    gpus = _gpus(facts, options, notes)
 
     # Python backend
     plain = [n for n in facts.python_models if n not in facts.python_env_models]
@@ -376,29 +327,7 @@ def manifest_values(repo_url: str, facts: RepositoryFacts, options: ManifestOpti
 
     # credentials
     secret = options.secret_name
-    env: list[EnvVar] = []
-    volumes: list[Volume] = []
-    secret_annotations: list[tuple[str, str]] = []
-    if location.scheme == "s3":
-        env = [EnvVar("AWS_ACCESS_KEY_ID", secret_key="AWS_ACCESS_KEY_ID"),
-               EnvVar("AWS_SECRET_ACCESS_KEY", secret_key="AWS_SECRET_ACCESS_KEY"),
-               EnvVar("AWS_DEFAULT_REGION", secret_key="AWS_DEFAULT_REGION", optional=True)]
-        data = [("AWS_ACCESS_KEY_ID", PLACEHOLDER, ""), ("AWS_SECRET_ACCESS_KEY", PLACEHOLDER, ""),
-                ("AWS_DEFAULT_REGION", "us-east-1", "the bucket's region (optional)")]
-        if location.endpoint is not None:  # KServe's storage initializer reads the endpoint from the secret
-            proto, host, port = location.endpoint
-            secret_annotations = [("serving.kserve.io/s3-endpoint", f"{host}:{port}"),
-                                  ("serving.kserve.io/s3-usehttps", "1" if proto == "https" else "0")]
-    elif location.scheme == "gs":
-        env = [EnvVar("GOOGLE_APPLICATION_CREDENTIALS", value=f"{GCS_MOUNT}/{GCS_KEY_FILE}")]
-        volumes.append(Volume("storage-credentials", GCS_MOUNT, secret_name=secret))
-        data = [(GCS_KEY_FILE, PLACEHOLDER, "the service account key file (JSON); Triton reads it at "
-                 f"{GCS_MOUNT}/{GCS_KEY_FILE}")]
-    else:
-        env = [EnvVar("AZURE_STORAGE_ACCOUNT", value=location.bucket),
-               EnvVar("AZURE_STORAGE_KEY", secret_key="AZURE_STORAGE_KEY")]
-        data = [("AZURE_STORAGE_KEY", PLACEHOLDER, f"an access key of the storage account {location.bucket}"),
-                ("AZURE_STORAGE_ACCESS_KEY", PLACEHOLDER, "the same key, under the name KServe reads")]
+    env, volumes, data, secret_annotations = _credentials(location, secret)
     kserve_volumes: list[Volume] = []
     if facts.python_models:  # the Python backend's shared memory; the default /dev/shm of a pod is 64 MB
         volumes.append(Volume("dshm", "/dev/shm"))
@@ -434,6 +363,99 @@ def manifest_values(repo_url: str, facts: RepositoryFacts, options: ManifestOpti
         secret_name=secret, secret_annotations=tuple(secret_annotations), secret_data=tuple(data),
         secret_command=secret_command, service_account=options.service_account or f"{options.name}-kserve",
         write_service_account=options.service_account is None, notes=tuple(notes))
+
+
+def _location(repo_url: str, facts: RepositoryFacts, options: ManifestOptions, notes: list[str]) -> Any:
+    """The object-storage location the pods read (a local folder cannot be)."""
+    if options.repository_url:
+        location = parse_storage_url(options.repository_url, "--repository-url", options.s3_endpoint)
+        if location is None:
+            raise UsageError(f"--repository-url {options.repository_url}: not an object-storage URL (s3://, gs://, as://); "
+                             f"pods cannot read a local folder")
+    else:
+        location = parse_storage_url(repo_url, "REPO_URL", options.s3_endpoint)
+        if location is None:
+            raise UsageError(f"REPO_URL {repo_url}: a local folder is not reachable from the cluster; upload it and give "
+                             f"--repository-url s3://BUCKET/PREFIX (or gs://, as://) for the pods to read")
+    if not facts.models:
+        raise UsageError(f"{facts.source or repo_url}: the repository holds no models")
+    if options.repository_url and parse_storage_url(repo_url, "REPO_URL") is None:
+        notes.append(f"facts read from the local folder {repo_url}; the pods read {options.repository_url}: upload the "
+                     f"repository there first (same layout)")
+    return location
+
+
+def _image(repo_url: str, facts: RepositoryFacts, options: ManifestOptions, notes: list[str]) -> tuple[str, str, str | None]:
+    """The Triton image (given, or the release whose TensorRT built the plans), why, and that version."""
+    from .server import release_for_tensorrt
+
+    versions = facts.tensorrt_versions
+    if len(versions) > 1:
+        raise UsageError(f"{facts.source or repo_url}: plans were built with several TensorRT versions "
+                         f"({', '.join(versions)}); one Triton release loads only one")
+    version = versions[0] if versions else None
+    if options.image:
+        image = options.image
+        choice = f"image given by --image; plans need TensorRT {version}" if version else "image given by --image"
+        notes.append(choice)
+        if not image.startswith(TRITON_IMAGE + ":"):
+            notes.append(f"KServe's variant runs its kserve-tritonserver runtime's image at tag {_image_tag(image)} "
+                         f"(runtimeVersion), not {image}")
+    else:
+        rel = release_for_tensorrt(version)
+        image = f"{TRITON_IMAGE}:{rel.release}-py3"
+        if version:
+            choice = f"plans built with TensorRT {version}: Triton {rel.release} ships TensorRT {rel.tensorrt}"
+        else:
+            choice = f"no TensorRT plans in the repository: newest known release {rel.release}"
+        notes.append(choice)
+    if facts.plans_without_metadata:
+        notes.append(f"plans of {', '.join(facts.plans_without_metadata)} carry no readable model.plan.json: the TensorRT "
+                     f"version they need is unknown; check that {image} ships it")
+    return image, choice, version
+
+
+def _gpus(facts: RepositoryFacts, options: ManifestOptions, notes: list[str]) -> int:
+    """GPUs per pod (given, else one when a model needs a GPU), with the scheduling notes."""
+    gpus = options.gpus if options.gpus is not None else (1 if facts.needs_gpu else 0)
+    if gpus == 0 and facts.needs_gpu:
+        notes.append(f"--gpus 0, but {', '.join(facts.gpu_models or facts.models)} need a GPU: they will not load")
+    if gpus:
+        notes.append(f"each pod requests {gpus} nvidia.com/gpu: the cluster needs the NVIDIA device plugin (or GPU operator); "
+                     f"the HorizontalPodAutoscaler scales on CPU utilization, not GPU load")
+    if facts.compute_capabilities:
+        notes.append(f"the plans run only on GPUs of compute capability {', '.join(facts.compute_capabilities)}: schedule the "
+                     f"pods on such nodes (e.g. a nodeSelector on GPU feature discovery's nvidia.com/gpu.compute.major/minor)")
+    return gpus
+
+
+def _credentials(location: Any, secret: str) -> tuple[list[EnvVar], list[Volume], list[tuple[str, str, str]],
+                                                       list[tuple[str, str]]]:
+    """Environment, volumes, secret entries and secret annotations for the location's scheme."""
+    env: list[EnvVar] = []
+    volumes: list[Volume] = []
+    secret_annotations: list[tuple[str, str]] = []
+    if location.scheme == "s3":
+        env = [EnvVar("AWS_ACCESS_KEY_ID", secret_key="AWS_ACCESS_KEY_ID"),
+               EnvVar("AWS_SECRET_ACCESS_KEY", secret_key="AWS_SECRET_ACCESS_KEY"),
+               EnvVar("AWS_DEFAULT_REGION", secret_key="AWS_DEFAULT_REGION", optional=True)]
+        data = [("AWS_ACCESS_KEY_ID", PLACEHOLDER, ""), ("AWS_SECRET_ACCESS_KEY", PLACEHOLDER, ""),
+                ("AWS_DEFAULT_REGION", "us-east-1", "the bucket's region (optional)")]
+        if location.endpoint is not None:  # KServe's storage initializer reads the endpoint from the secret
+            proto, host, port = location.endpoint
+            secret_annotations = [("serving.kserve.io/s3-endpoint", f"{host}:{port}"),
+                                  ("serving.kserve.io/s3-usehttps", "1" if proto == "https" else "0")]
+    elif location.scheme == "gs":
+        env = [EnvVar("GOOGLE_APPLICATION_CREDENTIALS", value=f"{GCS_MOUNT}/{GCS_KEY_FILE}")]
+        volumes.append(Volume("storage-credentials", GCS_MOUNT, secret_name=secret))
+        data = [(GCS_KEY_FILE, PLACEHOLDER, "the service account key file (JSON); Triton reads it at "
+                 f"{GCS_MOUNT}/{GCS_KEY_FILE}")]
+    else:
+        env = [EnvVar("AZURE_STORAGE_ACCOUNT", value=location.bucket),
+               EnvVar("AZURE_STORAGE_KEY", secret_key="AZURE_STORAGE_KEY")]
+        data = [("AZURE_STORAGE_KEY", PLACEHOLDER, f"an access key of the storage account {location.bucket}"),
+                ("AZURE_STORAGE_ACCESS_KEY", PLACEHOLDER, "the same key, under the name KServe reads")]
+    return env, volumes, data, secret_annotations
 
 
 # --------------------------------------------------------------------------------------------

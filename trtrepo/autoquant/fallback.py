@@ -166,113 +166,135 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     if start.quantized is None:
         raise ValueError("fallback starts from the chosen candidate, whose model is kept")
     metrics = start.metrics if start.metrics is not None else evaluator(start.quantized.model)
-    steps = [FallbackStep([], target.measure(metrics), target.met(metrics), pick_output(metrics, target.output).cosine_mean,
-                          "all INT8", evaluator.speed())]
+    search = _Search(model, ranges, options, evaluator, target, t0 + budget_s)
+    search.steps.append(FallbackStep([], target.measure(metrics), target.met(metrics),
+                                     pick_output(metrics, target.output).cosine_mean, "all INT8", evaluator.speed()))
     layers = list(start.quantized.plan.layers)
     roles = layer_roles(prepare_model(model), layers)
     weighted = [n for n in layers if roles.get(n) in ("conv", "attention", "mlp_up", "mlp_down", "first_last")]
-    if steps[0].met:
-        return FallbackResult(start.quantized, metrics, [], steps, len(weighted), 0, time.perf_counter() - t0)
+    if search.steps[0].met:
+        return FallbackResult(start.quantized, metrics, [], search.steps, len(weighted), 0, time.perf_counter() - t0)
+    chosen = search.by_groups(roles, layers)
+    if chosen is not None:
+        chosen = search.bisect(chosen)
+    sensitivity: list[dict[str, Any]] = []
+    if chosen is None:
+        chosen, sensitivity = search.by_sensitivity(layers)
+    if chosen is None:
+        best = max((s.value for s in search.steps), key=lambda v: -v if target.kind == "top1-drop" else v)
+        raise UsageError(f"--accuracy-target {target} is only met with every layer in float (best with INT8 left: "
+                         f"{best:.6g}{'; time budget ran out' if search.out_of_time() else ''}); nothing written")
+    # the smallest float set that met the target (bisection may have found several)
+    met = [s for s in search.steps if s.met]
+    final = min(met, key=lambda s: (len(s.layers_in_float), -(s.speed or 0.0)))
+    qm, m, _ = search.cache[frozenset(final.layers_in_float)]
+    assert qm is not None and m is not None
+    in_float_weighted = sum(1 for n in final.layers_in_float if n in weighted)
+    if weighted and in_float_weighted > len(weighted) / 2:
+        log.warning("--accuracy-target %s needs %d of %d MatMul/Conv layers in float: most of the model runs in "
+                    "FP32 (expect little speed-up)", target, in_float_weighted, len(weighted))
+    return FallbackResult(qm, m, sensitivity, search.steps, len(weighted), in_float_weighted, time.perf_counter() - t0)
 
-    cache: dict[frozenset[str], tuple[QuantizedModel | None, dict[str, OutputMetrics] | None, FallbackStep | None]] = {}
 
-    def measure(in_float: Sequence[str], label: str) -> FallbackStep | None:
+class _Search:
+    """The fallback's measured steps: each float set quantized once (cached), measured on the
+    held-out data, recorded in ``steps``; every stage stops at ``deadline``."""
+
+    def __init__(self, model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions,
+                 evaluator: Evaluator, target: AccuracyTarget, deadline: float) -> None:
+        self.model, self.ranges, self.options, self.evaluator, self.target = model, ranges, options, evaluator, target
+        self.deadline = deadline
+        self.steps: list[FallbackStep] = []
+        self.cache: dict[frozenset[str], tuple[QuantizedModel | None, dict[str, OutputMetrics] | None,
+                                               FallbackStep | None]] = {}
+
+    def out_of_time(self) -> bool:
+        return time.perf_counter() > self.deadline
+
+    def _score(self, value: float) -> float:
+        return -value if self.target.kind == "top1-drop" else value
+
+    def measure(self, in_float: Sequence[str], label: str) -> FallbackStep | None:
         key = frozenset(in_float)
-        if key in cache:
-            return cache[key][2]
+        if key in self.cache:
+            return self.cache[key][2]
         try:
-            qm = insert_qdq(model, ranges, options.with_excluded_nodes(sorted(key)), warn=False)
+            qm = insert_qdq(self.model, self.ranges, self.options.with_excluded_nodes(sorted(key)), warn=False)
         except UsageError:
-            cache[key] = (None, None, None)  # nothing left to quantize
+            self.cache[key] = (None, None, None)  # nothing left to quantize
             return None
-        m = evaluator(qm.model)
+        m = self.evaluator(qm.model)
+        target = self.target
         step = FallbackStep(sorted(key), target.measure(m), target.met(m), pick_output(m, target.output).cosine_mean,
-                            label, evaluator.speed())
-        steps.append(step)
-        cache[key] = (qm, m, step)
+                            label, self.evaluator.speed())
+        self.steps.append(step)
+        self.cache[key] = (qm, m, step)
         log.info("fallback %s: %d layer(s) in float: %s=%.6g%s (speed %.2fx)", label, len(key), target.kind, step.value,
                  " (met)" if step.met else "", step.speed or 0.0)
         return step
 
-    def out_of_time() -> bool:
-        return time.perf_counter() - t0 > budget_s
+    def by_groups(self, roles: Mapping[str, str], layers: Sequence[str]) -> set[str] | None:
+        """Each role group, then each block alone in float; the best groups added until the target holds."""
+        groups: dict[str, list[str]] = {}
+        for name, role in roles.items():
+            groups.setdefault(f"role {role}", []).append(name)
+        for name, block in layer_blocks(layers).items():
+            groups.setdefault(f"block {block}", []).append(name)
+        groups = {k: v for k, v in groups.items() if 0 < len(v) < len(layers)}
+        scored: list[tuple[FallbackStep, str]] = []
+        for label, members in groups.items():
+            if self.out_of_time():
+                break
+            step = self.measure(members, label)
+            if step is not None:
+                scored.append((step, label))
+        scored.sort(key=lambda item: (self._score(item[0].value), -len(item[0].layers_in_float)), reverse=True)
+        current: set[str] = set()
+        for _step, label in scored:
+            if self.out_of_time():
+                break
+            current |= set(groups[label])
+            previous = self.steps[-1].label if current != set(groups[label]) else ""
+            s = self.measure(sorted(current), " + ".join(x for x in (previous, label) if x))
+            if s is not None and s.met:
+                return set(current)
+        return None
 
-    def better(a: FallbackStep, b: FallbackStep | None) -> bool:
-        return b is None or (-a.value if target.kind == "top1-drop" else a.value) > (-b.value if target.kind == "top1-drop" else b.value)
-
-    # 1. groups: roles, then blocks
-    groups: dict[str, list[str]] = {}
-    for name, role in roles.items():
-        groups.setdefault(f"role {role}", []).append(name)
-    for name, block in layer_blocks(layers).items():
-        groups.setdefault(f"block {block}", []).append(name)
-    groups = {k: v for k, v in groups.items() if 0 < len(v) < len(layers)}
-    scored: list[tuple[FallbackStep, str]] = []
-    for label, members in groups.items():
-        if out_of_time():
-            break
-        step = measure(members, label)
-        if step is not None:
-            scored.append((step, label))
-    scored.sort(key=lambda item: (-item[0].value if target.kind == "top1-drop" else item[0].value, -len(item[0].layers_in_float)),
-                reverse=True)
-    chosen: set[str] | None = None
-    current: set[str] = set()
-    for _step, label in scored:
-        if out_of_time():
-            break
-        current |= set(groups[label])
-        s = measure(sorted(current), " + ".join(x for x in (steps[-1].label if current != set(groups[label]) else "", label) if x))
-        if s is not None and s.met:
-            chosen = set(current)
-            break
-    # 2. bisection inside the chosen float set: put halves back to INT8 while the target holds
-    if chosen is not None:
+    def bisect(self, chosen: set[str]) -> set[str]:
+        """Halves of the float set put back to INT8 while the target still holds."""
         pending = [sorted(chosen)]
-        while pending and not out_of_time():
+        while pending and not self.out_of_time():
             part = pending.pop()
             if len(part) < 2:
                 continue
             half = len(part) // 2
             for back in (part[:half], part[half:]):
                 trial = chosen - set(back)
-                s = measure(sorted(trial), f"bisect: {len(back)} back to INT8") if trial else None
+                s = self.measure(sorted(trial), f"bisect: {len(back)} back to INT8") if trial else None
                 if s is not None and s.met:
                     chosen = trial
                     break
             else:
                 pending += [part[:half], part[half:]]
-    # 3. single layers by sensitivity when no group set holds
-    sensitivity: list[dict[str, Any]] = []
-    if chosen is None:
+        return chosen
+
+    def by_sensitivity(self, layers: Sequence[str]) -> tuple[set[str] | None, list[dict[str, Any]]]:
+        """Single layers ranked by their effect alone in float; the k most sensitive in float."""
+        sensitivity: list[dict[str, Any]] = []
         singles: list[tuple[FallbackStep, str]] = []
         for layer in layers:
-            if out_of_time():
+            if self.out_of_time():
                 break
-            s = measure([layer], f"only {layer}")
+            s = self.measure([layer], f"only {layer}")
             if s is not None:
                 singles.append((s, layer))
                 sensitivity.append({"layer": layer, "value": s.value, "cosine": s.cosine})
-        singles.sort(key=lambda item: -item[0].value if target.kind == "top1-drop" else item[0].value, reverse=True)
+        singles.sort(key=lambda item: self._score(item[0].value), reverse=True)
         ranked = [layer for _, layer in singles]
         for k in range(1, len(ranked)):
-            if out_of_time():
+            if self.out_of_time():
                 break
-            s = measure(ranked[:k], f"{k} most sensitive")
+            s = self.measure(ranked[:k], f"{k} most sensitive")
             if s is not None and s.met:
-                chosen = set(ranked[:k])
-                break
-    if chosen is None:
-        best = max((s.value for s in steps), key=lambda v: -v if target.kind == "top1-drop" else v)
-        raise UsageError(f"--accuracy-target {target} is only met with every layer in float (best with INT8 left: "
-                         f"{best:.6g}{'; time budget ran out' if out_of_time() else ''}); nothing written")
-    # the smallest float set that met the target (bisection may have found several)
-    met = [s for s in steps if s.met]
-    final = min(met, key=lambda s: (len(s.layers_in_float), -(s.speed or 0.0)))
-    qm, m, _ = cache[frozenset(final.layers_in_float)]
-    assert qm is not None and m is not None
-    in_float_weighted = sum(1 for n in final.layers_in_float if n in weighted)
-    if weighted and in_float_weighted > len(weighted) / 2:
-        log.warning("--accuracy-target %s needs %d of %d MatMul/Conv layers in float: most of the model runs in "
-                    "FP32 (expect little speed-up)", target, in_float_weighted, len(weighted))
-    return FallbackResult(qm, m, sensitivity, steps, len(weighted), in_float_weighted, time.perf_counter() - t0)
+                return set(ranked[:k]), sensitivity
+        return None, sensitivity

@@ -50,9 +50,10 @@ def check_config(
 
     ``io``: the model file's IO (names, dtypes, shapes must match); ``plan``: the engine's
     metadata (its optimization profiles); ``known_models``: name -> parsed config of models an ensemble may use;
-    ``model_files``: files in the model folder (for label_filename).
+    ``model_files``: files in the model folder (for label_filename). The first failing check
+    raises, in the order: identity, tensors, scheduling, warm-up and version policy, ensemble,
+    model IO, profiles.
     """
-    from tritonclient.grpc import model_config_pb2 as pb
 
     def fail(field_name: str, message: str) -> None:
         raise UsageError(f"{where}: {field_name}: {message}")
@@ -71,9 +72,25 @@ def check_config(
         fail("platform", f"unknown platform '{platform}'")
     is_plan = platform == "tensorrt_plan" or backend == "tensorrt"
     is_ensemble = platform == "ensemble"
-    mbs = msg.max_batch_size
-    if mbs < 0:
-        fail("max_batch_size", f"{mbs} must be >= 0")
+    if msg.max_batch_size < 0:
+        fail("max_batch_size", f"{msg.max_batch_size} must be >= 0")
+    _check_tensors(msg, fail, model_files)
+    _check_scheduling(msg, fail, is_plan, is_ensemble)
+    _check_warmup_and_versions(msg, fail)
+    if is_ensemble:
+        _check_ensemble(msg, fail, known_models)
+    elif msg.HasField("ensemble_scheduling"):
+        fail("ensemble_scheduling", f"only platform 'ensemble' takes ensemble_scheduling (platform is '{platform or backend}')")
+    if io is not None:
+        _check_against_io(msg, io, fail)
+    if is_plan and plan is not None and plan.profiles:
+        _check_profiles(msg, plan, fail)
+
+
+def _check_tensors(msg: Any, fail: Any, model_files: Sequence[str] | None) -> None:
+    """Inputs and outputs: names unique, data types set, dims valid, reshapes of the same size,
+    label files on outputs only and present in the model folder."""
+    from tritonclient.grpc import model_config_pb2 as pb
 
     for section, tensors in (("input", msg.input), ("output", msg.output)):
         if not tensors:
@@ -111,6 +128,12 @@ def check_config(
                 if model_files is not None and t.label_filename not in model_files:
                     fail(f"{f}.label_filename", f"'{t.label_filename}' is not in the model folder")
 
+
+def _check_scheduling(msg: Any, fail: Any, is_plan: bool, is_ensemble: bool) -> None:
+    """Dynamic batching, instance groups, CUDA optimization and compute-capability files."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    mbs = msg.max_batch_size
     if msg.HasField("dynamic_batching"):
         if mbs == 0:
             fail("dynamic_batching", "needs max_batch_size > 0")
@@ -139,6 +162,10 @@ def check_config(
         if not re.fullmatch(r"\d+\.\d+", key):
             fail("cc_model_filenames", f"key '{key}' is not a compute capability like '8.0'")
 
+
+def _check_warmup_and_versions(msg: Any, fail: Any) -> None:
+    """Warm-up samples (batch size, every input, concrete dims, data types) and the version policy."""
+    mbs = msg.max_batch_size
     inputs = {t.name: t for t in msg.input}
     for i, w in enumerate(msg.model_warmup):
         f = f"model_warmup[{i}]"
@@ -159,15 +186,6 @@ def check_config(
         fail("version_policy.specific.versions", "must list at least one version")
     if msg.version_policy.HasField("latest") and msg.version_policy.latest.num_versions < 1:
         fail("version_policy.latest.num_versions", "must be >= 1")
-
-    if is_ensemble:
-        _check_ensemble(msg, fail, known_models)
-    elif msg.HasField("ensemble_scheduling"):
-        fail("ensemble_scheduling", f"only platform 'ensemble' takes ensemble_scheduling (platform is '{platform or backend}')")
-    if io is not None:
-        _check_against_io(msg, io, fail)
-    if is_plan and plan is not None and plan.profiles:
-        _check_profiles(msg, plan, fail)
 
 
 def _check_against_io(msg: Any, io: ModelIO, fail: Any) -> None:
