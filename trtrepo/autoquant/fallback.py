@@ -181,7 +181,7 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
     if chosen is None:
         chosen, sensitivity = search.by_sensitivity(layers)
     if chosen is None:
-        best = max((s.value for s in search.steps), key=lambda v: -v if target.kind == "top1-drop" else v)
+        best = max((s.value for s in search.steps), key=search._score)
         raise UsageError(f"--accuracy-target {target} is only met with every layer in float (best with INT8 left: "
                          f"{best:.6g}{'; time budget ran out' if search.out_of_time() else ''}); nothing written")
     # the smallest float set that met the target (bisection may have found several)
