@@ -24,6 +24,21 @@ def _pin_xdist_worker() -> None:
 
 _pin_xdist_worker()
 
+
+def _keep_bytecode() -> None:
+    """Write bytecode caches even where the environment says not to (``PYTHONDONTWRITEBYTECODE``,
+    set by some container images): the run starts a few hundred Python processes (the CLI, the
+    servers' Python stubs), and without a cache each compiles trtrepo from source again, about
+    0.5 s per process (docs/benchmarks.md, "The test run"). The caches land in the gitignored
+    ``__pycache__`` folders; pytest's rewritten test modules are cached the same way."""
+    import sys
+
+    os.environ.pop("PYTHONDONTWRITEBYTECODE", None)
+    sys.dont_write_bytecode = False
+
+
+_keep_bytecode()
+
 from pathlib import Path  # noqa: E402
 
 import pytest  # noqa: E402

@@ -268,6 +268,7 @@ def test_kill_9_during_the_upload_of_a_large_model_leaves_a_loadable_repository(
     assert res.exit_code == 0 and "added big version 2" in res.output, res.output
 
 
+@pytest.mark.long
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow
@@ -275,7 +276,9 @@ def test_kill_9_during_a_models_first_upload_leaves_the_other_models_served(s3, 
     """A model's first upload killed half-way. Without the staging area the kill left a folder
     without config.pbtxt, which tritonserver filled a config in for, failed to load, and so
     refused to start (measured): the upload goes beside the repository, so the server starts and
-    serves the other models; repo check names the staged objects and --fix removes them."""
+    serves the other models; repo check names the staged objects and --fix removes them. In the
+    long tier beside ``test_sigkill_at_ten_instants_of_a_first_upload``, which checks the same
+    state (a kill during the staged upload) among its ten."""
 
     url = f"s3://{s3}/models/first"
     small, big = _tiny_onnx(tmp_path / "small.onnx"), _tiny_onnx(tmp_path / "big.onnx", extra_mib=192)
