@@ -27,6 +27,7 @@ from .errors import UsageError
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
 from .progress import status
+from .quantize import QDQ_TARGETS, qdq_target, target_names
 from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name
@@ -83,8 +84,8 @@ class DeployOptions:
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
             raise UsageError(f"--backend {self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
-        if self.target not in ("auto", "tensorrt", "onnxruntime"):
-            raise UsageError(f"--target {self.target!r}: one of auto, tensorrt, onnxruntime")
+        if self.target != "auto" and self.target not in QDQ_TARGETS:
+            raise UsageError(f"--target {self.target!r}: one of {', '.join(('auto', *target_names()))}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
@@ -297,8 +298,12 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
     out = work / "model.int8.onnx"
     extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
     if opts.reduce_range:
-        if target != "onnxruntime":
-            raise UsageError("--reduce-range applies to the ONNX Runtime backends, not to a TensorRT plan")
+        qdq = qdq_target(target)
+        if not qdq.reduce_range:
+            able = " or ".join(t.display for t in QDQ_TARGETS.values() if t.reduce_range)
+            built = any(s.engine for s in backends.BACKENDS.values() if s.quantize_target == qdq.name)
+            raise UsageError(f"--reduce-range applies to the {able} backends, not to a {qdq.display} "
+                             f"{'plan' if built else 'model'}")
         extra["reduce_range"] = True
     result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
                                            method=opts.method, smooth_quant=opts.smooth_quant,
@@ -472,6 +477,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
                     raise UsageError(f"{unused}; drop them (--max-batch-size sets Triton's batch range)")
                 report.warnings.append(f"{unused} (backend auto chose {backend} on this machine)")
         target = spec.quantize_target if opts.target == "auto" else opts.target
+        qdq_target(target)  # registered (a backend plug-in may name a Q/DQ target that is not)
         if target != spec.quantize_target:
             report.notes.append(f"--target {target}: Q/DQ placed by {target}'s rules for the {backend} backend "
                                 f"(its own rules are {spec.quantize_target}'s)")

@@ -17,7 +17,7 @@ Stable API (used by :mod:`trtrepo.calibrate` and later stages)::
     amax_percentile(counts, edges, percentile=99.99) -> float
     amax_mse(counts, edges, *, start_bin=128, num_bits=8) -> float
     compute_amax(method, counts, edges, max_abs, **options) -> float
-    METHODS: dict[str, CalibrationMethod]   # the registry: entropy, minmax, percentile, mse
+    METHODS: Registry[CalibrationMethod]   # the registry: entropy, minmax, percentile, mse, plug-ins
 
 Conventions:
 
@@ -42,11 +42,13 @@ Conventions:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from fractions import Fraction
 
 import numpy as np
+
+from .plugins import CALIBRATION_METHODS, Registry
 
 DEFAULT_NUM_BINS = 2048
 DEFAULT_PERCENTILE = 99.99
@@ -310,27 +312,31 @@ class CalibrationMethod:
         return float(self.amax(counts, edges, max_abs, **kw))
 
 
-METHODS: dict[str, CalibrationMethod] = {}
+def _check(methods: Mapping[str, CalibrationMethod], method: CalibrationMethod) -> None:
+    if method.name == "auto":
+        raise ValueError("calibration method 'auto' is reserved: --method auto tries every registered method")
+
+
+# The registry: the four below, then the ``trtrepo.calibration_methods`` entry points (trtrepo.plugins).
+METHODS: Registry[CalibrationMethod] = Registry(CALIBRATION_METHODS, "calibration method", CalibrationMethod,
+                                                lambda m: m.name, _check)
 
 
 def register(method: CalibrationMethod) -> CalibrationMethod:
     """Add ``method`` to :data:`METHODS` (the order of registration is the order ``auto`` tries)."""
-    if method.name in METHODS or method.name == "auto":
-        raise ValueError(f"calibration method '{method.name}' is already registered (or reserved)")
-    METHODS[method.name] = method
-    return method
+    return METHODS.register(method)
 
 
-register(CalibrationMethod(
+ENTROPY = register(CalibrationMethod(
     "entropy", lambda c, e, m, **o: amax_entropy(c, e, **o), {"num_levels": int, "start_bin": int, "stride": int},
     help="TensorRT's EntropyCalibrator2: the range whose 128-level histogram is closest (KL) to the data's"))
-register(CalibrationMethod(
+MINMAX = register(CalibrationMethod(
     "minmax", lambda c, e, m, **o: amax_minmax(m), cache_algorithm="MinMaxCalibration",
     help="max |x|: nothing clipped"))
-register(CalibrationMethod(
+PERCENTILE = register(CalibrationMethod(
     "percentile", lambda c, e, m, **o: amax_percentile(c, e, **o), {"percentile": float},
     help=f"the given percentile of |x| (default {DEFAULT_PERCENTILE})"))
-register(CalibrationMethod(
+MSE = register(CalibrationMethod(
     "mse", lambda c, e, m, **o: amax_mse(c, e, **o), {"start_bin": int, "num_bits": int},
     help="the range with the least expected squared quantization error"))
 

@@ -26,6 +26,7 @@ from decimal import Decimal
 from pathlib import Path
 from typing import Any
 
+from .contracts.backends import for_config
 from .contracts.location import parse_endpoint, parse_storage_url
 from .errors import UsageError
 
@@ -95,7 +96,8 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
             host.append(f"{e.name}: {e.problem}")
             continue
         cfg = read_config(repo / e.name)
-        is_plan = cfg.platform == "tensorrt_plan" or cfg.backend == "tensorrt"
+        spec = for_config(cfg.platform, cfg.backend)
+        is_plan = spec is not None and spec.engine
         if is_plan or any(g.kind == KIND_GPU for g in cfg.instance_group):
             gpu.append(e.name)
         if cfg.backend == "python":

@@ -219,8 +219,9 @@ def source_files_key(source: ModelSource) -> str | None:
     from .contracts import builtin
 
     suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
-    if source.kind in builtin.PLUGINS:
-        spec = importlib.util.find_spec(builtin.PLUGINS[source.kind])
+    module = builtin.module_of(source.kind)
+    if module is not None:
+        spec = importlib.util.find_spec(module)
         if spec is None or not spec.origin or not Path(spec.origin).is_file():
             return None
         folder = Path(spec.origin).parent

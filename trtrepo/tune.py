@@ -3,9 +3,9 @@
 What is searched (:func:`search_space`), within what the model and this machine allow:
 
 * ``instance_count``: 1, 2, 4 ... up to twice the cores (CPU models) or 4 (GPU models);
-* ``intra_op_threads``: ONNX Runtime's intra-op threads, 1, 2, 4 ... up to the cores (the Python
-  backend's ``intra_op_threads`` parameter, the onnxruntime backend's ``intra_op_thread_count``);
-  not for TensorRT plans;
+* ``intra_op_threads``: ONNX Runtime's intra-op threads, 1, 2, 4 ... up to the cores (the
+  backend's ``BackendSpec.threads_parameter``: the Python backend's ``intra_op_threads``, the
+  onnxruntime backend's ``intra_op_thread_count``); not for TensorRT plans;
 * ``max_queue_delay_us``: dynamic batching off, or on with these queue delays (models with a batch
   axis only);
 * ``max_batch_size``: the config's own (the engine's or the deployment's limit) and a quarter of
@@ -44,6 +44,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .contracts import backends
 from .cpu import available_cores
 from .errors import TrtrepoError, UsageError
 
@@ -52,7 +53,6 @@ LOAD_TIMEOUT_S = 120.0  # one candidate's load_model call and its readiness wait
 
 OBJECTIVES = ("throughput", "latency")
 SCHEMA = "trtrepo.tune/1"
-THREAD_PARAMETERS = {"python": "intra_op_threads", "onnxruntime": "intra_op_thread_count"}
 QUEUE_DELAYS_US = (0, 500, 2000)
 CONFIRM = 3  # best candidates measured a second time, beside the starting config
 
@@ -92,7 +92,7 @@ def search_space(start: Candidate, *, cores: int, backend: str, gpu: bool, batch
     """Each knob's values, the starting value included."""
     axes: dict[str, list[Any]] = {
         "instance_count": sorted({*_powers(4 if gpu else 2 * cores), start.instance_count}),
-        "threads": [None] if start.threads is None or backend not in THREAD_PARAMETERS
+        "threads": [None] if start.threads is None or _threads_parameter(backend) is None
         else sorted({*_powers(cores), start.threads}),
         "max_queue_delay_us": [None] if not batching else [None, *sorted({*QUEUE_DELAYS_US, *(
             [] if start.max_queue_delay_us is None else [start.max_queue_delay_us])})],
@@ -203,20 +203,26 @@ def pareto_front(results: Sequence[Mapping[str, Any]]) -> list[int]:
 
 
 def backend_of(msg: Any) -> str:
-    """``python``, ``onnxruntime``, ``tensorrt`` or the backend/platform named in the config."""
-    name = msg.backend or msg.platform
-    return {"onnxruntime_onnx": "onnxruntime", "tensorrt_plan": "tensorrt"}.get(name, name)
+    """The backend's name (``python``, ``onnxruntime``, ``tensorrt``: its ``--backend`` name, from
+    :func:`trtrepo.contracts.backends.for_config`), else the backend/platform named in the config."""
+    spec = backends.for_config(msg.platform, msg.backend)
+    return spec.name if spec is not None else (msg.backend or msg.platform)
+
+
+def _threads_parameter(backend: str) -> str | None:
+    spec = backends.for_option(backend)
+    return spec.threads_parameter if spec is not None else None
 
 
 def start_candidate(msg: Any) -> Candidate:
     """The candidate a config is."""
-    backend = backend_of(msg)
+    spec = backends.for_config(msg.platform, msg.backend)
     count = int(msg.instance_group[0].count) if len(msg.instance_group) and msg.instance_group[0].count else 1
-    param = THREAD_PARAMETERS.get(backend)
+    param = spec.threads_parameter if spec is not None else None
     threads = None
     if param is not None:
         raw = msg.parameters[param].string_value if param in msg.parameters else ""
-        threads = int(raw) if raw.strip().isdigit() and int(raw) > 0 else (1 if backend == "python" else 0) or None
+        threads = int(raw) if raw.strip().isdigit() and int(raw) > 0 else spec.threads_unset  # type: ignore[union-attr]
     delay = int(msg.dynamic_batching.max_queue_delay_microseconds) if msg.HasField("dynamic_batching") else None
     return Candidate(count, threads, delay, int(msg.max_batch_size))
 
@@ -228,7 +234,7 @@ def apply_candidate(msg: Any, c: Candidate) -> Any:
     if not len(out.instance_group):
         out.instance_group.add()
     out.instance_group[0].count = c.instance_count
-    param = THREAD_PARAMETERS.get(backend_of(out))
+    param = _threads_parameter(backend_of(out))
     if param is not None and c.threads is not None:
         out.parameters[param].string_value = str(c.threads)
     out.max_batch_size = c.max_batch_size

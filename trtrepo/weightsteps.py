@@ -44,7 +44,7 @@ import numpy as np
 
 from . import weightopt as W
 from .modelio import with_outputs
-from .quantize import GraphView, QParams, QuantizeOptions, activation_qparams, plan_qdq, weight_qparams
+from .quantize import GraphView, QParams, QuantizeOptions, activation_qparams, plan_qdq, qdq_target, weight_qparams
 
 log = logging.getLogger(__name__)
 
@@ -63,12 +63,12 @@ FP32_PATCH_BYTES = 256 << 20  # FP32 input patches a sequential step holds ahead
 def sequential_inputs(target: str) -> bool:
     """Whether AdaRound takes each layer's quantized input from the Q/DQ network with the weights
     rounded so far (:func:`round_weights_sequential`) rather than the FP32 input fake-quantized
-    locally (:func:`round_weights`). Sequential for the tensorrt target, whose Q/DQ graph run in
-    float is what TensorRT computes; local for the onnxruntime target, whose integer kernels
-    (QLinearConv, QLinearAdd, ...) differ from that float simulation by about as much as the
-    quantization error itself, so corrections fitted to the simulation miss (docs/benchmarks.md,
+    locally (:func:`round_weights`). Sequential for a target whose Q/DQ graph run in float is what
+    its runtime computes (tensorrt); local for a target with ``integer_kernels`` (onnxruntime: its
+    QLinearConv, QLinearAdd, ... differ from that float simulation by about as much as the
+    quantization error itself, so corrections fitted to the simulation miss; docs/benchmarks.md,
     "Issue 26: weight steps on the trained MobileNetV2")."""
-    return target == "tensorrt"
+    return not qdq_target(target).integer_kernels
 
 
 @dataclass

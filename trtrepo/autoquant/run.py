@@ -192,7 +192,7 @@ def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
         chosen=c.chosen, seconds=timings, metric_output=gated, speed=speed, rounding=c.rounding,
         equalization=equalization, smooth_quant=SmoothQuantReport.of(sq_request, c.smooth), accuracy_check=held_out,
         integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
-                         if options.target == "onnxruntime" else None),
+                         if options.qdq.integer_kernels else None),
         input_methods=None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats})
     if req.report_dir is not None:
         write_report(req.report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))

@@ -8,6 +8,7 @@ import click
 
 from .. import histogram as H
 from ..contracts import backends
+from ..quantize import target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
@@ -62,7 +63,7 @@ from ._output import json_option, summary_output
                    "session.x64quantprecision is not set (Triton's onnxruntime backend).")
 @click.option("--method", type=click.Choice(H.method_names(auto=True)), default="auto",
               show_default=True, help="INT8 range calibrator; auto keeps the best of the registered methods on held-out data.")
-@click.option("--target", type=click.Choice(["auto", "tensorrt", "onnxruntime"]), default="auto", show_default=True,
+@click.option("--target", type=click.Choice(["auto", *target_names()]), default="auto", show_default=True,
               help="Q/DQ placement rules (trtrepo quantize --target); auto: the backend's (tensorrt for a plan, "
                    "onnxruntime for the ONNX Runtime and Python backends).")
 @click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",

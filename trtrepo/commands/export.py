@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..contracts import builtin
 from ..errors import UsageError
 from ._inputs import io_paths
 
@@ -18,7 +19,12 @@ def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
     return result
 
 
-@click.command("export")
+@click.command("export", help=f"""Export SOURCE to ONNX with a dynamic batch axis and check it against PyTorch.
+
+    SOURCE is a built-in model ({', '.join(builtin.names())}), an .onnx file (checked and copied),
+    a TorchScript file, 'package.module:factory' (with --weights), or a torchvision architecture
+    (with --weights).
+    """)
 @click.argument("source")
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Output ONNX file.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry point or torchvision architecture.")
@@ -40,11 +46,7 @@ def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
 def command(source: str, output: str, weights: str | None, input_shapes: tuple[str, ...], data: str | None,
             preprocess: str | None, input_dtypes: tuple[str, ...],
             input_names: str | None, output_names: str | None, dynamic: tuple[str, ...], opset: int, force: bool) -> None:
-    """Export SOURCE to ONNX with a dynamic batch axis and check it against PyTorch.
-
-    SOURCE is 'demo', an .onnx file (checked and copied), a TorchScript file,
-    'package.module:factory' (with --weights), or a torchvision architecture (with --weights).
-    """
+    """Export SOURCE to ONNX (the help text is the command's ``help``: it lists the built-in models)."""
     from ..export import InputShape, export_onnx, inputs_from_data, parse_input_shape, resolve_source
 
     src = resolve_source(source, weights)
@@ -53,8 +55,6 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
     if data is not None and input_shapes:
         raise UsageError("give either --input-shape or --data (the shapes are read off the data)")
     if data is not None:
-        from ..contracts import builtin
-
         if not src.is_torch or builtin.builtin(src.kind) is not None:
             raise UsageError(f"--data does not apply to {source} (its inputs are known; the data only serves calibration)")
         from ..data import open_data
@@ -72,8 +72,8 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
             name = (names[i] if names else pname) or ("input" if len(parsed) == 1 else f"input{i}")
             inputs.append(InputShape(name, shape, dtypes.get(name, "float32"), given=input_shapes[i]))
     if input_names and not input_shapes and src.kind not in ("onnx",):
-        if src.kind in ("demo", "demo-text"):
-            raise UsageError("--input-names needs --input-shape (the demo's inputs are fixed)")
+        if builtin.builtin(src.kind) is not None:
+            raise UsageError(f"--input-names needs --input-shape (the {src.kind} model's inputs are fixed)")
         raise UsageError("--input-names needs --input-shape")
     result = export_onnx(
         src,

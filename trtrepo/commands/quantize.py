@@ -7,6 +7,7 @@ import time
 import click
 
 from .. import histogram as H
+from ..quantize import QDQ_TARGETS, target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._options import data_options
@@ -31,8 +32,8 @@ METHODS = H.method_names(auto=True)
                    "auto compares 0.5/0.65/0.8/0.95 and none on held-out data. A smoothed input's range is the exact "
                    "min/max of the smoothed statistics whatever --method says (--method sets the other tensors).")
 
-@click.option("--target", type=click.Choice(("tensorrt", "onnxruntime")), default="tensorrt", show_default=True,
-              help="tensorrt: TensorRT placement, int8 symmetric; onnxruntime: full node units, uint8 activations (CPU integer kernels).")
+@click.option("--target", type=click.Choice(target_names()), default="tensorrt", show_default=True,
+              help="; ".join(f"{t.name}: {t.help}" for t in QDQ_TARGETS.values()) + ".")
 @click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP", help="Leave every node of this op type in float (repeatable).")
 @click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
               help="Leave nodes whose name matches (exact or full-match regex) in float (repeatable).")

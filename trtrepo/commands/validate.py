@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import click
 
+from ..contracts import builtin
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
@@ -21,7 +22,7 @@ from ._output import json_option, summary_output
 @click.option("--model", required=True, help="Model name on the server.")
 @click.option("--version", "model_version", default="", help="Model version (default: the one the server serves).")
 @click.option("--reference", required=True, metavar="SOURCE",
-              help="The model to compare with: demo, demo-text, a TorchScript or .onnx file, package.module:factory.")
+              help=f"The model to compare with: {', '.join(builtin.names())}, a TorchScript or .onnx file, package.module:factory.")
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry-point reference.")
 @click.option("--output-names", default=None, metavar="A,B",
               help="Names of a PyTorch reference's outputs, as given to 'deploy --output-names'.")

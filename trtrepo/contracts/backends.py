@@ -3,8 +3,15 @@
 version folder), ``deploy`` (which Q/DQ placement, whether to build a plan) and the CLI's
 ``--backend`` choices all read.
 
-A new backend is one :func:`register` call (or one entry below) plus its jinja2 template in
-``templates/`` (or a ``--template-dir``).
+A new backend is one ``BackendSpec`` declared under the ``trtrepo.backends`` entry points (or one
+:func:`register` call) plus its jinja2 template, shipped beside the plug-in's module (see
+``template_dir``), in ``templates/`` or in a ``--template-dir``.
+
+Names: a backend's one user-facing name is its ``--backend`` name (:attr:`BackendSpec.name`:
+``tensorrt``, ``onnxruntime``, ``python``), which is also the entry point's name and the name of
+the Q/DQ target its INT8 model needs where it has its own placement. ``kind`` (``tensorrt_plan``,
+``onnxruntime_onnx``) is the registry key and summaries' label; ``platform``/``backend`` are
+Triton's own strings in ``config.pbtxt``, mapped back to the spec by :func:`for_config`.
 """
 
 from __future__ import annotations
@@ -13,7 +20,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from .. import plugins
 from ..cpu import available_cores
+from ..plugins import Registry
 
 
 @dataclass(frozen=True)
@@ -32,7 +41,12 @@ class BackendSpec:
     * ``runs_python``: Python backend (``EXECUTION_ENV_PATH`` applies);
     * ``parameters``: default config parameters from the model options (``ModelOptions``);
     * ``server_backend``: the backend library the server needs (``server --help`` lists them);
-    * ``label``: how summaries name it (default: the kind).
+    * ``label``: how summaries name it (default: the kind);
+    * ``threads_parameter``: the config parameter holding its instances' intra-op threads (what
+      ``tune`` varies; None: not a knob), ``threads_unset``: the threads a config without that
+      parameter runs with (None: the runtime's own default, which ``tune`` leaves alone);
+    * ``template_dir``: the folder holding ``template`` when it is not one of trtrepo's (a
+      plug-in's package); a ``--template-dir`` still comes first.
     """
 
     kind: str
@@ -50,26 +64,36 @@ class BackendSpec:
     parameters: Callable[[Any], Mapping[str, str]] = field(default=lambda options: {}, compare=False)
     server_backend: str | None = None
     label: str | None = None  # how summaries name it (default: the kind)
+    threads_parameter: str | None = None
+    threads_unset: int | None = None
+    template_dir: str | None = None
 
     @property
     def display(self) -> str:
         return self.label or self.kind
+
+    @property
+    def name(self) -> str:
+        """The backend's one user-facing name: its ``--backend`` name (the kind for the kinds only
+        trtrepo writes)."""
+        return self.option or self.kind
 
     def __post_init__(self) -> None:
         if (self.platform is None) == (self.backend is None):
             raise ValueError(f"backend spec '{self.kind}': give exactly one of platform and backend")
 
 
-BACKENDS: dict[str, BackendSpec] = {}
+def _check(specs: Mapping[str, BackendSpec], new: BackendSpec) -> None:
+    if new.option is not None and any(s.option == new.option for s in specs.values()):
+        raise ValueError(f"--backend '{new.option}' is already registered")
+
+
+# The registry, by kind: the five below, then the ``trtrepo.backends`` entry points (trtrepo.plugins).
+BACKENDS: Registry[BackendSpec] = Registry(plugins.BACKENDS, "backend kind", BackendSpec, lambda s: s.kind, _check)
 
 
 def register(spec: BackendSpec) -> BackendSpec:
-    if spec.kind in BACKENDS:
-        raise ValueError(f"backend kind '{spec.kind}' is already registered")
-    if spec.option is not None and any(s.option == spec.option for s in BACKENDS.values()):
-        raise ValueError(f"--backend '{spec.option}' is already registered")
-    BACKENDS[spec.kind] = spec
-    return spec
+    return BACKENDS.register(spec)
 
 
 def spec(kind: str) -> BackendSpec | None:
@@ -82,10 +106,13 @@ def for_option(option: str) -> BackendSpec | None:
 
 
 def for_config(platform: str, backend: str) -> BackendSpec | None:
-    """The first spec whose ``platform`` or ``backend`` a parsed config names (the Python backend's
-    kinds share their model file)."""
+    """The spec of a parsed config: the first whose ``platform`` or ``backend`` it names (the Python
+    backend's kinds share ``backend: "python"``: the first registered, ``python_onnx``, answers).
+    A platform kind named by its backend library instead (``backend: "tensorrt"``,
+    ``backend: "onnxruntime"``, both of which Triton accepts) is found by its ``server_backend``."""
     return next((s for s in BACKENDS.values()
-                 if (platform and s.platform == platform) or (backend and s.backend == backend)), None)
+                 if (platform and s.platform == platform) or (backend and backend in (s.backend, s.server_backend))),
+                None)
 
 
 def options(source: str | None = None) -> tuple[str, ...]:
@@ -116,15 +143,16 @@ def _python_onnx_parameters(options: Any) -> dict[str, str]:
             "inter_op_threads": str(options.inter_op_threads)}
 
 
-register(BackendSpec("tensorrt_plan", "tensorrt_plan.pbtxt.j2", platform="tensorrt_plan", model_file="model.plan",
+TENSORRT = register(BackendSpec("tensorrt_plan", "tensorrt_plan.pbtxt.j2", platform="tensorrt_plan", model_file="model.plan",
                      option="tensorrt", source="plan", instance_kind="KIND_GPU", quantize_target="tensorrt",
                      engine=True, server_backend="tensorrt"))
-register(BackendSpec("onnxruntime_onnx", "onnxruntime.pbtxt.j2", platform="onnxruntime_onnx", model_file="model.onnx",
-                     option="onnxruntime", source="onnx", server_backend="onnxruntime"))
-register(BackendSpec("python_onnx", "python_onnx.pbtxt.j2", backend="python", model_file="model.py", option="python",
+ONNXRUNTIME = register(BackendSpec("onnxruntime_onnx", "onnxruntime.pbtxt.j2", platform="onnxruntime_onnx",
+                                   model_file="model.onnx", option="onnxruntime", source="onnx",
+                                   server_backend="onnxruntime", threads_parameter="intra_op_thread_count"))
+PYTHON = register(BackendSpec("python_onnx", "python_onnx.pbtxt.j2", backend="python", model_file="model.py", option="python",
                      source="onnx", extra_files=(("model.py", "python_onnx_model.py"),), instance_kind="KIND_CPU",
                      runs_python=True, parameters=_python_onnx_parameters, server_backend="python",
-                     label="python (onnxruntime)"))
-register(BackendSpec("python_preprocess", "python_preprocess.pbtxt.j2", backend="python", model_file="model.py",
+                     label="python (onnxruntime)", threads_parameter="intra_op_threads", threads_unset=1))
+PYTHON_PREPROCESS = register(BackendSpec("python_preprocess", "python_preprocess.pbtxt.j2", backend="python", model_file="model.py",
                      instance_kind="KIND_CPU", runs_python=True, server_backend="python"))
-register(BackendSpec("ensemble", "ensemble.pbtxt.j2", platform="ensemble"))
+ENSEMBLE = register(BackendSpec("ensemble", "ensemble.pbtxt.j2", platform="ensemble"))

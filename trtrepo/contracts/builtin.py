@@ -4,18 +4,25 @@ The stages (``export``, ``data``, ``deploy``) know a built-in model only through
 :class:`BuiltinModel` record found by name here; they never import the plug-in's module, which
 is imported by name on first use (so the plug-in may import the stages it needs, e.g.
 ``trtrepo.export.InputShape``, without an import cycle). A new built-in model is one module
-defining ``BUILTIN = BuiltinModel(...)`` and one entry in :data:`PLUGINS`.
+defining ``BUILTIN = BuiltinModel(...)`` and one ``trtrepo.builtin_models`` entry point naming it
+(``NAME = "package.module:BUILTIN"``, see :mod:`trtrepo.plugins`): the entry points' names are
+the built-in names, and a model's module is imported only when the model is used.
 """
 
 from __future__ import annotations
 
-import importlib
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from importlib.metadata import EntryPoint
 from typing import Any
 
-# name -> module defining BUILTIN (imported on first use)
-PLUGINS: dict[str, str] = {"demo": "trtrepo.demo", "demo-text": "trtrepo.demo.text"}
+from ..plugins import BUILTIN_MODELS, PluginError, describe, entry_points, load
+
+# trtrepo's own, as pyproject.toml declares them (``[project.entry-points."trtrepo.builtin_models"]``):
+# read here too, so that they exist whatever the installed metadata lists (a checkout installed
+# before the entry points existed). tests/test_registries.py checks that the two lists agree.
+SHIPPED: dict[str, str] = {"demo": "trtrepo.demo:BUILTIN", "demo-text": "trtrepo.demo.text:BUILTIN"}
 
 
 @dataclass(frozen=True)
@@ -44,19 +51,34 @@ class BuiltinModel:
         return f"{self.name}:{self.calib_split}"
 
 
+@functools.lru_cache(maxsize=1)
+def declared() -> dict[str, Any]:
+    """name -> entry point: trtrepo's own (:data:`SHIPPED`), then the installed plug-ins'."""
+    out: dict[str, Any] = {name: EntryPoint(name, value, BUILTIN_MODELS) for name, value in SHIPPED.items()}
+    for ep in entry_points(BUILTIN_MODELS):
+        if ep.name in out and out[ep.name].value != ep.value:
+            raise PluginError(f"plug-in {describe(ep)}: built-in model '{ep.name}' is already declared "
+                              f"({out[ep.name].value})")
+        out.setdefault(ep.name, ep)
+    return out
+
+
 def names() -> tuple[str, ...]:
-    return tuple(PLUGINS)
+    """The built-in model names (nothing is imported)."""
+    return tuple(declared())
 
 
+def module_of(name: str) -> str | None:
+    """The module that defines built-in model ``name`` (None: no such model)."""
+    ep = declared().get(name)
+    return ep.value.partition(":")[0] if ep is not None else None
+
+
+@functools.cache
 def builtin(name: str) -> BuiltinModel | None:
-    """The built-in model called ``name``, or None when there is none."""
-    module = PLUGINS.get(name)
-    if module is None:
-        return None
-    plugin = importlib.import_module(module).BUILTIN
-    if not isinstance(plugin, BuiltinModel) or plugin.name != name:
-        raise TypeError(f"{module}.BUILTIN must be a BuiltinModel named {name!r}")
-    return plugin
+    """The built-in model called ``name``, or None when there is none (its module imported now)."""
+    ep = declared().get(name)
+    return load(ep, BuiltinModel) if ep is not None else None
 
 
 def data_spec(spec: str) -> tuple[BuiltinModel, str] | None:

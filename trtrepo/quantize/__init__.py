@@ -44,7 +44,8 @@ everything downstream of them up to the Softmax stay float; so do Softmax, Layer
 GEMV MatMuls and, unless ``quantize_attention``, the activation-activation MatMuls of attention
 (Q.K^T, P.V) with the scale/mask ops between Q.K^T and the Softmax.
 
-The placement is a list of named rule functions (:data:`RULES`), each returning
+The placement is a list of named rule functions (a registered :class:`QdqTarget`'s ``rules``:
+:data:`QDQ_TARGETS` holds ``tensorrt``, ``onnxruntime`` and the plug-ins' targets), each returning
 :class:`QuantPoint` s for one node; :func:`plan_qdq` runs them and :func:`insert_qdq` rewrites
 the graph in one pass. Nothing here patches ONNX Runtime or imports ModelOpt.
 
@@ -69,20 +70,23 @@ from .options import (
     MIN_OPSET,
     ORT_FUSED_ACTIVATIONS,
     ORT_UNIT_OPS,
-    TARGETS,
+    QDQ_TARGETS,
     WEIGHTED_OPS,
     ActivationRange,
+    QdqTarget,
     QuantizeOptions,
     QuantPoint,
     RangeLike,
     _as_range,
+    qdq_target,
+    register_target,
+    target_names,
 )
 from .plan import NothingToQuantize, QdqPlan, plan_qdq
 from .rules import (
     MASK_CONSTANT,
     OUTLIER_FLOOR,
     REQUIRED_RULES,
-    RULES,
     FloatReasons,
     Rule,
     find_float_nodes,
@@ -113,10 +117,10 @@ __all__ = [
     "QuantizeResult",
     "QuantizedModel",
     "REQUIRED_RULES",
-    "RULES",
     "RangeLike",
     "Rule",
-    "TARGETS",
+    "QDQ_TARGETS",
+    "QdqTarget",
     "WEIGHTED_OPS",
     "_as_range",
     "_result",
@@ -129,15 +133,18 @@ __all__ = [
     "model_tensor_names",
     "plan_qdq",
     "prepare_model",
+    "qdq_target",
     "quantize_model",
     "quantize_weight",
     "ranges_from_cache",
     "ranges_from_json",
+    "register_target",
     "residual_stream_add",
     "rule_node_unit",
     "rule_residual_add",
     "rule_weighted_op_inputs",
     "save_model",
+    "target_names",
     "unquantizable_ranges",
     "warn_float",
     "weight_axis",

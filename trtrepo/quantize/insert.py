@@ -23,6 +23,7 @@ from .options import (
     QuantPoint,
     RangeLike,
     _as_range,
+    qdq_target,
 )
 from .plan import NothingToQuantize, QdqPlan, _why_nothing, plan_qdq
 from .rules import REQUIRED_RULES
@@ -40,13 +41,13 @@ class QParams:
 
 
 def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, tensor: str = "") -> QParams:
-    """TensorRT: int8 symmetric, ``scale = amax / 127``, zp 0. ONNX Runtime: uint8 asymmetric over
-    ``[max(lo, -amax), min(hi, amax)]`` widened to contain 0 (``[0, amax]`` for a non-negative
-    tensor without measured bounds, else ``[-amax, amax]``)."""
+    """By the target's ``activations`` scheme: ``symmetric`` (TensorRT): int8, ``scale = amax / 127``,
+    zp 0; ``asymmetric`` (ONNX Runtime): uint8 over ``[max(lo, -amax), min(hi, amax)]`` widened to
+    contain 0 (``[0, amax]`` for a non-negative tensor without measured bounds, else ``[-amax, amax]``)."""
     amax = float(rng.amax)
     if not np.isfinite(amax) or amax < 0:
         raise UsageError(f"tensor '{tensor}': invalid range amax={rng.amax!r}")
-    if target == "tensorrt":
+    if qdq_target(target).activations == "symmetric":
         scale = amax / _INT8_MAX if amax > 0 else 1.0
         return QParams(np.asarray(scale, np.float32), np.asarray(0, np.int8))
     lo = rng.lo if rng.lo is not None else (0.0 if nonneg else -amax)
@@ -311,8 +312,9 @@ class _QdqWriter:
 
     def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: str,
                 qmax: float) -> dict[tuple[str, int | None], tuple[str, QParams]]:
-        """Per-channel (or per-tensor) symmetric weights: FP32 behind Q -> DQ for TensorRT (it
-        quantizes them at build time), int8 initializers behind a DQ for ONNX Runtime."""
+        """Per-channel (or per-tensor) symmetric weights, by the target's ``weights`` form: ``qdq``:
+        FP32 behind Q -> DQ (TensorRT quantizes them at build time); ``int8``: int8 initializers
+        behind a DQ (ONNX Runtime)."""
         weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
         for p in plan.points:
             if p.kind != "weight":
@@ -327,7 +329,7 @@ class _QdqWriter:
                 z = self.add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
                 dq_out = self.fresh(f"{p.tensor}_dequantized")
-                if target == "tensorrt":
+                if qdq_target(target).weights == "qdq":
                     q_out = self.fresh(f"{p.tensor}_quantized")
                     nodes = [self.node("QuantizeLinear", [p.tensor, s, z], q_out, p.tensor, **axis_kw),
                              self.node("DequantizeLinear", [q_out, s, z], dq_out, p.tensor, **axis_kw)]

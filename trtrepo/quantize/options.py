@@ -1,15 +1,18 @@
-"""The quantize stage's options and inputs: the Q/DQ targets, :class:`QuantizeOptions`, activation
-ranges and the points where a Q/DQ pair goes."""
+"""The quantize stage's options and inputs: the Q/DQ targets (:class:`QdqTarget`, the registry
+:data:`QDQ_TARGETS`), :class:`QuantizeOptions`, activation ranges and the points where a Q/DQ pair
+goes."""
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
 
 from ..errors import UsageError
+from ..plugins import QDQ_TARGETS as _GROUP
+from ..plugins import Registry
 
-TARGETS = ("tensorrt", "onnxruntime")
 WEIGHTED_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ONNX Runtime node units with CPU integer kernels (QLinearConv, QGemm, QLinearMatMul, QLinearAdd, ...).
 ORT_UNIT_OPS = WEIGHTED_OPS + ("Add", "Mul", "AveragePool", "GlobalAveragePool")
@@ -20,6 +23,85 @@ _FLOAT = 1  # onnx.TensorProto.FLOAT
 _INT8_MAX = 127.0
 _INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
 CHECK_FULL_BYTES = 64 * 2**20  # insert_qdq: onnx.checker on the whole model below this size
+
+
+# --------------------------------------------------------------------------------------------
+# Q/DQ targets
+
+
+ACTIVATION_SCHEMES = ("symmetric", "asymmetric")
+WEIGHT_FORMS = ("qdq", "int8")
+
+
+@dataclass(frozen=True)
+class QdqTarget:
+    """A runtime a Q/DQ model is placed for (``--target``): everything ``quantize``, ``autoquant``,
+    ``weightsteps`` and ``deploy`` decide by target is read from here.
+
+    * ``rules``: the placement rules (``rule(view, node, options) -> [QuantPoint]``, see
+      :mod:`trtrepo.quantize.rules`), applied to every node that is not excluded;
+    * ``activations``: ``symmetric`` (int8, ``scale = amax / 127``, zero point 0) or ``asymmetric``
+      (uint8 over the measured ``[lo, hi]`` clipped to ``amax``);
+    * ``weights``: ``qdq`` (FP32 weights behind Q -> DQ: the runtime quantizes them at build time)
+      or ``int8`` (int8 initializers behind a DQ);
+    * ``integer_kernels``: the runtime executes integer kernels (QLinearConv, QLinearAdd, ...),
+      which differ from the Q/DQ graph run in float: the report counts them and AdaRound fits
+      each layer on its locally fake-quantized FP32 input; False: the float simulation is what
+      the runtime computes, and AdaRound takes inputs from the Q/DQ network (sequential);
+    * ``small_conv_float``: a dense Conv with a reduction below ``ort_min_reduction`` stays float;
+    * ``transformer_safe``: ``QuantizeOptions.transformer_safe`` applies (residual-stream Adds and
+      gating products float, float MatMul outputs);
+    * ``reduce_range``: 7-bit weights (``--reduce-range``) are possible;
+    * ``check``: further option checks, raising :class:`~trtrepo.errors.UsageError`;
+    * ``label``: how messages name the runtime; ``help``: one line for ``--target``.
+
+    Its name is the name of the backend whose INT8 model it places (``BackendSpec.quantize_target``)."""
+
+    name: str
+    rules: tuple[Callable[..., list[Any]], ...]
+    activations: str = "symmetric"
+    weights: str = "qdq"
+    integer_kernels: bool = False
+    small_conv_float: bool = False
+    transformer_safe: bool = False
+    reduce_range: bool = False
+    check: Callable[[Any], None] | None = field(default=None, compare=False)
+    label: str = ""
+    help: str = ""
+
+    def __post_init__(self) -> None:
+        if self.activations not in ACTIVATION_SCHEMES:
+            raise ValueError(f"Q/DQ target '{self.name}': activations {self.activations!r}, one of {ACTIVATION_SCHEMES}")
+        if self.weights not in WEIGHT_FORMS:
+            raise ValueError(f"Q/DQ target '{self.name}': weights {self.weights!r}, one of {WEIGHT_FORMS}")
+        if not self.rules:
+            raise ValueError(f"Q/DQ target '{self.name}': no placement rules")
+
+    @property
+    def display(self) -> str:
+        return self.label or self.name
+
+
+# The registry: tensorrt and onnxruntime (registered with their rules in rules.py), then the
+# ``trtrepo.qdq_targets`` entry points (trtrepo.plugins).
+QDQ_TARGETS: Registry[QdqTarget] = Registry(_GROUP, "Q/DQ target", QdqTarget, lambda t: t.name)
+
+
+def register_target(target: QdqTarget) -> QdqTarget:
+    return QDQ_TARGETS.register(target)
+
+
+def target_names() -> tuple[str, ...]:
+    """The registered targets' names: the ``--target`` choices."""
+    return tuple(QDQ_TARGETS)
+
+
+def qdq_target(name: str) -> QdqTarget:
+    """The registered target ``name``; a :class:`UsageError` naming the choices otherwise."""
+    target = QDQ_TARGETS.get(name)
+    if target is None:
+        raise UsageError(f"--target '{name}' is not one of {', '.join(QDQ_TARGETS)}")
+    return target
 
 
 # --------------------------------------------------------------------------------------------
@@ -55,12 +137,14 @@ class QuantizeOptions:
     transformer_safe: bool = True
 
     def __post_init__(self) -> None:
-        if self.target not in TARGETS:
-            raise UsageError(f"--target '{self.target}' is not one of {', '.join(TARGETS)}")
+        target = qdq_target(self.target)
         object.__setattr__(self, "exclude_ops", tuple(self.exclude_ops))
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
-        if self.reduce_range and self.target != "onnxruntime":
-            raise UsageError("--reduce-range is for --target onnxruntime (TensorRT quantizes weights to 8 bits)")
+        if self.reduce_range and not target.reduce_range:
+            able = ", ".join(t.name for t in QDQ_TARGETS.values() if t.reduce_range)
+            raise UsageError(f"--reduce-range is for --target {able} ({target.display} quantizes weights to 8 bits)")
+        if target.check is not None:
+            target.check(self)
         if not self.outlier_ratio > 1.0:
             raise UsageError(f"outlier ratio {self.outlier_ratio}: expected a number above 1")
         for pattern in self.exclude_nodes:
@@ -68,6 +152,11 @@ class QuantizeOptions:
                 re.compile(pattern)
             except re.error as exc:
                 raise UsageError(f"--exclude-node '{pattern}': not a valid regular expression ({exc})") from exc
+
+    @property
+    def qdq(self) -> QdqTarget:
+        """The registered :class:`QdqTarget` of ``target``."""
+        return qdq_target(self.target)
 
     def with_excluded_nodes(self, names: Iterable[str]) -> QuantizeOptions:
         """A copy that also excludes the given exact node names."""

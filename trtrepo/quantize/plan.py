@@ -10,7 +10,7 @@ from typing import Any
 from ..errors import UsageError
 from .graph import GraphView
 from .options import ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike
-from .rules import RULES, find_float_nodes, keep_float_small_conv
+from .rules import find_float_nodes, keep_float_small_conv
 
 
 @dataclass
@@ -41,6 +41,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     ``ranges``, tensors with unquantizable ranges (and the mask path behind them) stay float
     too (:func:`find_float_nodes`)."""
     options = options or QuantizeOptions()
+    target = options.qdq
     view = view or GraphView(model)
     points: list[QuantPoint] = []
     excluded: list[str] = []
@@ -59,7 +60,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
         if node.name in reasons.nodes:
             auto_float[node.name] = reasons.nodes[node.name]
             continue
-        node_points = [replace(p, node=node.name) for rule in RULES[options.target] for p in rule(view, node, options)]
+        node_points = [replace(p, node=node.name) for rule in target.rules for p in rule(view, node, options)]
         points.extend(node_points)
     # No Q/DQ on network outputs (the graph output tensor keeps its name and float value) and
     # nothing produced by an excluded node is quantized on its output.
@@ -77,7 +78,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
             if producer is not None and producer.name in excluded_set:
                 continue
         kept.append(p)
-    if options.target == "onnxruntime" and options.transformer_safe:
+    if target.transformer_safe and options.transformer_safe:
         kept = _units_on_quantized_inputs(view, kept)
         kept = _float_matmul_outputs(view, kept)
     for p in kept:

@@ -10,7 +10,18 @@ from typing import Any
 import numpy as np
 
 from .graph import GraphView, weight_axis
-from .options import _FLOAT, ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike, _as_range
+from .options import (
+    _FLOAT,
+    ORT_FUSED_ACTIVATIONS,
+    ORT_UNIT_OPS,
+    WEIGHTED_OPS,
+    QdqTarget,
+    QuantizeOptions,
+    QuantPoint,
+    RangeLike,
+    _as_range,
+    register_target,
+)
 
 Rule = Callable[[GraphView, Any, QuantizeOptions], list[QuantPoint]]
 
@@ -40,7 +51,7 @@ def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) 
     ``options.ort_min_reduction``, e.g. the first 3x3 conv of a one-channel image model) in float.
     ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there (measured on the demo's
     first conv, 1 -> 16 channels, 3x3)."""
-    if options.target != "onnxruntime" or options.ort_min_reduction <= 0 or node.op_type != "Conv":
+    if not options.qdq.small_conv_float or options.ort_min_reduction <= 0 or node.op_type != "Conv":
         return False
     if len(node.input) < 2 or not view.is_constant(node.input[1]) or int(view.attr(node, "group", 1)) != 1:
         return False
@@ -163,7 +174,7 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
                     tensors[out] = f"downstream of the mask tensor '{t}'"
                     stack.append(out)
 
-    if options.target == "onnxruntime" and options.transformer_safe:
+    if options.qdq.transformer_safe and options.transformer_safe:
         for node in view.nodes:
             if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
                 continue
@@ -331,7 +342,11 @@ def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list
 # Points of these rules need a range; the others (ONNX Runtime unit extras) are optional.
 REQUIRED_RULES = ("weighted_op_inputs", "residual_add")
 
-RULES: dict[str, tuple[Rule, ...]] = {
-    "tensorrt": (rule_weighted_op_inputs, rule_residual_add),
-    "onnxruntime": (rule_weighted_op_inputs, rule_node_unit),
-}
+# The two shipped targets (trtrepo.quantize.options.QDQ_TARGETS; a plug-in adds its own).
+TENSORRT = register_target(QdqTarget(
+    "tensorrt", (rule_weighted_op_inputs, rule_residual_add), activations="symmetric", weights="qdq",
+    label="TensorRT", help="TensorRT placement, int8 symmetric"))
+ONNXRUNTIME = register_target(QdqTarget(
+    "onnxruntime", (rule_weighted_op_inputs, rule_node_unit), activations="asymmetric", weights="int8",
+    integer_kernels=True, small_conv_float=True, transformer_safe=True, reduce_range=True, label="ONNX Runtime",
+    help="full node units, uint8 activations (CPU integer kernels)"))

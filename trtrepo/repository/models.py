@@ -74,7 +74,7 @@ def add_onnx_model(
     files: dict[str, FileSource] = {"model.onnx": onnx_path}
     files.update(external_data_files(onnx_path))
     for dst, src in spec.extra_files:
-        files[dst] = template_file(src, template_dir)
+        files[dst] = template_file(src, template_dir, spec.template_dir)
     model_files: dict[str, FileSource] = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     if spec.runs_python:
         model_files.update(execution_env_files(options))
@@ -142,7 +142,7 @@ def add_plan_model(
     options = options or ModelOptions()
     if labels is not None:
         options = replace(options, has_labels=True)
-    config = config_from_io(name, io, backends.BACKENDS["tensorrt_plan"], options, plan=meta)
+    config = config_from_io(name, io, backends.TENSORRT, options, plan=meta)
     files: dict[str, FileSource] = {"model.plan": plan}
     for _, fname in config.cc_model_filenames:
         files.setdefault(fname, plan.parent / fname)

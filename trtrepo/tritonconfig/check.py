@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..contracts.backends import BACKENDS
+from ..contracts.backends import BACKENDS, for_config
 from ..contracts.plan import PlanMetadata
 from ..errors import UsageError
 from ..modelio import ModelIO
@@ -70,7 +70,8 @@ def check_config(
         fail("platform", "one of platform or backend must be set")
     if platform and platform not in known_platforms:
         fail("platform", f"unknown platform '{platform}'")
-    is_plan = platform == "tensorrt_plan" or backend == "tensorrt"
+    spec = for_config(platform, backend)
+    is_plan = spec is not None and spec.engine  # a TensorRT plan, by platform or by backend name
     is_ensemble = platform == "ensemble"
     if msg.max_batch_size < 0:
         fail("max_batch_size", f"{msg.max_batch_size} must be >= 0")

@@ -34,8 +34,10 @@ def _pbbool(value: Any) -> str:
     return "true" if value else "false"
 
 
-def template_environment(template_dir: str | Path | None = None) -> Any:
-    """jinja2 environment with StrictUndefined; ``template_dir`` files override the shipped ones by name."""
+def template_environment(template_dir: str | Path | None = None, package_dir: str | Path | None = None) -> Any:
+    """jinja2 environment with StrictUndefined; ``template_dir`` files override the shipped ones by name.
+    ``package_dir``: a backend plug-in's own templates (``BackendSpec.template_dir``), between the
+    two (the shipped ``_macros.j2`` stays reachable)."""
     import jinja2
 
     from .. import __version__
@@ -46,6 +48,8 @@ def template_environment(template_dir: str | Path | None = None) -> Any:
         if not d.is_dir():
             raise UsageError(f"--template-dir {d}: not a directory")
         loaders.append(_contained_loader(d))
+    if package_dir is not None:
+        loaders.append(jinja2.FileSystemLoader(str(package_dir)))
     loaders.append(jinja2.FileSystemLoader(str(shipped_templates_dir())))
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -99,12 +103,15 @@ def shipped_templates_dir() -> Path:
     return Path(str(resources.files("trtrepo.templates")))
 
 
-def template_file(name: str, template_dir: str | Path | None = None) -> Path:
-    """A non-jinja template file (the Python models), user's copy first."""
+def template_file(name: str, template_dir: str | Path | None = None, package_dir: str | Path | None = None) -> Path:
+    """A non-jinja template file (the Python models), user's copy first, then a backend plug-in's
+    (``package_dir``), then trtrepo's."""
     if template_dir is not None:
         mine = _contained(Path(template_dir), name)
         if mine is not None:
             return mine
+    if package_dir is not None and (Path(package_dir) / name).is_file():
+        return Path(package_dir) / name
     p = shipped_templates_dir() / name
     if not p.is_file():
         raise UsageError(f"template file {name} not found in {shipped_templates_dir()}")
@@ -114,7 +121,7 @@ def template_file(name: str, template_dir: str | Path | None = None) -> Path:
 def render_config(config: ModelConfig, template_dir: str | Path | None = None) -> str:
     import jinja2
 
-    env = template_environment(template_dir)
+    env = template_environment(template_dir, config.spec.template_dir)
     try:
         text: str = env.get_template(config.template).render(m=config)
     except jinja2.exceptions.SecurityError as exc:
