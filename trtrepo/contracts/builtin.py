@@ -14,15 +14,9 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from importlib.metadata import EntryPoint
 from typing import Any
 
 from ..plugins import BUILTIN_MODELS, PluginError, describe, entry_points, load
-
-# trtrepo's own, as pyproject.toml declares them (``[project.entry-points."trtrepo.builtin_models"]``):
-# read here too, so that they exist whatever the installed metadata lists (a checkout installed
-# before the entry points existed). tests/test_registries.py checks that the two lists agree.
-SHIPPED: dict[str, str] = {"demo": "trtrepo.demo:BUILTIN", "demo-text": "trtrepo.demo.text:BUILTIN"}
 
 
 @dataclass(frozen=True)
@@ -53,8 +47,8 @@ class BuiltinModel:
 
 @functools.lru_cache(maxsize=1)
 def declared() -> dict[str, Any]:
-    """name -> entry point: trtrepo's own (:data:`SHIPPED`), then the installed plug-ins'."""
-    out: dict[str, Any] = {name: EntryPoint(name, value, BUILTIN_MODELS) for name, value in SHIPPED.items()}
+    """name -> entry point (trtrepo's own first, see :func:`trtrepo.plugins.entry_points`)."""
+    out: dict[str, Any] = {}
     for ep in entry_points(BUILTIN_MODELS):
         if ep.name in out and out[ep.name].value != ep.value:
             raise PluginError(f"plug-in {describe(ep)}: built-in model '{ep.name}' is already declared "
