@@ -40,8 +40,7 @@ def test_registry_is_what_compute_amax_dispatches_to() -> None:
 
 def test_shipped_records_are_declared_as_entry_points() -> None:
     """pyproject.toml declares exactly the shipped records, under their names, pointing at the
-    objects the registries hold (the checkout's declarations are read even where the installed
-    metadata predates them)."""
+    objects the registries hold; the built-in models' own list (``builtin.OWN``) says the same."""
     import tomllib
 
     from trtrepo import plugins
@@ -58,6 +57,7 @@ def test_shipped_records_are_declared_as_entry_points() -> None:
         for name, ep in eps.items():
             assert ep.load() is registry[name], (group, name)
     assert builtin.names() == tuple(declared[plugins.BUILTIN_MODELS]) == ("demo", "demo-text")
+    assert builtin.OWN == declared[plugins.BUILTIN_MODELS]
     assert builtin.builtin("demo").name == "demo" and builtin.module_of("demo-text") == "trtrepo.demo.text"
 
 

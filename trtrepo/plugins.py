@@ -11,12 +11,13 @@ Four groups, one per kind of plug-in; an entry point's name is the record's name
   the model is used: its name is the entry point's).
 
 trtrepo declares its own records the same way (``pyproject.toml``,
-``[project.entry-points."trtrepo.*"]``). Where the installed metadata predates those declarations
-(an editable install made before they existed), the entry points of the ``pyproject.toml`` beside
-the package are read as well, so a checkout never needs reinstalling to see its own plug-ins. The
-modules owning the method, backend and Q/DQ target registries also register their built-ins when
-imported; loading the entry point of a record that is already registered is a no-op. A registry reads the entry points once, the first time it
-is read (not when it is imported), so a plug-in module may import the registry it extends.
+``[project.entry-points."trtrepo.*"]``), and the module owning each registry also registers (or,
+for built-in models, declares) its own records when imported, so they are there whatever the
+installed metadata says (an editable install made before the declarations existed, or a stale
+``trtrepo.egg-info`` in the working directory, which shadows the installed metadata); loading the
+entry point of a record that is already registered is a no-op. A registry reads the entry points
+once, the first time it is read (not when it is imported), so a plug-in module may import the
+registry it extends.
 
 A plug-in that fails to load or holds the wrong kind of record is a :class:`PluginError`: one
 line naming the entry point and its distribution.
@@ -51,36 +52,10 @@ def _all_entry_points() -> Any:
     return entry_points()
 
 
-@functools.lru_cache(maxsize=1)
-def _checkout_entry_points() -> dict[str, list[Any]]:
-    """group -> entry points declared by the ``pyproject.toml`` of the checkout this package runs
-    from (none for an installed wheel, whose metadata is current)."""
-    from importlib.metadata import EntryPoint
-    from pathlib import Path
-
-    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
-    try:
-        import tomllib
-    except ImportError:  # Python 3.10: the installed metadata only
-        return {}
-    if not pyproject.is_file():
-        return {}
-    with pyproject.open("rb") as f:
-        project = tomllib.load(f).get("project", {})
-    if project.get("name") != "trtrepo":
-        return {}
-    return {group: [EntryPoint(name, value, group) for name, value in table.items()]
-            for group, table in project.get("entry-points", {}).items() if group.startswith(GROUP_PREFIX)}
-
-
 def entry_points(group: str) -> list[Any]:
-    """The entry points of ``group``: the checkout's own (:func:`_checkout_entry_points`), then the
-    installed ones not among them, in the order the metadata lists them (read once per process:
-    scanning the installed distributions is the slow part)."""
-    out = list(_checkout_entry_points().get(group, []))
-    seen = {(ep.name, ep.value) for ep in out}
-    out += [ep for ep in _all_entry_points().select(group=group) if (ep.name, ep.value) not in seen]
-    return out
+    """The installed entry points of ``group``, in the order the metadata lists them (read once per
+    process: scanning the installed distributions is the slow part)."""
+    return list(_all_entry_points().select(group=group))
 
 
 def describe(ep: Any) -> str:

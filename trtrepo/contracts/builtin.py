@@ -45,10 +45,17 @@ class BuiltinModel:
         return f"{self.name}:{self.calib_split}"
 
 
+# trtrepo's own built-in models, declared here as well as in pyproject.toml (a test checks the two
+# agree), so they are there whatever the installed metadata says (:mod:`trtrepo.plugins`).
+OWN = {"demo": "trtrepo.demo:BUILTIN", "demo-text": "trtrepo.demo.text:BUILTIN"}
+
+
 @functools.lru_cache(maxsize=1)
 def declared() -> dict[str, Any]:
-    """name -> entry point (trtrepo's own first, see :func:`trtrepo.plugins.entry_points`)."""
-    out: dict[str, Any] = {}
+    """name -> entry point: trtrepo's own (:data:`OWN`), then the installed ones."""
+    from importlib.metadata import EntryPoint
+
+    out: dict[str, Any] = {name: EntryPoint(name, value, BUILTIN_MODELS) for name, value in OWN.items()}
     for ep in entry_points(BUILTIN_MODELS):
         if ep.name in out and out[ep.name].value != ep.value:
             raise PluginError(f"plug-in {describe(ep)}: built-in model '{ep.name}' is already declared "
