@@ -60,6 +60,9 @@ def model_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("TRTREPO_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.syspath_prepend(str(folder))
     monkeypatch.chdir(folder)
+    # The module is rewritten within the same second at the same size: a cached .pyc would still
+    # pass Python's mtime-and-size check and bring back the old content.
+    monkeypatch.setattr(sys, "dont_write_bytecode", True)
     yield folder
     sys.modules.pop("refcache_model", None)
 
