@@ -17,23 +17,27 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
+from . import autoquant
+from .autoquant import QuantizeRequest, QuantizeRunResult, quantize_request
 from .contracts import backends, builtin
 from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
+from .data import Preprocess, open_data
+from .engine import BuildOptions, build_engine, gpu_status, tensorrt_status
 from .errors import UsageError
+from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
+from .objectstore import checkout, open_store, publish
 from .progress import status
-from .quantize import QDQ_TARGETS, qdq_target, target_names
+from .quantize import QDQ_TARGETS, NothingToQuantize, QuantizeOptions, qdq_target, target_names
 from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
-from .tritonconfig import ModelConfig, ModelOptions, check_model_name
-
-if TYPE_CHECKING:  # autoquant is imported where deploy quantizes
-    from .autoquant import QuantizeRunResult
+from .server import local_backends, missing_backend_warning
+from .tritonconfig import ModelConfig, ModelOptions, check_model_name, execution_env_warning
 
 log = logging.getLogger(__name__)
 
@@ -173,7 +177,6 @@ def default_name(source: str) -> str:
 
 
 def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
-    from .engine import gpu_status, tensorrt_status
 
     if opts.backend != "auto":
         return opts.backend
@@ -182,7 +185,6 @@ def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
     if trt.available and gpu is not None and gpu.available:
         return "tensorrt"
     why = f"TensorRT {trt.detail}" if not trt.available else f"no GPU ({gpu.detail if gpu else 'unknown'})"
-    from .server import local_backends
 
     backends = local_backends()
     if backends is not None and "onnxruntime" not in backends and "python" in backends:
@@ -194,13 +196,11 @@ def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
 
 
 def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple[Path, ModelIO]:
-    from .export import export_onnx, resolve_inputs, resolve_source
 
     with _timed(report, "export") as step:
         src = resolve_source(opts.source, opts.weights)
         data = None
         if src.is_torch and not opts.input_shapes and opts.data is not None and builtin.builtin(src.kind) is None:
-            from .data import open_data  # the input shapes from the calibration data (no model IO yet)
 
             data = open_data(opts.data, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
                              seed=opts.seed, skip_non_images=opts.skip_non_images)
@@ -228,7 +228,6 @@ class CalibrationData:
         if self.spec is None:
             return None
         if self._source is None:
-            from .data import open_data
 
             o = self._opts
             self._source = open_data(self.spec, io=self._io, preprocess=o.preprocess, labels=o.data_labels,
@@ -240,7 +239,6 @@ class CalibrationData:
         o = self._opts
         if o.eval_data is None:
             return None
-        from .data import open_data
 
         return open_data(o.eval_data, io=self._io, preprocess=o.preprocess, skip_non_images=o.skip_non_images)
 
@@ -252,7 +250,6 @@ class CalibrationData:
 def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
                report: DeployReport, calibration: CalibrationData | None = None) -> tuple[Path, str]:
     """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
-    from .quantize import NothingToQuantize
 
     with _timed(report, "int8") as step:
         qdq = qdq_counts(onnx_path)
@@ -281,7 +278,6 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
 def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport, step: Any,
               calibration: CalibrationData) -> tuple[Path, str]:
     """Quantize with ``--cache``/``--ranges`` or by calibrating on the data; FP32 without data."""
-    from . import autoquant
 
     data = calibration.spec
     if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
@@ -352,8 +348,6 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
                       step: Any, calibration: CalibrationData) -> tuple[Path, str]:
     """``--cache`` / ``--ranges``: quantize with the given ranges (no calibration); with ``--data`` the
     held-out check against FP32 runs on it, else the report says accuracy was NOT measured."""
-    from .autoquant import QuantizeRequest, quantize_request
-    from .quantize import QuantizeOptions
 
     given = "--cache" if opts.cache else "--ranges"
     result = quantize_request(QuantizeRequest(
@@ -388,7 +382,6 @@ def batch_profile(opts: DeployOptions, io: ModelIO | None = None, source: Any = 
 
 def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
     """The :class:`trtrepo.engine.BuildOptions` of the deploy build step (:func:`batch_profile`)."""
-    from .engine import BuildOptions
 
     return BuildOptions(profile=batch_profile(opts, io, source))
 
@@ -401,7 +394,6 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
         if spec is None or not spec.engine:
             step.status, step.detail = "skipped", f"backend {backend}: no TensorRT engine needed"
             return None
-        from .engine import build_engine, gpu_status, tensorrt_status
 
         trt = tensorrt_status()
         if not trt.available:
@@ -434,7 +426,6 @@ def _labels(opts: DeployOptions) -> Any:
 
 
 def _preprocess_spec(opts: DeployOptions) -> Any:
-    from .data import Preprocess
 
     if opts.preprocess:
         return Preprocess.load(opts.preprocess)
@@ -456,7 +447,6 @@ def deploy(opts: DeployOptions) -> DeployReport:
         repo: str | Path = opts.repo
         store = None
         if remote:  # written locally against a stand-in of the remote repository, then uploaded
-            from .objectstore import checkout, open_store
 
             store = open_store(opts.repo, opts.s3_endpoint)
             repo = Path(stack.enter_context(temp_dir("s3-repo"))) / "repo"
@@ -529,7 +519,6 @@ def deploy(opts: DeployOptions) -> DeployReport:
 def _publish(store: Any, local: Path, report: DeployReport, *, allocated: bool) -> None:
     """Upload the models written into the local stand-in of an s3:// repository, in the order they
     were written (an ensemble after its steps), by :mod:`trtrepo.objectstore`'s commit protocol."""
-    from .objectstore import publish
 
     for m in report.models:
         pub = publish(store, local, m.name, m.version, replaced=m.replaced, allocated=allocated, say=status)
@@ -544,8 +533,6 @@ def _publish(store: Any, local: Path, report: DeployReport, *, allocated: bool) 
 
 def _local_server_warnings(opts: DeployOptions, configs: list[ModelConfig]) -> list[str]:
     """A backend the local tritonserver lacks; an EXECUTION_ENV_PATH that ties the repository to this machine."""
-    from .server import missing_backend_warning
-    from .tritonconfig import execution_env_warning
 
     needed = {c.spec.server_backend for c in configs if c.spec.server_backend} | ({"python"} if opts.ensemble else set())
     warnings = [w for b in sorted(needed) if (w := missing_backend_warning(b))]

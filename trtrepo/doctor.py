@@ -7,6 +7,11 @@ import importlib.metadata
 import importlib.util
 from typing import Any
 
+from .cpu import cpu_int8
+from .engine import gpu_status, tensorrt_status
+from .fsutil import pid_alive
+from .server import find_server_binary, reap_leftover_servers
+
 
 def _version(dist: str) -> str | None:
     try:
@@ -30,7 +35,6 @@ def _onnxruntime() -> tuple[bool, str]:
 
 
 def _cpu() -> tuple[bool, str]:
-    from .cpu import cpu_int8
 
     info = cpu_int8()
     return info.vnni is not False, info.describe()
@@ -55,14 +59,12 @@ def _cuda_available() -> bool:
 
 
 def _tensorrt() -> tuple[bool, str]:
-    from .engine import tensorrt_status
 
     status = tensorrt_status()
     return status.available, status.detail
 
 
 def _gpu() -> tuple[bool, str]:
-    from .engine import gpu_status
 
     status = gpu_status()
     return status.available, status.detail
@@ -79,7 +81,6 @@ def _tritonclient() -> tuple[bool, str]:
 
 
 def _tritonserver() -> tuple[bool, str]:
-    from .server import find_server_binary
 
     path = find_server_binary(None)
     return (path is not None), (str(path) if path else "not found on PATH (trtrepo serve prints the container command)")
@@ -107,7 +108,6 @@ def diagnose() -> dict[str, Any]:
         "serve": {"available": have["tritonserver"], "detail": "needs a tritonserver binary (or the container)"},
         "validate": {"available": have["tritonclient"], "detail": "needs tritonclient and a running server"},
     }
-    from .server import reap_leftover_servers
 
     # servers of killed trtrepo runs still hold ports and a repository copy: stopped here, not only listed
     removed = [lo.describe() for lo in reap_leftover_servers()]
@@ -120,7 +120,6 @@ def leftovers() -> list[str]:
     import tempfile
     from pathlib import Path
 
-    from .fsutil import pid_alive
 
     found = []
     for root, pattern, prefix in ((Path(tempfile.gettempdir()), "trtrepo-*-*", None), (Path("/dev/shm"), "trtrepo_*", "_")):

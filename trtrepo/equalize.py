@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import weightopt as W
+from .evaluate import make_session
 from .modelio import with_outputs
 from .quantize import GraphView
 
@@ -96,7 +97,6 @@ def find_chains(model: Any, excluded: Sequence[str] = ()) -> list[Chain]:
 
 def channel_maxima(model: Any, chains: Sequence[Chain], batches: Sequence[Any], threads: int | None = None) -> dict[str, np.ndarray]:
     """Each chain tensor's per-channel maximum over ``batches`` (one FP32 pass)."""
-    from .evaluate import make_session
 
     names = [c.tensor for c in chains]
     session = make_session(with_outputs(model, names), threads=threads, arena=False)

@@ -30,8 +30,10 @@ from typing import Any
 import numpy as np
 
 from .cpu import available_cores, quant_session_entries
+from .data import iter_batches
 from .errors import TrtrepoError, UsageError, onnxruntime_run_error
-from .fsutil import temp_dir
+from .fsutil import report_json, temp_dir, write_report
+from .modelio import ModelIO
 
 # --------------------------------------------------------------------------------------------
 # Pure metrics
@@ -451,8 +453,6 @@ def run_onnx(model: Any, source: Any, *, batch_size: int = 32, threads: int | No
              session: Any = None, io: Any = None, batches: Sequence[Any] | None = None) -> RunOutputs:
     """Run ``model`` over every sample of ``source`` (or over prepared ``batches`` of
     :class:`~trtrepo.data.Batch`); outputs concatenated along the sample axis."""
-    from .data import iter_batches
-    from .modelio import ModelIO
 
     sess = session or make_session(model, threads=threads)
     if io is None:
@@ -495,7 +495,6 @@ def concat_samples(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _io_of(model: Any) -> Any:
-    from .modelio import ModelIO
 
     try:
         if isinstance(model, (str, Path)):
@@ -527,7 +526,6 @@ class EvaluationReport:
                 "outputs": {k: v.to_dict() for k, v in self.outputs.items()}, **self.extra}
 
     def to_json(self) -> str:
-        from .fsutil import report_json
 
         return report_json(self.to_dict())
 
@@ -537,7 +535,6 @@ class EvaluationReport:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path, stem: str = "evaluation") -> tuple[Path, Path]:
-        from .fsutil import write_report
 
         return write_report(folder, stem, self.to_json(), self.to_markdown())
 

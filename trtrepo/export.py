@@ -29,7 +29,9 @@ from typing import Any
 import numpy as np
 
 from .contracts import builtin
+from .data import _import_callable
 from .errors import MissingDependencyError, TrtrepoError, UsageError, one_line
+from .fsutil import atomic_path
 from .modelio import ModelIO, load_onnx
 
 log = logging.getLogger(__name__)
@@ -149,7 +151,6 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
         _apply_weights(torch, model, source.weights)
         return model.eval()
     if source.kind == "entry_point":
-        from .data import _import_callable
 
         factory = _import_callable(source.location)
         try:
@@ -322,7 +323,6 @@ def export_onnx(
     """
     import onnx
 
-    from .fsutil import atomic_path
 
     if isinstance(source, str):
         source = resolve_source(source, weights)
@@ -401,7 +401,6 @@ def _pass_through(source: ModelSource, output: Path, force: bool) -> ExportResul
     otherwise the given bytes unchanged, so a Q/DQ model is deployed as given)."""
     import onnx
 
-    from .fsutil import atomic_path
 
     # parsed once: the graph first, the weights of an external-data model added to it
     model = load_onnx(source.location, load_weights=False)

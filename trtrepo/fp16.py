@@ -27,6 +27,8 @@ from typing import Any
 import numpy as np
 
 from .errors import UsageError
+from .fsutil import atomic_path
+from .modelio import load_onnx
 
 log = logging.getLogger(__name__)
 
@@ -175,8 +177,6 @@ def convert_file(src: str, dst: str, *, force: bool = True, **kw: Any) -> Any:
     """Convert an ONNX file; the result is checked with ``onnx.checker`` and written atomically."""
     import onnx
 
-    from .fsutil import atomic_path
-    from .modelio import load_onnx
 
     model = convert_to_fp16(load_onnx(src), **kw)
     try:

@@ -28,7 +28,13 @@ from typing import Any
 
 from .contracts.backends import for_config
 from .contracts.location import parse_endpoint, parse_storage_url
+from .contracts.plan import read_plan_metadata
 from .errors import UsageError
+from .fsutil import atomic_write_text
+from .objectstore import snapshot
+from .repository import host_specific, list_repository, read_config
+from .server import plan_tensorrt_versions, release_for_tensorrt
+from .tritonconfig import MODEL_DIRECTORY
 
 FILES = ("deployment.yaml", "service.yaml", "hpa.yaml", "secret.example.yaml", "kserve-inferenceservice.yaml")
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver"
@@ -81,10 +87,6 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
     ``*.plan.json`` files of a remote repository, so findings about missing files are not made."""
     from tritonclient.grpc import model_config_pb2
 
-    from .contracts.plan import read_plan_metadata
-    from .repository import host_specific, list_repository, read_config
-    from .server import plan_tensorrt_versions
-    from .tritonconfig import MODEL_DIRECTORY
 
     KIND_GPU = model_config_pb2.ModelInstanceGroup.KIND_GPU
     repo = Path(path)
@@ -138,7 +140,6 @@ def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryF
                          f"trtrepo manifests LOCAL_COPY --repository-url {url}")
     import tempfile
 
-    from .objectstore import snapshot
 
     with tempfile.TemporaryDirectory(prefix="trtrepo-manifests-") as tmp:
         dest = Path(tmp) / "repo"
@@ -389,7 +390,6 @@ def _location(repo_url: str, facts: RepositoryFacts, options: ManifestOptions, n
 
 def _image(repo_url: str, facts: RepositoryFacts, options: ManifestOptions, notes: list[str]) -> tuple[str, str, str | None]:
     """The Triton image (given, or the release whose TensorRT built the plans), why, and that version."""
-    from .server import release_for_tensorrt
 
     versions = facts.tensorrt_versions
     if len(versions) > 1:
@@ -501,7 +501,6 @@ def render_manifests(repo_url: str, facts: RepositoryFacts, options: ManifestOpt
 def write_manifests(files: Mapping[str, str], out_dir: str | Path, force: bool = False) -> list[Path]:
     """Write ``files`` into ``out_dir``, each atomically; an existing file is refused (before any
     is written) unless ``force``."""
-    from .fsutil import atomic_write_text
 
     out = Path(out_dir)
     if out.exists() and not out.is_dir():

@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from .errors import UsageError, one_line
+from .fsutil import atomic_write_text
 
 MAX_IMAGE_SIDE = 16384  # resize / center_crop sides (a 16384 x 16384 RGB float image is 3 GiB)
 MAX_IMAGE_PIXELS_ENV = "TRTREPO_MAX_IMAGE_PIXELS"
@@ -167,7 +168,6 @@ class Preprocess:
         return cls(**dict(data))
 
     def save(self, path: str | Path) -> Path:
-        from .fsutil import atomic_write_text
 
         p = Path(path)
         if p.suffix.lower() in (".yaml", ".yml"):

@@ -37,9 +37,12 @@ from typing import Any
 
 import numpy as np
 
+from . import __version__, export
+from .contracts import builtin
 from .data import DataSource, iter_batches
 from .errors import UsageError, one_line
-from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, load_torch_model, resolve_source
+from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, export_onnx, load_torch_model, resolve_source
+from .fsutil import atomic_path, atomic_write_text, temp_dir
 from .modelio import ModelIO
 
 log = logging.getLogger(__name__)
@@ -216,7 +219,6 @@ def source_files_key(source: ModelSource) -> str | None:
     package, every ``.py`` and weights file under it (an installed package: its version); a
     top-level module, the ``.py`` and weights files beside it; a built-in model, every file of its
     plug-in's folder; a torchvision architecture, torchvision's version."""
-    from .contracts import builtin
 
     suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
     module = builtin.module_of(source.kind)
@@ -279,7 +281,6 @@ def reference_key(source: ModelSource, *, inputs: Sequence[InputShape] | None,
     """``(key, parts)``: the SHA-256 (hex) of what determines the reference's export and the
     parts it was made of (JSON-ready), or None when the source's files cannot be found or read
     (the export then happens as if there were no cache, and reports its own errors)."""
-    from . import __version__, export
 
     try:
         files = source_files_key(source)
@@ -339,8 +340,6 @@ def export_reference(source: ModelSource, *, inputs: Sequence[InputShape] | None
     from the cache when an entry of the same key is there (no export, no exporter warnings),
     else exported in a temporary folder and then copied into the cache. ``cache=False``
     (``--no-cache``) neither reads nor writes the cache."""
-    from .export import export_onnx
-    from .fsutil import temp_dir
 
     keyed = reference_key(source, inputs=inputs, dynamic_axes=dynamic_axes, output_names=output_names) if cache else None
     if cache and keyed is None:
@@ -380,7 +379,6 @@ def export_reference(source: ModelSource, *, inputs: Sequence[InputShape] | None
 def _store(model: Path, entry: Path, meta: Path, record: Mapping[str, Any]) -> None:
     """The model copied to ``entry`` and ``record`` to ``meta``, each written atomically (the
     model last: an entry is there only once complete)."""
-    from .fsutil import atomic_path, atomic_write_text
 
     atomic_write_text(meta, json.dumps(record, indent=2, sort_keys=True) + "\n")
     with atomic_path(entry) as tmp:

@@ -24,6 +24,7 @@ from typing import Any
 from .contracts.location import is_remote
 from .contracts.plan import read_plan_metadata
 from .errors import TrtrepoError, UsageError
+from .fsutil import pid_alive, reap_stale, temp_dir
 
 log = logging.getLogger(__name__)
 
@@ -234,7 +235,6 @@ class Leftover:
 
 def leftover_servers(root: str | Path | None = None) -> list[Leftover]:
     """Records of servers whose trtrepo process is gone (see the section comment above)."""
-    from .fsutil import pid_alive
 
     prefix = f"trtrepo-{SERVER_DIR_KIND}-"
     out = []
@@ -487,7 +487,6 @@ class TritonServer:
         return python_env_vars(env)
 
     def start(self) -> TritonServer:
-        from .fsutil import reap_stale, temp_dir
 
         if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
             reap_stale(SHM_PREFIX, "/dev/shm")

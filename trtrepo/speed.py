@@ -34,7 +34,12 @@ from typing import Any
 
 import numpy as np
 
+from .contracts.payload import Payload, expected_shapes
 from .errors import UsageError
+from .evaluate import make_session
+from .export import _import_torch, resolve_source
+from .measure import Stability, is_stable, merged, spread, window_summary
+from .reference import Reference
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +66,6 @@ class SpeedOptions:
 
     @property
     def stability(self) -> Any:
-        from .measure import Stability
 
         return Stability(requests=self.iterations, pct=self.stability_pct, max_trials=self.max_trials)
 
@@ -321,7 +325,6 @@ def resolve_reference_device(device: str, kind: str) -> str:
             raise UsageError("--reference-device cuda: the reference is an ONNX file, timed with ONNX Runtime's CPU "
                              "provider; use --reference-device cpu or a PyTorch reference")
         return "cpu"
-    from .export import _import_torch
 
     torch = _import_torch()
     available = bool(torch.cuda.is_available())
@@ -352,7 +355,6 @@ def time_stable(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[di
     windows' record. A series that ends unstable after ``stability.max_trials`` windows is retried
     (``attempts`` series in all, after a short pause); the most stable series is kept and the
     record says whether it met the rule."""
-    from .measure import is_stable, merged, spread, window_summary
 
     for i in range(warmup):
         fn(batches[i % len(batches)])
@@ -406,7 +408,6 @@ class TimedReference:
     the duration of :meth:`threads_set`), or ONNX Runtime on the CPU for an ``.onnx`` source."""
 
     def __init__(self, reference: str, io: Any, *, device: str, threads: int | None, weights: str | None = None) -> None:
-        from .export import resolve_source
 
         src = resolve_source(reference, weights)
         self.kind = src.kind
@@ -414,7 +415,6 @@ class TimedReference:
         self.requested_threads = threads
         self._sync: Callable[[], None] | None = None
         if src.kind == "onnx":
-            from .evaluate import make_session
 
             self.engine = "onnxruntime"
             sess = make_session(src.location, threads=threads)
@@ -426,7 +426,6 @@ class TimedReference:
             self.label = "ONNX Runtime reference"
             self.version = _ort_version()
         else:
-            from .reference import Reference
 
             ref = Reference.for_io(src, io, device=device)
             self.engine = "torch"
@@ -472,7 +471,6 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     """Time the served model (``target``: a prepared :class:`~trtrepo.validate.TritonTarget`) and
     the reference on batches of one input shape taken from ``batches`` (the request batches
     of the accuracy data), batch size by batch size. Returns ``speed_vs_reference``."""
-    from .contracts.payload import Payload, expected_shapes
 
     sizes = list(options.batch_sizes)
     skipped = [{"batch_size": b, "reason": f"larger than the server's max_batch_size {max_batch_size}"}

@@ -44,9 +44,18 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from . import __version__
 from .contracts import backends
 from .cpu import available_cores
-from .errors import TrtrepoError, UsageError
+from .data import open_data
+from .errors import TrtrepoError, UsageError, one_line
+from .fsutil import atomic_path, report_json, write_report
+from .measure import Stability
+from .modelio import ModelIO, TensorSpec
+from .repository import read_config, replace_config
+from .server import TritonServer
+from .validate import TritonTarget, ValidateOptions, make_payloads
+from .validate.contract import stats_diff
 
 log = logging.getLogger(__name__)
 LOAD_TIMEOUT_S = 120.0  # one candidate's load_model call and its readiness wait
@@ -293,7 +302,6 @@ class TuneOptions:
             raise UsageError(f"--budget-s {self.budget_s}: must be > 0")
 
     def stability(self) -> Any:
-        from .measure import Stability
 
         return Stability(interval_s=self.interval_s, pct=self.stability_pct, max_trials=self.max_trials)
 
@@ -336,7 +344,6 @@ class TuneResult:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-        from . import __version__
 
         return {"schema": SCHEMA, "trtrepo_version": __version__, "model": self.model, "options": self.options,
                 "search": "exhaustive grid" if self.options.get("exhaustive") else "coordinate descent",
@@ -384,7 +391,6 @@ class TuneResult:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path) -> dict[str, Path]:
-        from .fsutil import report_json, write_report
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -402,7 +408,6 @@ def write_plot(result: TuneResult, path: str | Path) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from .fsutil import atomic_path
 
     rs = [(i, r) for i, r in enumerate(result.results) if not r.get("error")]
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=100)
@@ -444,8 +449,6 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
     """Search the serving config of ``options.model`` in ``repo`` on a tritonserver started here in
     explicit model-control mode; write the report to ``report_dir`` and, with ``apply``, the
     chosen config to the repository."""
-    from .repository import read_config
-    from .server import TritonServer
 
     repo = Path(repo)
     model_dir = repo / options.model
@@ -530,7 +533,6 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
                         {k: list(v) for k, v in axes.items()}, time.monotonic() - t0, original_text, chosen_text,
                         out_of_budget=out_of_budget, machine={"cpu": _cpu_name(), "cores": cores})
     if apply:
-        from .repository import replace_config
 
         result.applied = str(replace_config(repo, options.model, chosen_text))
     if report_dir is not None:
@@ -545,7 +547,6 @@ class CandidateRunner:
                  labels: str | None, limit: int | None, seed: int, skip_non_images: bool = False) -> None:
         import tritonclient.grpc as grpcclient
 
-        from .validate import TritonTarget, ValidateOptions, make_payloads
 
         self.options = options
         self.msg = msg
@@ -556,14 +557,12 @@ class CandidateRunner:
         self.target.wait_ready(120)
         io = _served_io(self.target.metadata(), msg)
         self.target.prepare(io)
-        from .data import open_data
 
         source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                            skip_non_images=skip_non_images)
         self.payloads, _ = make_payloads(source, io, options.batch_size)
 
     def measure(self, c: Candidate) -> dict[str, Any]:
-        from .validate.contract import stats_diff
 
         row: dict[str, Any] = {"candidate": c.to_dict()}
         t = time.monotonic()
@@ -573,7 +572,6 @@ class CandidateRunner:
                                   client_timeout=LOAD_TIMEOUT_S)
             self.target.wait_ready(LOAD_TIMEOUT_S)
         except Exception as exc:
-            from .errors import one_line
 
             row.update(error=f"load failed: {one_line(exc)}", throughput=None)
             return row
@@ -605,7 +603,6 @@ class CandidateRunner:
 
 def _served_io(metadata: Mapping[str, Any], msg: Any) -> Any:
     """The IO the server states (names, types, shapes; the batch axis is in the metadata's shapes)."""
-    from .modelio import ModelIO, TensorSpec
 
     def specs(items: Any) -> tuple[TensorSpec, ...]:
         return tuple(TensorSpec(t["name"], "object" if t["datatype"] == "BYTES" else _np_name(t["datatype"]),

@@ -43,8 +43,20 @@ from typing import Any
 import numpy as np
 
 from . import weightopt as W
-from .modelio import with_outputs
-from .quantize import GraphView, QParams, QuantizeOptions, activation_qparams, plan_qdq, qdq_target, weight_qparams
+from .data import iter_batches
+from .evaluate import make_session
+from .modelio import with_outputs, without_weights
+from .quantize import (
+    GraphView,
+    QParams,
+    QuantizeOptions,
+    _as_range,
+    activation_qparams,
+    insert_qdq,
+    plan_qdq,
+    qdq_target,
+    weight_qparams,
+)
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +194,6 @@ def fake_quantize(x: np.ndarray, qp: QParams) -> np.ndarray:
 def cached_batches(source: Any, io: Any, batch_size: int = BATCH_SIZE, max_samples: int = MAX_SAMPLES) -> list[Any]:
     """Up to ``max_samples`` calibration samples in batches, held in memory for the passes of a
     weight step."""
-    from .data import iter_batches
 
     out, n = [], 0
     for batch in iter_batches(source, batch_size, io):
@@ -199,7 +210,6 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     """One pass of the FP32 ``model`` over ``batches``: each layer's input patches, FP32 and
     fake-quantized with the Q/DQ parameters its input gets (``act_qparams``; absent: float),
     reduced to :class:`~trtrepo.weightopt.InputMoments`."""
-    from .evaluate import make_session
 
     names = list(dict.fromkeys(la.input for la in layers))
     session = make_session(with_outputs(model, names), threads=threads, arena=False)
@@ -365,8 +375,6 @@ class QuantizedProbe:
                  threads: int | None = None) -> None:
         import onnx
 
-        from .modelio import without_weights
-        from .quantize import insert_qdq
 
         q = insert_qdq(model, ranges, options, warn=False).model
         by_name = {n.name: n for n in q.graph.node}
@@ -410,7 +418,6 @@ class QuantizedProbe:
         """The session of the nodes not run yet that ``target`` needs; its inputs and outputs."""
         import onnx
 
-        from .evaluate import make_session
 
         need: set[int] = set()
         stack = [target]
@@ -486,7 +493,6 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     :func:`_fp32_patches`, one pass per group of layers."""
     from onnx import numpy_helper
 
-    from .evaluate import make_session
 
     if step not in STEPS[1:]:
         raise ValueError(f"unknown weight step {step!r}")
@@ -553,7 +559,6 @@ def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Se
 def activation_qparams_for(model: Any, layers: Sequence[Layer], ranges: Mapping[str, Any],
                            options: QuantizeOptions) -> dict[str, QParams]:
     """The Q/DQ parameters the writer gives each layer input (absent: the input stays float)."""
-    from .quantize import _as_range
 
     view = GraphView(model)
     out = {}

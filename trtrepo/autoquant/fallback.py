@@ -18,8 +18,10 @@ from ..evaluate import (
 )
 from ..quantize import (
     ActivationRange,
+    GraphView,
     QuantizedModel,
     QuantizeOptions,
+    gating_product,
     insert_qdq,
     prepare_model,
 )
@@ -72,7 +74,6 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
     two activations), ``mlp_down`` (input from an activation function), ``mlp_up`` (other
     MatMul/Gemm), ``conv``, ``residual_add`` (Add/Mul units), ``pool``; the first and the last
     weighted layer are ``first_last``."""
-    from ..quantize import GraphView
 
     view = GraphView(model)
     by_name = {n.name: n for n in view.nodes}
@@ -101,7 +102,6 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
         return False
 
     def after_activation(p: Any) -> bool:
-        from ..quantize import gating_product
 
         return p is not None and (p.op_type in _ACT_OPS or (p.op_type == "Mul" and gating_product(view, p)))
 

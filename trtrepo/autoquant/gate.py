@@ -12,7 +12,9 @@ from typing import Any
 from ..errors import TrtrepoError
 from ..evaluate import (
     OutputMetrics,
+    wilson_interval,
 )
+from ..fp16 import convert_to_fp16
 from .select import MAX_TOP1_DROP_POINTS, MIN_COSINE, Evaluator
 
 log = logging.getLogger(__name__)
@@ -45,7 +47,6 @@ class AccuracyCheck:
 
     def judge(self, m: OutputMetrics) -> dict[str, Any]:
         """The verdict on one output: rule, value, limit, ok, samples, interval, message."""
-        from ..evaluate import wilson_interval
 
         v: dict[str, Any] = {"output": m.name, "samples": m.samples, "overall_top1_agreement": m.top1_agreement,
                              "inconclusive": False}
@@ -98,7 +99,6 @@ class AccuracyCheck:
 
 def _samples_to_settle(limit: float) -> int:
     """The fewest samples whose 95 % Wilson interval with no flip lies above ``limit``."""
-    from ..evaluate import wilson_interval
 
     n = 1
     while wilson_interval(n, n)[0] < limit and n < 10**6:
@@ -113,7 +113,6 @@ class AccuracyLoss(TrtrepoError):
 def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any] | None:
     """The FP32 model cast to FP16 on the same held-out samples: the agreement that a change of
     arithmetic alone costs (the noise floor beside INT8's figures)."""
-    from ..fp16 import convert_to_fp16
 
     try:
         m = evaluator(convert_to_fp16(model))[output]

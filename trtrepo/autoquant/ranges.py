@@ -10,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from ..calibrate import select_tensors
 from ..errors import UsageError
 from ..quantize import (
     ActivationRange,
@@ -67,7 +68,6 @@ def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
     :func:`trtrepo.calibrate.select_tensors` (activation and pooling outputs that no Q/DQ reads):
     on MobileNetV2 that halves the tensors fetched and binned. ``trtrepo calibrate`` (a TensorRT
     cache for implicit INT8) still calibrates the full selection."""
-    from ..calibrate import select_tensors
 
     selected = select_tensors(model)
     graph_inputs = {i.name for i in model.graph.input}

@@ -23,6 +23,7 @@ from ..errors import UsageError
 from ..evaluate import (
     AccuracyTarget,
     OutputMetrics,
+    integer_kernels,
     metrics_table,
 )
 from ..quantize import (
@@ -236,7 +237,6 @@ def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: Q
     ``--exclude-node``, how many kernels that exclusion costs (the count without it, minus now)."""
     from dataclasses import replace
 
-    from ..evaluate import integer_kernels
 
     now = integer_kernels(chosen.model)
     costs: list[dict[str, Any]] = []

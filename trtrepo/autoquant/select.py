@@ -11,6 +11,9 @@ from typing import Any
 
 import numpy as np
 
+from .. import equalize as EQ
+from .. import weightsteps as WS
+from ..data import iter_batches
 from ..errors import UsageError
 from ..evaluate import (
     OutputMetrics,
@@ -18,9 +21,11 @@ from ..evaluate import (
     better,
     classification_outputs,
     compare_outputs,
+    make_session,
     pick_output,
     run_onnx,
 )
+from ..modelio import ModelIO
 from ..quantize import (
     ActivationRange,
     QuantizedModel,
@@ -29,7 +34,9 @@ from ..quantize import (
     plan_qdq,
     prepare_model,
 )
+from ..smoothquant import AUTO_ALPHAS, apply_smoothquant, smooth_candidates
 from ..weightopt import ROUNDING_STEPS
+from ..weightsteps import cached_batches
 from .ranges import CACHE_BYTES
 
 log = logging.getLogger(__name__)
@@ -61,8 +68,6 @@ class Evaluator:
 
     def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
                  cache_bytes: int = CACHE_BYTES, label_output: str | None = None) -> None:
-        from ..data import iter_batches
-        from ..modelio import ModelIO
 
         self.source = source
         self.batch_size = batch_size
@@ -87,7 +92,6 @@ class Evaluator:
     def _run(self, model: Any) -> RunOutputs:
         """Run ``model`` on the held-out data; the inference time (without building the session)
         goes to ``last_seconds``."""
-        from ..evaluate import make_session
 
         session = make_session(model, threads=self.threads)
         t0 = time.perf_counter()
@@ -106,7 +110,6 @@ class Evaluator:
         """FP32 time over INT8 time on the held-out batches (ONNX Runtime CPU, this process's
         threads): one warm-up pass each, then ``rounds`` alternated passes, the median of the
         per-round ratios. None when the held-out data is not kept in memory."""
-        from ..evaluate import make_session
 
         if not self.batches:
             return None
@@ -224,7 +227,6 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
     are quantized with ``first_ranges`` and compared on the held-out data; the best wins. "auto"
     leaves models with fewer than :data:`AUTO_MIN_GROUPS` smoothable inputs alone (a CNN whose
     only MatMul/Gemm is the classifier)."""
-    from ..smoothquant import AUTO_ALPHAS, apply_smoothquant
 
     prepared = prepare_model(model)
     none = SmoothChoice(None, model, {}, [], [])
@@ -234,7 +236,6 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
     plan = plan_qdq(prepared, options, ranges=first_ranges)
     skip = set(plan.excluded) | set(plan.auto_float) | set(plan.kept_float)
     if request == "auto":
-        from ..smoothquant import smooth_candidates
 
         if len([x for x, nodes in smooth_candidates(prepared).items() if set(nodes) - skip]) < AUTO_MIN_GROUPS:
             return none  # a CNN with one classifier Gemm: nothing worth five evaluations
@@ -312,7 +313,6 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     and keeps the best by :func:`trtrepo.evaluate.better`; without held-out data it takes AdaRound
     (whose per-layer guard never keeps a rounding worse than nearest on the calibration inputs).
     A named step is applied as asked (and measured when there is held-out data)."""
-    from .. import weightsteps as WS
 
     if requested not in WEIGHT_ROUNDING:
         raise UsageError(f"weight rounding '{requested}': expected one of {', '.join(WEIGHT_ROUNDING)}")
@@ -327,7 +327,6 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
         choice.note = "no Conv/Gemm layer with quantized weights: nearest rounding"
         return choice
     steps = ("bias_correction", "adaround") if requested == "auto" else (requested,)
-    from ..modelio import ModelIO
 
     t0 = time.perf_counter()
     batches = WS.cached_batches(calib_src, ModelIO.from_onnx(model))
@@ -374,9 +373,6 @@ def _equalize(model: Any, calib_src: Any, evaluator: Evaluator | None, options: 
     kept only when the equalized FP32 model's outputs stay within
     :data:`trtrepo.equalize.MAX_RELATIVE_CHANGE` of the original's (on the held-out data, else on
     the calibration data). Returns the report entry, with the model under ``"model"`` when applied."""
-    from .. import equalize as EQ
-    from ..modelio import ModelIO
-    from ..weightsteps import cached_batches
 
     if not enabled:
         return {"applied": False, "note": "off"}
@@ -389,7 +385,6 @@ def _equalize(model: Any, calib_src: Any, evaluator: Evaluator | None, options: 
     if evaluator is not None:
         ref, got = evaluator.reference.outputs, evaluator._run(eq.model).outputs
     else:
-        from ..evaluate import run_onnx
 
         ref = run_onnx(model, None, batches=batches[:2], threads=threads).outputs
         got = run_onnx(eq.model, None, batches=batches[:2], threads=threads).outputs

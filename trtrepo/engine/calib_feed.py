@@ -12,6 +12,7 @@ import numpy as np
 
 from .. import cache as cache_codec
 from ..contracts.profile import ShapeRange
+from ..data import iter_batches
 from ..errors import UsageError
 from ..fsutil import atomic_write_bytes
 from ..modelio import ModelIO
@@ -149,7 +150,6 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
 def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[str, ShapeRange]) -> Iterator[dict[str, np.ndarray]]:
     """Batches of exactly the profile's opt batch (TensorRT calibrates with the OPT shapes); a short last
     batch is dropped."""
-    from ..data import iter_batches
 
     source = options.data.open(io)
     batch = options.opt_batch

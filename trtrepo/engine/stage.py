@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..contracts.plan import (
     GPUInfo,
     PlanMetadata,
@@ -22,8 +23,9 @@ from ..contracts.plan import (
 )
 from ..contracts.profile import ShapeRange
 from ..errors import TrtrepoError, UsageError
+from ..fp16 import convert_file
 from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
-from ..modelio import ModelIO, qdq_counts
+from ..modelio import ModelIO, load_onnx, qdq_counts
 from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
 from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions, profile_shapes
@@ -108,7 +110,6 @@ def count_qdq_nodes(onnx_path: str | Path) -> int:
 
 
 def _onnx_calibration_method(onnx_path: Path) -> str | None:
-    from ..modelio import load_onnx
 
     model = load_onnx(onnx_path, load_weights=False)
     props = {p.key: p.value for p in model.metadata_props}
@@ -146,8 +147,6 @@ def convert_for_fp16(onnx_path: Path, dst: Path, io: ModelIO, options: BuildOpti
     records about it. A model that already has float16 weights and no float32 ones is used as it is."""
     import onnx
 
-    from ..fp16 import convert_file
-    from ..modelio import load_onnx
 
     model = load_onnx(onnx_path)
     kinds = {i.data_type for i in model.graph.initializer}
@@ -185,7 +184,6 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
                  builder: EngineBuilder | None = None, force: bool = True) -> BuildResult:
     """Build ``output`` (model.plan) and ``output.json`` from ``onnx_path``. Nothing is written unless the
     build succeeds; without TensorRT, cuda-python or a GPU a :class:`UsageError` says what is missing."""
-    from .. import __version__
 
     onnx_path = Path(onnx_path)
     output = Path(output)

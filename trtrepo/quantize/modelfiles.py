@@ -9,7 +9,10 @@ from typing import Any
 
 import numpy as np
 
+from ..cache import read_cache
+from ..calibrate import Ranges
 from ..errors import UsageError
+from ..fsutil import atomic_path
 from .graph import load_model, model_tensor_names
 from .insert import QuantizedModel, insert_qdq
 from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
@@ -20,7 +23,6 @@ def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     plus the signed min/max where the file holds them (written with the statistics)."""
     import json
 
-    from ..calibrate import Ranges
 
     ranges = Ranges.load_json(path)
     tensors = json.loads(Path(path).read_text()).get("tensors") or {}
@@ -37,7 +39,6 @@ def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
 def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, float]:
     """Amax per tensor (``scale * 127``) from a TensorRT calibration cache. With ``model``, a
     cache whose names are not tensors of that model is refused (made for another model)."""
-    from ..cache import read_cache
 
     _header, scales = read_cache(path)
     if model is not None:
@@ -74,7 +75,6 @@ def save_model(model: Any, out_path: str | Path, *, force: bool = True) -> Path:
     """Write an ONNX model atomically (temporary file in the folder, then rename)."""
     import onnx
 
-    from ..fsutil import atomic_path
 
     out = Path(out_path)
     with atomic_path(out, force=force) as tmp:

@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..errors import UsageError, one_line
 from .model import ModelConfig
 
@@ -40,7 +41,6 @@ def template_environment(template_dir: str | Path | None = None, package_dir: st
     two (the shipped ``_macros.j2`` stays reachable)."""
     import jinja2
 
-    from .. import __version__
 
     loaders: list[Any] = []
     if template_dir is not None:

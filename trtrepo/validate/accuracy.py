@@ -12,8 +12,12 @@ import numpy as np
 
 from ..contracts import builtin
 from ..contracts.payload import Payload
+from ..data import iter_batches
 from ..errors import UsageError
+from ..evaluate import OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
+from ..export import resolve_inputs, resolve_source
 from ..modelio import ModelIO
+from ..reference import Reference, export_reference
 from .client import TritonTarget
 
 log = logging.getLogger(__name__)
@@ -30,7 +34,6 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX with
     its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource); the
     export is cached (:func:`trtrepo.reference.export_reference`; ``cache=False`` bypasses it)."""
-    from ..export import resolve_inputs, resolve_source
 
     if onnx is not None:
         return ModelIO.from_onnx(onnx)
@@ -40,7 +43,6 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
 
-    from ..reference import export_reference
 
     try:
         inputs, axes = resolve_inputs(src, input_shapes, data)
@@ -58,11 +60,9 @@ def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, d
                    ) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
     """A callable ``feed -> outputs``: the PyTorch model (:class:`~trtrepo.reference.Reference`)
     or, for an ``.onnx`` reference, ONNX Runtime."""
-    from ..export import resolve_source
 
     src = resolve_source(reference, weights)
     if src.kind == "onnx":
-        from ..evaluate import make_session
 
         sess = make_session(src.location)
         names = io.output_names
@@ -72,7 +72,6 @@ def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, d
             return dict(zip(names, sess.run(names, {k: v for k, v in feed.items() if k in in_names}), strict=True))
 
         return run
-    from ..reference import Reference
 
     return Reference.for_io(src, io, device=device)
 
@@ -86,7 +85,6 @@ def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], 
     """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``);
     batches whose trailing shapes differ (sequence outputs) are compared batch by batch and merged
     (no top-k then)."""
-    from ..evaluate import OutputMetrics, compare_output, cosine_similarity
 
     if len({r.shape[1:] for r in refs}) <= 1:
         return compare_output(name, np.concatenate(refs), np.concatenate(served), labels, classification=classification), \
@@ -105,7 +103,6 @@ def reference_rows(reference: Callable[[dict[str, np.ndarray]], dict[str, np.nda
                    batch_size: int = 64, progress: Callable[[int], None] | None = None) -> list[dict[str, np.ndarray]]:
     """The reference's outputs per sample (by position in ``source``), computed in batches of
     ``batch_size`` whatever the request batch size (the reference is much faster batched)."""
-    from ..data import iter_batches
 
     rows: list[dict[str, np.ndarray]] = []
     for b in iter_batches(source, batch_size, io):
@@ -145,7 +142,6 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     outputs = list(ref_parts[0])
     if label_output is not None and label_output not in outputs:
         raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
-    from ..evaluate import looks_like_embedding
 
     # [N, C] outputs, except what looks like an embedding (unit-norm rows, an embedding-like name):
     # the same rule as the held-out check of quantize/deploy (trtrepo.evaluate.label_output)

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrtrepoError, UsageError
-from ..modelio import ModelIO
+from ..modelio import ModelIO, TensorSpec
 from .options import Thresholds
 
 log = logging.getLogger(__name__)
@@ -143,7 +143,6 @@ def encoded_input(io: ModelIO, metadata: Mapping[str, Any]) -> str | None:
 def endpoint_io(io: ModelIO, image_input: str) -> ModelIO:
     """The IO clients see at an image endpoint: one ``BYTES`` input of one encoded file per
     sample (``[-1, 1]`` with a batch axis, ``[1]`` without), the reference's outputs."""
-    from ..modelio import TensorSpec
 
     batched = io.has_batch_axis
     spec = TensorSpec(image_input, "object", (-1, 1) if batched else (1,), 0 if batched else None)

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from ..contracts.payload import Payload
-from ..measure import Stability
+from ..measure import Stability, latency_ms
 from .client import TritonTarget
 from .load import Measurement
 
@@ -61,7 +61,6 @@ def measure_together(targets: Sequence[TritonTarget], payloads: Sequence[Payload
 
 def total_row(measurements: Sequence[Measurement], percentiles: Sequence[int]) -> dict[str, Any]:
     """The fleet's level: throughputs added, latencies of every server's reported windows together."""
-    from ..measure import latency_ms
 
     lats = [m.merged()[0] for m in measurements]
     every = np.concatenate(lats) if lats else np.empty(0)

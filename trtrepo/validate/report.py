@@ -8,7 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..speed import speed_console_lines, speed_markdown
+from .. import __version__
+from ..fsutil import atomic_path, atomic_write_bytes, atomic_write_text, report_json, write_report
+from ..speed import plot_speed, speed_console_lines, speed_markdown
 from .contract import ThresholdResult
 from .options import REPORT_SCHEMA
 
@@ -42,7 +44,6 @@ class ValidationReport:
         return names + [t.name for t in self.thresholds if not t.passed]
 
     def to_dict(self) -> dict[str, Any]:
-        from .. import __version__
 
         return {
             "schema": REPORT_SCHEMA,
@@ -94,7 +95,6 @@ class ValidationReport:
         return "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in self.thresholds if not t.passed)
 
     def to_json(self) -> str:
-        from ..fsutil import report_json
 
         return report_json(self.to_dict(), allow_nan=False)
 
@@ -151,7 +151,6 @@ class ValidationReport:
 
     def write(self, folder: str | Path) -> dict[str, Path]:
         """``validate.json``, ``validate.md`` and (with latency) ``latency.png``, each atomically."""
-        from ..fsutil import write_report
 
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
@@ -312,7 +311,6 @@ def latency_csv(latency: dict[str, Any]) -> str:
 
 
 def write_latency_csv(latency: dict[str, Any], path: str | Path) -> Path:
-    from ..fsutil import atomic_write_text
 
     return atomic_write_text(path, latency_csv(latency))
 
@@ -323,7 +321,6 @@ def write_samples_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     import csv
     import io
 
-    from ..fsutil import atomic_write_bytes
 
     outputs = list(rows[0].get("cosine", {})) if rows else []
     head = ["sample", "file", "label", "reference_top1", "served_top1", "top1_agree"] + [f"cosine[{o}]" for o in outputs]
@@ -356,7 +353,6 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-    from ..fsutil import atomic_path
 
     levels = (report.latency or {}).get("levels", [])
     speed = report.speed_vs_reference if (report.speed_vs_reference or {}).get("rows") else None
@@ -382,7 +378,6 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
             ax.grid(True, alpha=0.3)
             ax.legend()
         if speed:
-            from ..speed import plot_speed
 
             plot_speed(next(ax_iter), speed)
         fig.tight_layout()

@@ -11,11 +11,16 @@ from typing import Any
 
 import numpy as np
 
+from ..contracts import builtin
 from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
+from ..data import iter_batches, open_data
 from ..errors import UsageError
+from ..export import resolve_source
+from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
-from ..speed import SpeedOptions
+from ..progress import bar_disabled
+from ..speed import SpeedOptions, TimedReference, compare_speed, resolve_reference_device
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget
 from .contract import (
@@ -42,7 +47,6 @@ log = logging.getLogger(__name__)
 
 def make_payloads(source: Any, io: ModelIO, batch_size: int) -> tuple[list[Payload], list[np.ndarray | None]]:
     """Batches of the data set as requests (inputs cast to the model's dtypes)."""
-    from ..data import iter_batches
 
     payloads, labels = [], []
     for b in iter_batches(source, batch_size, io):
@@ -70,7 +74,6 @@ def encoded_payloads(payloads: Sequence[Payload], files: Sequence[Path], image_i
 def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
-    from ..progress import bar_disabled
 
     return tqdm(total=total, desc=desc, unit="req", disable=bar_disabled(enabled), leave=False)
 
@@ -88,15 +91,11 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     when the served IO does not match the reference. Threshold results are in the report
     (``report.passed``); the caller decides what to do with a failure.
     """
-    from ..contracts import builtin
-    from ..data import open_data
-    from ..export import resolve_source
 
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
     speed_device = None
     if speed is not None:  # a device that is not there fails before any work
-        from ..speed import resolve_reference_device
 
         speed_device = resolve_reference_device(speed.device, resolve_source(reference, weights).kind)
     raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
@@ -196,7 +195,6 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
     """The reference's own latency beside the served model's at concurrency 1, per batch size
     (:func:`trtrepo.speed.compare_speed`); ``None`` (with a warning) for a model without a
     batch axis."""
-    from ..speed import TimedReference, compare_speed
 
     mbs = int(server.get("max_batch_size", 0) or 0)
     if mbs <= 0 or not io.has_batch_axis:
@@ -222,7 +220,6 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
     each with the level's concurrency (or rate) of its own: the level's row holds the totals
     (throughputs added, every server's latencies together; ``server`` statistics and windows of
     the first server) and ``servers`` one row per server."""
-    from ..measure import cpu_sample, machine_usage, machine_warnings
 
     use_shm = options.shared_memory != "none"
     stab = options.stability
