@@ -12,6 +12,8 @@ import contextlib
 import functools
 import importlib
 import logging
+import os
+import signal
 import sys
 import traceback
 from typing import Any
@@ -19,7 +21,8 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import TrtrepoError, printable
+from .errors import TrtrepoError, UsageError, printable
+from .progress import configure
 
 # name -> (module under trtrepo.commands, short help). Order is the pipeline's.
 COMMANDS: dict[str, tuple[str, str]] = {
@@ -106,9 +109,6 @@ def _with_verbosity(cmd: click.Command) -> click.Command:
 
 
 def _configure(verbose: int, quiet: bool) -> None:
-    from .errors import UsageError
-    from .progress import configure
-
     if verbose and quiet:
         raise UsageError("-v and -q exclude each other")
     level = logging.ERROR if quiet else logging.WARNING - 10 * min(verbose, 2)
@@ -156,8 +156,6 @@ def _terminated(signum: int, _frame: Any) -> None:
 
 
 def main() -> None:  # console script entry point
-    import os
-    import signal
 
     signal.signal(signal.SIGTERM, _terminated)
     try:
@@ -174,7 +172,6 @@ def main() -> None:  # console script entry point
 def _closed_pipe() -> None:
     """The reader of our stdout went away (``trtrepo ... | head -1``): what it wanted it has; exit 0
     quietly, with stdout pointed at /dev/null so the interpreter's final flush cannot fail."""
-    import os
 
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, sys.stdout.fileno())

@@ -20,6 +20,7 @@ without padding).
 from __future__ import annotations
 
 import importlib
+import itertools
 import logging
 import os
 import sys
@@ -397,7 +398,6 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
         if hasattr(result, "__len__") and hasattr(result, "__getitem__") and not isinstance(result, (list, tuple)):
             src: DataSource = DatasetSource(spec, result)
         elif isinstance(result, Iterable):  # read lazily: --limit takes the first N (no random access)
-            import itertools
 
             cap = limit if limit is not None else MAX_ITERABLE_SAMPLES + 1
             items, total = [], 0

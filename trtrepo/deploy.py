@@ -177,7 +177,6 @@ def default_name(source: str) -> str:
 
 
 def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
-
     if opts.backend != "auto":
         return opts.backend
     trt = tensorrt_status()
@@ -196,7 +195,6 @@ def _resolve_backend(opts: DeployOptions, report: DeployReport) -> str:
 
 
 def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple[Path, ModelIO]:
-
     with _timed(report, "export") as step:
         src = resolve_source(opts.source, opts.weights)
         data = None
@@ -426,7 +424,6 @@ def _labels(opts: DeployOptions) -> Any:
 
 
 def _preprocess_spec(opts: DeployOptions) -> Any:
-
     if opts.preprocess:
         return Preprocess.load(opts.preprocess)
     plugin = builtin.builtin(opts.source)

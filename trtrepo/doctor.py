@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import importlib.metadata
 import importlib.util
+import tempfile
+from pathlib import Path
 from typing import Any
 
 from .cpu import cpu_int8
@@ -35,7 +37,6 @@ def _onnxruntime() -> tuple[bool, str]:
 
 
 def _cpu() -> tuple[bool, str]:
-
     info = cpu_int8()
     return info.vnni is not False, info.describe()
 
@@ -59,13 +60,11 @@ def _cuda_available() -> bool:
 
 
 def _tensorrt() -> tuple[bool, str]:
-
     status = tensorrt_status()
     return status.available, status.detail
 
 
 def _gpu() -> tuple[bool, str]:
-
     status = gpu_status()
     return status.available, status.detail
 
@@ -81,13 +80,11 @@ def _tritonclient() -> tuple[bool, str]:
 
 
 def _tritonserver() -> tuple[bool, str]:
-
     path = find_server_binary(None)
     return (path is not None), (str(path) if path else "not found on PATH (trtrepo serve prints the container command)")
 
 
 def diagnose() -> dict[str, Any]:
-
     components = [
         _probe("onnxruntime", _onnxruntime),
         _probe("cpu-int8", _cpu),
@@ -117,8 +114,6 @@ def diagnose() -> dict[str, Any]:
 def leftovers() -> list[str]:
     """What killed trtrepo processes left on this machine (the next run of the same kind removes
     it): temporary folders and /dev/shm regions named after a process that is gone."""
-    import tempfile
-    from pathlib import Path
 
 
     found = []

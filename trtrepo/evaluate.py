@@ -22,6 +22,8 @@ an :class:`EvaluationReport` (JSON and Markdown). :class:`AccuracyTarget` parses
 from __future__ import annotations
 
 import math
+import os
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -385,7 +387,6 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
     ``threads=None``: ONNX Runtime's default, except where this process may run on fewer cores than
     the machine has (a container's cpuset, ``taskset``): then one thread per core it may use, since
     ONNX Runtime sizes its pool to the machine and its spinning threads would fight over them."""
-    import os
 
     import onnxruntime as ort
 
@@ -432,7 +433,6 @@ def integer_kernels(model: Any) -> dict[str, int]:
     """``{op type: count}`` of the integer kernels (QLinear*, *Integer*, QGemm, QAttention, ...) in
     the graph ONNX Runtime's CPU provider actually runs for ``model`` (ORT_ENABLE_ALL), and their
     ``total``: what an INT8 model gains on the CPU, as ONNX Runtime fused it."""
-    from collections import Counter
 
     import onnx
 
@@ -495,7 +495,6 @@ def concat_samples(parts: Sequence[np.ndarray]) -> np.ndarray:
 
 
 def _io_of(model: Any) -> Any:
-
     try:
         if isinstance(model, (str, Path)):
             import onnx
@@ -526,7 +525,6 @@ class EvaluationReport:
                 "outputs": {k: v.to_dict() for k, v in self.outputs.items()}, **self.extra}
 
     def to_json(self) -> str:
-
         return report_json(self.to_dict())
 
     def to_markdown(self) -> str:
@@ -535,7 +533,6 @@ class EvaluationReport:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path, stem: str = "evaluation") -> tuple[Path, Path]:
-
         return write_report(folder, stem, self.to_json(), self.to_markdown())
 
 

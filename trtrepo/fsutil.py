@@ -12,6 +12,8 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .errors import UsageError
 
 # The files and folders the running command reads (set by trtrepo.commands._inputs): no write may
@@ -104,8 +106,6 @@ def atomic_write_text(target: str | Path, text: str, *, force: bool = True) -> P
 
 def json_default(o: Any) -> Any:
     """``json.dumps`` default for reports: numpy scalars as numbers, paths as strings."""
-    import numpy as np
-
     if isinstance(o, (np.floating, np.integer)):
         return o.item()
     if isinstance(o, Path):

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import json
 import re
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from decimal import Decimal
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -138,7 +140,6 @@ def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryF
     if location.scheme != "s3":
         raise UsageError(f"REPO_URL {url}: trtrepo reads s3:// repositories only; read a local copy instead: "
                          f"trtrepo manifests LOCAL_COPY --repository-url {url}")
-    import tempfile
 
 
     with tempfile.TemporaryDirectory(prefix="trtrepo-manifests-") as tmp:
@@ -471,8 +472,6 @@ def _quote(value: Any) -> str:
 
 
 def _environment() -> Any:
-    from importlib import resources
-
     import jinja2
 
     folder = resources.files("trtrepo.templates").joinpath("k8s")

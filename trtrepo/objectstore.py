@@ -53,9 +53,13 @@ distinct versions, one after the other.
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import re
+import socket
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
@@ -544,10 +548,6 @@ def writer_lock(store: S3Store, *, wait: float | None = None, lease: float | Non
     take it). A waiter gives up after
     ``wait`` seconds with the holder's identity (exit 1). On release the object is deleted if it
     is still ours."""
-    import json
-    import socket
-    import threading
-    import time
 
     if not store.loc.prefix:
         raise UsageError(f"{store.loc.url}: trtrepo writes into s3://BUCKET/PREFIX, not a bucket's root")

@@ -168,7 +168,6 @@ class Preprocess:
         return cls(**dict(data))
 
     def save(self, path: str | Path) -> Path:
-
         p = Path(path)
         if p.suffix.lower() in (".yaml", ".yml"):
             import yaml

@@ -23,6 +23,7 @@ written only costs the reuse (a warning).
 from __future__ import annotations
 
 import hashlib
+import importlib.metadata as md
 import importlib.util
 import json
 import logging
@@ -207,7 +208,6 @@ def _installed_version(folder: Path, top: str) -> str | None:
     version only), else None."""
     if not any(part in ("site-packages", "dist-packages") for part in folder.parts):
         return None
-    import importlib.metadata as md
 
     dists = md.packages_distributions().get(top) or []
     return f"{dists[0]}=={md.version(dists[0])}" if dists else None
@@ -232,7 +232,6 @@ def source_files_key(source: ModelSource) -> str | None:
         path = Path(source.location)
         return _files_digest(path.parent, [path])
     if source.kind == "torchvision":
-        import importlib.metadata as md
 
         try:
             return f"torchvision=={md.version('torchvision')}"
@@ -267,8 +266,6 @@ def source_files_key(source: ModelSource) -> str | None:
 
 
 def _version(dist: str) -> str | None:
-    import importlib.metadata as md
-
     try:
         return md.version(dist)
     except md.PackageNotFoundError:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import functools
 import json
 import logging
@@ -18,6 +19,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -193,7 +195,6 @@ def _prctl() -> Any:
     """libc's prctl, looked up in the parent (a dlopen between fork and exec can deadlock on a
     lock another thread held at the fork); None where there is none."""
     try:
-        import ctypes
 
         return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
@@ -324,7 +325,6 @@ class Release:
 
 def release_table() -> tuple[list[Release], str]:
     """Triton container release -> TensorRT version, and the table's source (package data)."""
-    from importlib import resources
 
     data = json.loads(resources.files("trtrepo.templates").joinpath("triton_releases.json").read_text())
     rows = [Release(r["release"], r["triton"], r["tensorrt"]) for r in data["releases"]]
@@ -487,7 +487,6 @@ class TritonServer:
         return python_env_vars(env)
 
     def start(self) -> TritonServer:
-
         if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
             reap_stale(SHM_PREFIX, "/dev/shm")
         remote = is_remote(self.repo)  # an object-storage URL: tritonserver reads it itself, nothing is copied

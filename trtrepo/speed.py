@@ -66,7 +66,6 @@ class SpeedOptions:
 
     @property
     def stability(self) -> Any:
-
         return Stability(requests=self.iterations, pct=self.stability_pct, max_trials=self.max_trials)
 
     def __post_init__(self) -> None:
@@ -408,7 +407,6 @@ class TimedReference:
     the duration of :meth:`threads_set`), or ONNX Runtime on the CPU for an ``.onnx`` source."""
 
     def __init__(self, reference: str, io: Any, *, device: str, threads: int | None, weights: str | None = None) -> None:
-
         src = resolve_source(reference, weights)
         self.kind = src.kind
         self.device = device

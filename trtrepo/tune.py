@@ -302,7 +302,6 @@ class TuneOptions:
             raise UsageError(f"--budget-s {self.budget_s}: must be > 0")
 
     def stability(self) -> Any:
-
         return Stability(interval_s=self.interval_s, pct=self.stability_pct, max_trials=self.max_trials)
 
 
@@ -344,7 +343,6 @@ class TuneResult:
         return None
 
     def to_dict(self) -> dict[str, Any]:
-
         return {"schema": SCHEMA, "trtrepo_version": __version__, "model": self.model, "options": self.options,
                 "search": "exhaustive grid" if self.options.get("exhaustive") else "coordinate descent",
                 "axes": self.axes, "start": self.start.to_dict(), "chosen": self.chosen.to_dict(),
@@ -391,7 +389,6 @@ class TuneResult:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path) -> dict[str, Path]:
-
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         paths = {"json": folder / "tune.json", "markdown": folder / "tune.md", "plot": folder / "tune.png"}
@@ -563,7 +560,6 @@ class CandidateRunner:
         self.payloads, _ = make_payloads(source, io, options.batch_size)
 
     def measure(self, c: Candidate) -> dict[str, Any]:
-
         row: dict[str, Any] = {"candidate": c.to_dict()}
         t = time.monotonic()
         try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -102,7 +103,6 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
         return False
 
     def after_activation(p: Any) -> bool:
-
         return p is not None and (p.op_type in _ACT_OPS or (p.op_type == "Mul" and gating_product(view, p)))
 
     roles: dict[str, str] = {}
@@ -134,7 +134,6 @@ def layer_roles(model: Any, layers: Sequence[str]) -> dict[str, str]:
 def layer_blocks(layers: Sequence[str], max_blocks: int = 8) -> dict[str, str]:
     """Block of each layer: the first ``layer.N``/``block.N``/``blocks.N``/``layers.N``-style
     index in its name, else consecutive runs of the graph order cut into ``max_blocks``."""
-    import re
 
     pattern = re.compile(r"(?:layers?|blocks?|stages?|h|encoder)[._/](\d+)")
     found = {name: m.group(0) for name in layers if (m := pattern.search(name))}

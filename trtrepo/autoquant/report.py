@@ -15,7 +15,7 @@ the mappings they are written as."""
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -235,7 +235,6 @@ def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: Q
                    chosen: QuantizedModel) -> dict[str, Any]:
     """Integer kernels ONNX Runtime runs for the chosen model and, per ``--exclude-op`` /
     ``--exclude-node``, how many kernels that exclusion costs (the count without it, minus now)."""
-    from dataclasses import replace
 
 
     now = integer_kernels(chosen.model)

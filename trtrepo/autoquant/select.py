@@ -3,6 +3,7 @@ rounding step, and activation equalization (kept only where FP32 outputs stay pu
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
 from collections.abc import Mapping
@@ -68,7 +69,6 @@ class Evaluator:
 
     def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
                  cache_bytes: int = CACHE_BYTES, label_output: str | None = None) -> None:
-
         self.source = source
         self.batch_size = batch_size
         self.threads = threads
@@ -146,7 +146,6 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
     ~0.5 GB per Q/DQ copy): the losers keep their label and metrics only. Methods that give every
     quantized tensor the same range (all inputs smoothed, say) build the same model: measured
     once, not rebuilt."""
-    import gc
 
     best: Candidate | None = None
     rows: list[Candidate] = []
@@ -242,7 +241,6 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
         alphas: tuple[float | None, ...] = (None, *AUTO_ALPHAS) if evaluator is not None else (DEFAULT_ALPHA,)
     else:
         alphas = (float(request),)
-    import gc
 
     def build(alpha: float | None) -> SmoothChoice:
         if alpha is None:

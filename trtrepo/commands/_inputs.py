@@ -12,6 +12,8 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
+from ..fsutil import check_not_input, protected_inputs
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -21,8 +23,6 @@ def io_paths(inputs: Mapping[str, str], outputs: Mapping[str, str] = {}) -> Call
     def deco(f: F) -> F:
         @functools.wraps(f)
         def wrapper(*args: Any, **kw: Any) -> Any:
-            from ..fsutil import check_not_input, protected_inputs
-
             named = {f"{flag} {kw[name]}": kw.get(name) for name, flag in inputs.items() if kw.get(name)}
             with protected_inputs(named):
                 for name, flag in outputs.items():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 import click
@@ -54,9 +55,8 @@ def model_config_options(f: F) -> F:
 
 def build_model_options(kw: dict[str, Any]) -> Any:
     """Pop the options of :func:`model_config_options` from ``kw`` into a ``ModelOptions``."""
-    from pathlib import Path
 
-    from ..tritonconfig import ModelOptions, is_env_archive
+    from ..tritonconfig import ModelOptions, is_env_archive  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     params = []
     for p in kw.pop("parameters"):

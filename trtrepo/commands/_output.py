@@ -11,6 +11,8 @@ from typing import Any, TypeVar
 
 import click
 
+from ..fsutil import json_default
+
 F = TypeVar("F", bound=Callable[..., Any])
 
 
@@ -27,7 +29,6 @@ def summary_output(as_json: bool) -> Iterator[Callable[[dict[str, Any]], None]]:
 
     def emit(summary: dict[str, Any]) -> None:
         if as_json:
-            from ..fsutil import json_default
 
             stdout.write(json.dumps(summary, indent=2, default=json_default, allow_nan=True) + "\n")
             stdout.flush()

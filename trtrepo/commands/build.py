@@ -7,6 +7,7 @@ import shlex
 import click
 
 from ..contracts import profile as P
+from ..contracts.profile import BatchProfile
 from ..errors import UsageError
 from ._inputs import io_paths
 from ._options import data_options
@@ -58,9 +59,8 @@ def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_
     profile spans --min/--opt/--max-batch (other dynamic axes: --shape). --fp16 builds mixed INT8+FP16.
     Needs TensorRT, cuda-python and an NVIDIA GPU, except with --print-trtexec.
     """
-    from ..contracts.profile import BatchProfile
-    from ..data import DataOptions
-    from ..engine import BuildOptions, build_engine, parse_size, trtexec_equivalents
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..engine import BuildOptions, build_engine, parse_size, trtexec_equivalents  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if output is None and not print_trtexec:
         raise UsageError("-o/--output is required (e.g. model_repository/NAME/1/model.plan)")

@@ -56,8 +56,8 @@ def command(as_json: bool, model: str, data_spec: str | None, preprocess: str | 
     (--cache), a JSON ranges file (--ranges) and/or sampleINT8API dynamic ranges
     (--dynamic-range); with none of them, prints the ranges.
     """
-    from ..calibrate import CalibrateOptions, run_calibrate
-    from ..data import DataOptions
+    from ..calibrate import CalibrateOptions, run_calibrate  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     data = DataOptions(data_spec, preprocess, labels, limit, seed, batch_size,
                        skip_non_images=skip_non_images) if data_spec is not None else None

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import asdict
+from pathlib import Path
 from typing import Any
 
 import click
 
 from .. import histogram as H
-from ..contracts import backends
+from ..contracts import backends, builtin
+from ..contracts.location import is_remote
+from ..errors import UsageError
 from ..quantize import target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
@@ -103,9 +107,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
     Without TensorRT or a GPU the ONNX model is deployed for the ONNX Runtime backend (or the
     Python backend) instead.
     """
-    from ..contracts.location import is_remote
-    from ..deploy import DeployOptions, deploy
-    from ..errors import UsageError
+    from ..deploy import DeployOptions, deploy  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if tune_after and is_remote(repo):
         raise UsageError(f"--tune: tunes a local repository on the local server; not with --repo {repo} (tune a local "
@@ -132,7 +134,6 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             click.echo(f"warning: {w}", err=True)
         tuned = _tune(report, source, repo, data_spec, preprocess, tune_budget_s) if tune_after else None
         click.echo(f"serve it with: trtrepo serve {repo}" + (f" --s3-endpoint {s3_endpoint}" if s3_endpoint else ""))
-        from dataclasses import asdict
 
         emit({"command": "deploy", "source": source, "repo": str(repo),
               "precision": report.models[0].precision if report.models else None,
@@ -144,11 +145,8 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
 
 def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: str | None, budget_s: float) -> Any:
     """``deploy --tune``: the model serving tensors (not the ensemble or its preprocessing step)."""
-    from pathlib import Path
 
-    from ..contracts import builtin
-    from ..errors import UsageError
-    from ..tune import TuneOptions, tune
+    from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess")
                   and not m.name.endswith(("_ensemble", "_preprocess"))), None)

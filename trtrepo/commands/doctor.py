@@ -12,7 +12,7 @@ import click
 def command(as_json: bool) -> None:
     """Report what is available here (ONNX Runtime providers, torch/CUDA, TensorRT, tritonclient,
     tritonserver) and so which stages can run."""
-    from ..doctor import diagnose
+    from ..doctor import diagnose  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     report = diagnose()
     if as_json:

@@ -6,6 +6,8 @@ from pathlib import Path
 
 import click
 
+from ..errors import TrtrepoError, UsageError
+from ..modelio import ModelIO, load_onnx
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
@@ -35,10 +37,8 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
     data; print per output max/mean absolute error and cosine similarity, and top-1/top-5
     agreement and accuracy against labels for the classification (label) output.
     """
-    from ..data import open_data
-    from ..errors import UsageError
-    from ..evaluate import evaluate
-    from ..modelio import ModelIO, load_onnx
+    from ..data import open_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..evaluate import evaluate  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     for p in (reference, candidate):
         if not Path(p).is_file():
@@ -50,9 +50,7 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
                          f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
     source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                        skip_non_images=skip_non_images)
-    from ..errors import TrtrepoError
-    from ..validate.contract import check_thresholds
-    from ..validate.options import Thresholds
+    from ..validate import Thresholds, check_thresholds  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     # bad limits fail before any work; no default gate: evaluate reports, its thresholds are opt-in
     thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine, min_embedding_cosine=None)

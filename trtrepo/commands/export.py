@@ -47,7 +47,7 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
             preprocess: str | None, input_dtypes: tuple[str, ...],
             input_names: str | None, output_names: str | None, dynamic: tuple[str, ...], opset: int, force: bool) -> None:
     """Export SOURCE to ONNX (the help text is the command's ``help``: it lists the built-in models)."""
-    from ..export import InputShape, export_onnx, inputs_from_data, parse_input_shape, resolve_source
+    from ..export import InputShape, export_onnx, inputs_from_data, parse_input_shape, resolve_source  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     src = resolve_source(source, weights)
     inputs = None
@@ -57,7 +57,7 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
     if data is not None:
         if not src.is_torch or builtin.builtin(src.kind) is not None:
             raise UsageError(f"--data does not apply to {source} (its inputs are known; the data only serves calibration)")
-        from ..data import open_data
+        from ..data import open_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
         inputs, from_data = inputs_from_data(open_data(data, preprocess=preprocess))
         dynamic_axes = {**from_data, **{k: {**from_data.get(k, {}), **v} for k, v in dynamic_axes.items()}}

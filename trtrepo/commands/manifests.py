@@ -59,7 +59,7 @@ def command(repo_url: str, out_dir: str, repository_url: str | None, name: str, 
     repository needs a GPU); probes watch /v2/health/ready and /v2/health/live. Existing files are
     refused (exit 2) without --force.
     """
-    from ..manifests import ManifestOptions, manifest_values, render_values, repository_facts, write_manifests
+    from ..manifests import ManifestOptions, manifest_values, render_values, repository_facts, write_manifests  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     options = ManifestOptions(
         name=name, namespace=namespace, replicas=replicas, min_replicas=min_replicas, max_replicas=max_replicas,

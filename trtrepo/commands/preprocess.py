@@ -46,10 +46,10 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
 def command(output: str, resize: str | None, center_crop: str | None, interpolation: str, color: str, scale: float,
             mean: str, std: str, layout: str, dtype: str, input_name: str | None, demo: bool) -> None:
     """Write the image preprocessing spec that calibration, evaluation and validation share."""
-    from ..data import Preprocess
+    from ..data import Preprocess  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if demo:
-        from .. import demo as demo_mod
+        from .. import demo as demo_mod  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
         spec = demo_mod.preprocess()
     else:

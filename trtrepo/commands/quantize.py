@@ -84,10 +84,10 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
     residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
     with integer kernels.
     """
-    from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request
-    from ..data import DataOptions
-    from ..evaluate import AccuracyTarget
-    from ..quantize import QuantizeOptions
+    from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..evaluate import AccuracyTarget  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..quantize import QuantizeOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None
     options = QuantizeOptions(target=target, exclude_ops=exclude_ops, exclude_nodes=exclude_nodes,

@@ -2,11 +2,19 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import replace
+from pathlib import Path
 from typing import Any
 
 import click
 
 from ..contracts import backends
+from ..contracts.location import is_remote
+from ..errors import UsageError
+from ..fsutil import temp_dir
+from ..modelio import ModelIO
+from ..progress import status
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
 from ._options import s3_endpoint_option
@@ -35,9 +43,7 @@ def check_cmd(repo: str, s3_endpoint: str | None, as_json: bool, fix: bool) -> N
     Exit code 0 when REPO can be copied to another machine or container and Triton loads every
     folder, 1 when something host-specific, left over or not loadable is found, 2 when REPO is
     not a directory."""
-    import json
 
-    from ..contracts.location import is_remote
 
     fixed: list[str] = []
     if is_remote(repo):
@@ -63,9 +69,7 @@ def check_cmd(repo: str, s3_endpoint: str | None, as_json: bool, fix: bool) -> N
 
 
 def _check_local(repo: str, fix: bool, fixed: list[str]) -> list[Any]:
-    from pathlib import Path
-
-    from ..repository import Finding, host_specific, leftover_note, leftovers, load_problems, recover, repository_lock
+    from ..repository import Finding, host_specific, leftover_note, leftovers, load_problems, recover, repository_lock  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     findings = host_specific(repo)
     if fix:
@@ -80,11 +84,9 @@ def _check_local(repo: str, fix: bool, fixed: list[str]) -> list[Any]:
 def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, fixed: list[str]) -> list[Any]:
     """An s3:// repository: its configs' host-specific paths, the objects of interrupted uploads,
     and what Triton would fail to load."""
-    from pathlib import Path
 
-    from ..fsutil import temp_dir
-    from ..objectstore import finishable_uploads, open_store, remote_leftovers, remote_problems, remove_leftovers, snapshot
-    from ..repository import Finding, host_specific
+    from ..objectstore import finishable_uploads, open_store, remote_leftovers, remote_problems, remove_leftovers, snapshot  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..repository import Finding, host_specific  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     store = open_store(repo, s3_endpoint)
     if fix:
@@ -116,9 +118,8 @@ def _check_remote(repo: str, s3_endpoint: str | None, fix: bool, fixed: list[str
 @s3_endpoint_option
 def list_cmd(repo: str, s3_endpoint: str | None) -> None:
     """Show the models of REPO (a folder or s3://BUCKET/PREFIX), their versions and what each version folder holds."""
-    from ..contracts.location import is_remote
-    from ..objectstore import list_remote
-    from ..repository import list_repository
+    from ..objectstore import list_remote  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..repository import list_repository  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     entries = list_remote(repo, s3_endpoint) if is_remote(repo) else list_repository(repo)
     if not entries:
@@ -155,15 +156,10 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
             label_output: str | None, target_tensorrt: str | None, target_cc: str | None, s3_endpoint: str | None,
             **kw: Any) -> None:
     """Add MODEL_FILE (.onnx or TensorRT .plan) to a repository as a new version, with a validated config.pbtxt."""
-    from dataclasses import replace
-    from pathlib import Path
 
-    from ..contracts.location import is_remote
-    from ..errors import UsageError
-    from ..modelio import ModelIO
-    from ..repository import add_onnx_model, add_plan_model
-    from ..server import missing_backend_warning
-    from ..tritonconfig import execution_env_warning
+    from ..repository import add_onnx_model, add_plan_model  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..server import missing_backend_warning  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..tritonconfig import execution_env_warning  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     options = build_model_options(kw)
     if label_output:
@@ -188,9 +184,7 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
 
     where: str | Path
     if is_remote(repo):  # written into a local stand-in, then uploaded (trtrepo.objectstore's protocol)
-        from ..fsutil import temp_dir
-        from ..objectstore import checkout, open_store, publish
-        from ..progress import status
+        from ..objectstore import checkout, open_store, publish  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
         store = open_store(repo, s3_endpoint)
         with temp_dir("s3-repo") as tmp:

@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import signal
+import time
+from pathlib import Path
+
 import click
 
+from ..contracts.location import is_remote
+from ..errors import UsageError
+from ..fsutil import temp_dir
 from ._options import s3_endpoint_option
 
 
@@ -35,16 +42,10 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
     REPO may be s3://BUCKET/PREFIX (with --s3-endpoint for an S3-compatible service): the server
     reads it with the AWS credentials of this environment.
     """
-    import signal
-    import time
-    from pathlib import Path
 
-    from ..contracts.location import is_remote
-    from ..errors import UsageError
-    from ..fsutil import temp_dir
-    from ..objectstore import list_remote, parse_url, snapshot
-    from ..repository import list_repository, load_problems
-    from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors
+    from ..objectstore import list_remote, parse_url, snapshot  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..repository import list_repository, load_problems  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     remote = is_remote(repo)
     names: list[str] = []

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import click
 
+from ..contracts.location import is_remote
+from ..errors import UsageError
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
@@ -46,9 +48,7 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
     Prints the chosen config and its gain over the current one; --apply writes it into REPO.
     Exit 0 on success, 1 when no candidate meets --max-p99-ms, 2 for usage errors.
     """
-    from ..contracts.location import is_remote
-    from ..errors import UsageError
-    from ..tune import TuneOptions, tune
+    from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if is_remote(repo):
         raise UsageError(f"REPO {repo}: tune loads candidates into a tritonserver started here from a local folder; tune "

@@ -5,6 +5,8 @@ from __future__ import annotations
 import click
 
 from ..contracts import builtin
+from ..errors import TrtrepoError, UsageError
+from ..measure import Stability, parse_percentiles, parse_rates
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
@@ -117,15 +119,11 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     Exit code 0 when every threshold holds, 1 when the contract or a threshold fails (named in
     the message; the report is written), 2 for usage and connection errors.
     """
-    from ..errors import TrtrepoError, UsageError
-    from ..speed import SpeedOptions, parse_batch_sizes
-    from ..validate import Thresholds, ValidateOptions, parse_concurrency, validate
-    from ..validate.options import REFUSED_GRACE_S
-    from ..validate.report import write_latency_csv
+    from ..speed import SpeedOptions, parse_batch_sizes  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..validate import REFUSED_GRACE_S, Thresholds, ValidateOptions, parse_concurrency, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
-    from ..measure import Stability, parse_percentiles, parse_rates
 
     stability = Stability(interval_s=measurement_interval, requests=requests, pct=stability_percentage,
                           max_trials=max_trials, percentile=stability_percentile, percentiles=parse_percentiles(percentiles))

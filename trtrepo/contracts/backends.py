@@ -16,6 +16,7 @@ Triton's own strings in ``config.pbtxt``, mapped back to the spec by :func:`for_
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -129,7 +130,6 @@ def machine_threads(instance_count: int, cores: int | None = None) -> int:
 def _python_onnx_parameters(options: Any) -> dict[str, str]:
     """ONNX Runtime's thread pools in the Python backend: ``--intra-op-threads``, else the cores of
     this machine shared by the model's instances (:func:`machine_threads`)."""
-    import logging
 
     cores = available_cores()
     instances = max(1, int(options.instance_count))

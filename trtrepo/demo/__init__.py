@@ -22,7 +22,9 @@ from typing import Any
 import numpy as np
 
 from ..contracts.builtin import BuiltinModel
+from ..data import ArraySource, Preprocess
 from ..errors import UsageError
+from ..export import InputShape
 
 NAME = "demo"
 INPUT_NAME = "input"
@@ -37,8 +39,6 @@ FACTORY = "trtrepo.demo:build_model"
 
 
 def _preprocess() -> Any:
-    from ..data import Preprocess
-
     return Preprocess(
         resize=(IMAGE_SIZE, IMAGE_SIZE),
         interpolation="bilinear",
@@ -106,7 +106,6 @@ def split_tensors(split: str) -> tuple[np.ndarray, np.ndarray]:
 
 def open_split(split: str) -> Any:
     """The demo data of ``split`` (``demo:SPLIT``) as an ArraySource with labels."""
-    from ..data import ArraySource
 
     if split not in SPLITS:
         raise UsageError(f"demo:{split}: demo data has no split '{split}' (splits: {', '.join(SPLITS)})")
@@ -115,8 +114,6 @@ def open_split(split: str) -> Any:
 
 
 def export_inputs() -> list[Any]:
-    from ..export import InputShape
-
     return [InputShape(INPUT_NAME, (1, IMAGE_SIZE, IMAGE_SIZE))]
 
 
@@ -129,7 +126,7 @@ def build_model(weights: bool = True) -> Any:
     """The demo CNN (torch ``nn.Module`` in eval mode), with the shipped weights by default."""
     import torch
 
-    from .model import ResidualCNN
+    from .model import ResidualCNN  # noqa: PLC0415  # deferred: demo.model imports torch (heavy optional dependency)
 
     model = ResidualCNN(num_classes=NUM_CLASSES)
     if weights:

@@ -16,13 +16,18 @@ prints the validation accuracy.
 
 from __future__ import annotations
 
+import argparse
+import time
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
 from ..contracts.builtin import BuiltinModel
+from ..data import ListSource, Sample, iter_batches
 from ..errors import UsageError
+from ..export import InputShape
+from . import package_file
 
 VOCAB = 64
 MARKERS = (1, 2, 3, 4)  # token ids of the four marker kinds; 0 is padding
@@ -81,16 +86,12 @@ def _split(split: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
 
 
 def open_data(split: str) -> Any:
-    from ..data import ListSource, Sample
-
     ids, mask, labels = _split(split)
     items = [Sample({"input_ids": i, "attention_mask": m}, int(y)) for i, m, y in zip(ids, mask, labels, strict=True)]
     return ListSource(f"demo-text:{split}", items)
 
 
 def export_inputs() -> list[Any]:
-    from ..export import InputShape
-
     return [InputShape(name, (16,), "int64") for name in INPUT_NAMES]
 
 
@@ -161,8 +162,6 @@ def _define() -> Any:
 
 
 def weights_path() -> Any:
-    from . import package_file
-
     return package_file("demo_text.pt")
 
 
@@ -178,7 +177,6 @@ def build_model(weights: bool = True) -> Any:
 def evaluate(model: Any, split: str = "val") -> float:
     import torch
 
-    from ..data import iter_batches
 
     correct = total = 0
     with torch.no_grad():
@@ -190,13 +188,9 @@ def evaluate(model: Any, split: str = "val") -> float:
 
 
 def main(argv: list[str] | None = None) -> float:
-    import argparse
-    import time
-
     import torch
     from torch import nn
 
-    from ..data import iter_batches
 
     parser = argparse.ArgumentParser(description="Retrain the demo-text encoder.")
     parser.add_argument("--epochs", type=int, default=20)

@@ -13,6 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
+from . import build_model, package_file, raw_digits, split_tensors, weights_path
+
 
 def write_digits(path: Path) -> None:
     from sklearn.datasets import load_digits
@@ -26,7 +28,6 @@ def main(argv: list[str] | None = None) -> float:
     import torch
     from torch import nn
 
-    from . import build_model, package_file, raw_digits, split_tensors, weights_path
 
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=12)

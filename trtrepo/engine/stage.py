@@ -110,7 +110,6 @@ def count_qdq_nodes(onnx_path: str | Path) -> int:
 
 
 def _onnx_calibration_method(onnx_path: Path) -> str | None:
-
     model = load_onnx(onnx_path, load_weights=False)
     props = {p.key: p.value for p in model.metadata_props}
     for key in ("trtrepo.calibration_method", "trtrepo.calibration.method", "calibration_method"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,7 +22,6 @@ from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
 def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
     plus the signed min/max where the file holds them (written with the statistics)."""
-    import json
 
 
     ranges = Ranges.load_json(path)

@@ -4,6 +4,7 @@ folder."""
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +99,6 @@ def _contained_loader(folder: Path) -> Any:
 
 
 def shipped_templates_dir() -> Path:
-    from importlib import resources
-
     return Path(str(resources.files("trtrepo.templates")))
 
 

@@ -68,6 +68,7 @@ from .options import (
     DEFAULT_PORTS,
     PERCENTILES,
     PROTOCOLS,
+    REFUSED_GRACE_S,
     REPORT_SCHEMA,
     SHARED_MEMORY,
     Thresholds,
@@ -80,6 +81,7 @@ from .report import (
     ValidationReport,
     _ms,
     _pct,
+    write_latency_csv,
     write_plot,
 )
 from .shm import (
@@ -107,6 +109,7 @@ __all__ = [
     "Mismatch",
     "PERCENTILES",
     "PROTOCOLS",
+    "REFUSED_GRACE_S",
     "REPORT_SCHEMA",
     "SHARED_MEMORY",
     "SharedMemory",
@@ -143,5 +146,6 @@ __all__ = [
     "run_speed",
     "stats_diff",
     "validate",
+    "write_latency_csv",
     "write_plot",
 ]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import csv
+import io
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -44,7 +46,6 @@ class ValidationReport:
         return names + [t.name for t in self.thresholds if not t.passed]
 
     def to_dict(self) -> dict[str, Any]:
-
         return {
             "schema": REPORT_SCHEMA,
             "trtrepo_version": __version__,
@@ -95,7 +96,6 @@ class ValidationReport:
         return "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in self.thresholds if not t.passed)
 
     def to_json(self) -> str:
-
         return report_json(self.to_dict(), allow_nan=False)
 
     def to_markdown(self) -> str:
@@ -292,8 +292,6 @@ def latency_csv(latency: dict[str, Any]) -> str:
     """The latency table in perf_analyzer's CSV layout: one row per concurrency level. Client Send
     and Client Recv are empty (validate does not split the client's time); Network+Server
     Send/Recv is the client mean minus the server's request time."""
-    import csv
-    import io
 
     def us(ms: float | None) -> str:
         return "" if ms is None else str(int(round(ms * 1000)))
@@ -311,15 +309,12 @@ def latency_csv(latency: dict[str, Any]) -> str:
 
 
 def write_latency_csv(latency: dict[str, Any], path: str | Path) -> Path:
-
     return atomic_write_text(path, latency_csv(latency))
 
 
 def write_samples_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """``samples.csv``: one row per sample (position, file, label, top-1 of both sides and their
     agreement, cosine per output), written atomically."""
-    import csv
-    import io
 
 
     outputs = list(rows[0].get("cosine", {})) if rows else []
