@@ -49,10 +49,11 @@ def _batches(spec: str, limit: int | None, io: object, batch_size: int = 32) -> 
 
 def worker_calibrate(model: str, samples: int) -> dict:
     from trtrepo.calibrate import Calibrator
+    from trtrepo.data import DataOptions
 
     base = status_mb("VmRSS")
     t = time.perf_counter()
-    stats = Calibrator(model, "demo-text:calib", limit=samples, batch_size=32, progress=False).collect()
+    stats = Calibrator(model, DataOptions("demo-text:calib", limit=samples), batch_size=32, progress=False).collect()
     stats.compute("entropy")
     took = time.perf_counter() - t
     return {"samples": samples, "seconds": took, "peak_rss_mb": status_mb("VmHWM"), "base_rss_mb": base,

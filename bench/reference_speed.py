@@ -33,8 +33,9 @@ MODELS = {  # name on the server -> (reference, data, precision)
 
 
 def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
-    from trtrepo.autoquant import quantize_for_deploy
+    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.export import export_onnx
+    from trtrepo.quantize import QuantizeOptions
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions
@@ -49,14 +50,15 @@ def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
         ref, data, precision = MODELS[name]
         path = fp32[ref]
         if precision == "INT8":
-            path = quantize_for_deploy(fp32[ref], f"{data}:calib", root / f"{name}.onnx", target="onnxruntime",
-                                       method="minmax").path
+            path = quantize_for_deploy(QuantizeRequest(fp32[ref], root / f"{name}.onnx", data=f"{data}:calib", method="minmax",
+                                                       options=QuantizeOptions(target="onnxruntime"))).path
         add_onnx_model(root / "repo", name, path, backend="python", options=ModelOptions(execution_env=str(env)))
         onnx[name] = Path(fp32[ref])
     return onnx
 
 
 def run_one(url: str, name: str, onnx: Path, args: argparse.Namespace) -> dict:
+    from trtrepo.data import DataOptions
     from trtrepo.speed import SpeedOptions
     from trtrepo.validate import ValidateOptions, validate
 
@@ -64,7 +66,7 @@ def run_one(url: str, name: str, onnx: Path, args: argparse.Namespace) -> dict:
     opts = ValidateOptions(model=name, url=url, protocol="grpc", concurrency=(1,), requests=20, warmup=5, progress=False,
                            batch_size=8, speed=SpeedOptions(batch_sizes=tuple(args.batch_sizes), iterations=args.iterations,
                                                             warmup=args.warmup, device=args.device, threads=args.threads))
-    report = validate(opts, reference=ref, data=f"{data}:val", onnx=onnx)
+    report = validate(opts, reference=ref, data=DataOptions(f"{data}:val"), onnx=onnx)
     return report.speed_vs_reference
 
 

@@ -25,8 +25,9 @@ from pathlib import Path
 
 
 def build_repository(root: Path) -> Path:
-    from trtrepo.autoquant import quantize_for_deploy
+    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.export import export_onnx
+    from trtrepo.quantize import QuantizeOptions
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions
@@ -35,7 +36,8 @@ def build_repository(root: Path) -> Path:
     if env is None:
         sys.exit("no numpy<2 environment for the Python backend: run scripts/install_tritonserver.sh")
     fp32 = export_onnx("demo", root / "demo.onnx").path
-    int8 = quantize_for_deploy(fp32, "demo:calib", root / "demo_int8.onnx", target="onnxruntime", method="entropy").path
+    int8 = quantize_for_deploy(QuantizeRequest(fp32, root / "demo_int8.onnx", data="demo:calib", method="entropy",
+                                               options=QuantizeOptions(target="onnxruntime"))).path
     repo = root / "repo"
     add_onnx_model(repo, "int8_batching", int8, backend="python", options=ModelOptions(execution_env=str(env)))
     add_onnx_model(repo, "int8_no_batching", int8, backend="python",

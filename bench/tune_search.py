@@ -59,6 +59,7 @@ def models(root: Path, which: list[str]) -> dict[str, tuple[Path, str]]:
 def head_to_head(repo: Path, name: str, data: str, configs: dict[str, object], args: argparse.Namespace) -> dict:
     """Each config loaded in turn on one explicit-mode server, ``args.rounds`` rounds in rotating
     order; per config the median throughput and p99 of the rounds."""
+    from trtrepo.data import DataOptions
     from trtrepo.repository import read_config
     from trtrepo.server import TritonServer
     from trtrepo.tune import CandidateRunner, TuneOptions
@@ -67,8 +68,7 @@ def head_to_head(repo: Path, name: str, data: str, configs: dict[str, object], a
     rows: dict[str, list[dict]] = {k: [] for k in configs}
     extra = ("--model-control-mode=explicit", f"--load-model={name}")
     with TritonServer(repo, extra_args=extra, timeout=300) as server:
-        runner = CandidateRunner(server.grpc_url, opts, read_config(repo / name), data=data, preprocess=None, labels=None,
-                         limit=None, seed=0)
+        runner = CandidateRunner(server.grpc_url, opts, read_config(repo / name), data=DataOptions(spec=data))
         try:
             keys = list(configs)
             for r in range(args.rounds):
@@ -97,6 +97,7 @@ def main() -> None:
     args = ap.parse_args()
 
     from trtrepo.cpu import available_cores
+    from trtrepo.data import DataOptions
     from trtrepo.repository import add_onnx_model
     from trtrepo.tritonconfig import ModelOptions
     from trtrepo.tune import Candidate, TuneOptions, tune
@@ -115,7 +116,7 @@ def main() -> None:
                 opts = TuneOptions(model="m", concurrency=args.concurrency, exhaustive=mode == "exhaustive",
                                    budget_s=3600, interval_s=args.interval, max_trials=args.max_trials)
                 print(f"{label}: tune {mode}", file=sys.stderr)
-                runs[mode] = tune(repo, opts, data=data, say=lambda s: print(s, file=sys.stderr))
+                runs[mode] = tune(repo, opts, data=DataOptions(spec=data), say=lambda s: print(s, file=sys.stderr))
             quick, grid = runs["quick"], runs["exhaustive"]
             # distinct configs only (a search that keeps the default measures the same config); the default
             # twice, as an A/A pair: how far two measurements of one config fall apart on this machine

@@ -510,11 +510,11 @@ def test_doctor_reports_gpu() -> None:
 
 def test_plan_metadata_feeds_the_repository_writer(models: tuple[Path, Path], tmp_path: Path) -> None:
     """The Triton config of a plan comes from the IO and profile read back from the engine (model.plan.json)."""
-    from trtrepo.repository import add_plan_model
+    from trtrepo.repository import PlanTarget, add_plan_model
 
     plan = B.build_engine(models[1], tmp_path / "build" / "model.plan", build_opts(max_batch=16),
                           builder=fake_builder()).plan
-    result, _ = add_plan_model(tmp_path / "repo", "demo", plan, target_tensorrt=V11, target_compute_capability="8.0")
+    result, _ = add_plan_model(tmp_path / "repo", "demo", plan, target=PlanTarget(V11, "8.0"))
     text = result.config_text
     assert 'platform: "tensorrt_plan"' in text or 'backend: "tensorrt"' in text
     assert "max_batch_size: 16" in text and 'name: "input"' in text and 'name: "logits"' in text

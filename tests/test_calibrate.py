@@ -14,7 +14,7 @@ from onnx import TensorProto, helper
 
 from trtrepo import histogram as H
 from trtrepo.cache import read_cache
-from trtrepo.calibrate import CALIBRATED_OPS, Calibrator, Ranges, Statistics, select_tensors
+from trtrepo.calibrate import CALIBRATED_OPS, Calibrator, HistogramOptions, Ranges, Statistics, select_tensors
 from trtrepo.data import ArraySource, ListSource, Sample
 from trtrepo.demo import raw_split, split_tensors
 from trtrepo.errors import TrtrepoError
@@ -334,7 +334,8 @@ def test_histograms_of_large_maps_are_sampled_per_sample_and_stay_batch_invarian
     src = ArraySource("big", {"input": x})
 
     def stats(batch: int, sample: int | None) -> Statistics:
-        return Calibrator(model, src, batch_size=batch, progress=False, tensors=["c"], histogram_sample=sample).collect()
+        return Calibrator(model, src, batch_size=batch, progress=False, tensors=["c"],
+                          histograms=HistogramOptions(sample=sample)).collect()
 
     sampled = {b: stats(b, DEFAULT_HISTOGRAM_SAMPLE) for b in (1, 4, 13)}
     full = stats(4, None)

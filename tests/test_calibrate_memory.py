@@ -15,7 +15,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.calibrate import Calibrator, Statistics
-from trtrepo.data import ArraySource
+from trtrepo.data import ArraySource, DataOptions
 from trtrepo.errors import TrtrepoError, UsageError
 
 TINY = 0.05  # MB: below one sample of either demo model, so micro-batches and tensor groups
@@ -55,7 +55,7 @@ def test_budget_does_not_change_the_statistics(model: str, data: str, limit: int
     for batch_size in (1, 7, 64):
         runs: dict[float | None, Calibrator] = {}
         for budget in (None, HUGE, TINY):
-            runs[budget] = Calibrator(path, data, limit=limit, batch_size=batch_size, progress=False,
+            runs[budget] = Calibrator(path, DataOptions(data, limit=limit), batch_size=batch_size, progress=False,
                                       memory_budget_mb=budget)
             runs[budget].collect()
         whole = runs[None].statistics
@@ -271,7 +271,7 @@ def test_external_data_models_calibrate_the_same(demo_text_onnx: Path, tmp_path:
 
     results = []
     for path in (demo_text_onnx, external):
-        cal = Calibrator(path, "demo-text:calib", limit=12, batch_size=6, progress=False)
+        cal = Calibrator(path, DataOptions("demo-text:calib", limit=12), batch_size=6, progress=False)
         stats = cal.collect()
         results.append(outputs(stats, tmp_path, path.parent.name))
     assert results[0] == results[1]
@@ -293,7 +293,7 @@ def test_external_data_models_calibrate_the_same(demo_text_onnx: Path, tmp_path:
     (tmp_path / "outside.bin").write_bytes((tmp_path / "ext" / "weights" / "model.bin").read_bytes())
     onnx.save(escape, str(tmp_path / "ext" / "escape.onnx"))
     with pytest.raises(UsageError, match="external data location .*outside the model.s folder"):
-        Calibrator(tmp_path / "ext" / "escape.onnx", "demo-text:calib", limit=4, progress=False).collect()
+        Calibrator(tmp_path / "ext" / "escape.onnx", DataOptions("demo-text:calib", limit=4), progress=False).collect()
 
     (tmp_path / "bad.onnx").write_bytes(b"not an ONNX model\n" * 100)
     with pytest.raises(UsageError, match="bad.onnx: not a readable ONNX model"):

@@ -403,8 +403,9 @@ def test_cache_for_another_model_is_refused(demo_onnx, tmp_path, run_cli):
 @pytest.fixture(scope="module")
 def demo_stats(demo_onnx):
     from trtrepo.calibrate import Calibrator
+    from trtrepo.data import DataOptions
 
-    return Calibrator(demo_onnx, "demo:calib", limit=256, progress=False).collect()
+    return Calibrator(demo_onnx, DataOptions("demo:calib", limit=256), progress=False).collect()
 
 
 @pytest.fixture(scope="module")
@@ -589,11 +590,12 @@ def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx,
 
 
 def test_quantize_for_deploy(demo_onnx, tmp_path):
-    from trtrepo.autoquant import quantize_for_deploy
+    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.data import open_data
 
     source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
-    res = quantize_for_deploy(demo_onnx, source, tmp_path / "d.onnx", "onnxruntime", weight_rounding="nearest")
+    res = quantize_for_deploy(QuantizeRequest(demo_onnx, tmp_path / "d.onnx", data=source, method="auto",
+                                              options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest"))
     assert res.method == "entropy" and Path(res.path).is_file()
     ops = integer_kernels(res.path, tmp_path)
     assert "QLinearConv" in ops

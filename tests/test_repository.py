@@ -15,7 +15,7 @@ from trtrepo.contracts.backends import BACKENDS
 from trtrepo.contracts.plan import PLAN_METADATA_FORMAT
 from trtrepo.errors import UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
-from trtrepo.repository import add_model, add_onnx_model, add_plan_model, list_repository, versions_of
+from trtrepo.repository import PlanTarget, add_model, add_onnx_model, add_plan_model, list_repository, versions_of
 from trtrepo.server import container_command, release_for_tensorrt, release_table
 from trtrepo.tritonconfig import ModelOptions, check_model_name, config_from_io
 
@@ -175,17 +175,17 @@ def test_plan_max_batch_size_comes_from_profile_and_cannot_exceed_it(tmp_path):
 
 def test_plan_target_mismatch_warns(tmp_path, caplog):
     plan = write_plan(tmp_path, tensorrt_version="10.3.0.26", cc="8.0")
-    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target_tensorrt="10.8.0.43", target_compute_capability="9.0")
+    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target=PlanTarget("10.8.0.43", "9.0"))
     assert any("TensorRT 10.3.0.26" in w and "10.8.0.43" in w for w in res.warnings)
     assert any("compute capability 8.0" in w for w in res.warnings)
-    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target_tensorrt="10.3.0.26", target_compute_capability="8.0")
+    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target=PlanTarget("10.3.0.26", "8.0"))
     assert res.warnings == []
 
 
 def test_plan_target_needs_the_exact_tensorrt_version(tmp_path):
     """A plan only loads in the TensorRT version that built it: a patch release differs too (the build check's rule)."""
     plan = write_plan(tmp_path, tensorrt_version="10.3.0.26", cc="8.0")
-    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target_tensorrt="10.3.1.4", target_compute_capability="8.0")
+    res, _ = add_plan_model(tmp_path / "repo", "p", plan, target=PlanTarget("10.3.1.4", "8.0"))
     assert len(res.warnings) == 1 and "TensorRT 10.3.0.26 but the target server has TensorRT 10.3.1.4" in res.warnings[0]
 
 

@@ -266,12 +266,13 @@ def test_cuda_shared_memory_without_a_gpu_is_a_usage_error(run_cli, demo_onnx, t
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, demo_onnx):
     """ONNX files: demo FP32, demo INT8 (ONNX Runtime Q/DQ via trtrepo.quantize), demo-text."""
-    from trtrepo.autoquant import quantize_for_deploy
+    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.export import export_onnx
+    from trtrepo.quantize import QuantizeOptions
 
     d = tmp_path_factory.mktemp("validate-models")
-    int8 = quantize_for_deploy(demo_onnx, "demo:calib", d / "demo_int8.onnx", target="onnxruntime", method="minmax",
-                               weight_rounding="nearest").path
+    int8 = quantize_for_deploy(QuantizeRequest(demo_onnx, d / "demo_int8.onnx", data="demo:calib", method="minmax",
+                                               options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")).path
     text = export_onnx("demo-text", d / "demo_text.onnx").path
     return {"fp32": Path(demo_onnx), "int8": Path(int8), "text": Path(text)}
 
@@ -449,11 +450,12 @@ def test_request_timeout_is_reported_and_nothing_hangs(run_cli, server, models, 
 
 @pytest.mark.triton
 def test_python_api_mirrors_the_command(server, models):
+    from trtrepo.data import DataOptions
     from trtrepo.validate import validate
 
     opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), stability=Stability(interval_s=0.5),
                            warmup=2, progress=False, speed=None)
-    report = validate(opts, reference="demo", data="demo:val", onnx=models["fp32"], limit=50,
+    report = validate(opts, reference="demo", data=DataOptions("demo:val", limit=50), onnx=models["fp32"],
                       thresholds=Thresholds(max_top1_drop=0.0))
     assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True
     level = report.latency["levels"][0]

@@ -28,6 +28,7 @@ from .cpu import CpuInt8, cpu_int8
 from .data import Preprocess, open_data
 from .engine import BuildOptions, build_engine, gpu_status, tensorrt_status
 from .errors import UsageError
+from .evaluate import AccuracyTarget
 from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
@@ -290,7 +291,6 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
         return onnx_path, "fp32"
     source = calibration.source()
     out = work / "model.int8.onnx"
-    extra: dict[str, Any] = {"metric_output": opts.metric_output} if opts.metric_output else {}
     if opts.reduce_range:
         qdq = qdq_target(target)
         if not qdq.reduce_range:
@@ -298,13 +298,13 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
             built = any(s.engine for s in backends.BACKENDS.values() if s.quantize_target == qdq.name)
             raise UsageError(f"--reduce-range applies to the {able} backends, not to a {qdq.display} "
                              f"{'plan' if built else 'model'}")
-        extra["reduce_range"] = True
-    result = autoquant.quantize_for_deploy(onnx_path, source, out, target, batch_size=opts.batch_size,
-                                           method=opts.method, smooth_quant=opts.smooth_quant,
-                                           exclude_ops=opts.exclude_ops, exclude_nodes=opts.exclude_nodes,
-                                           accuracy_target=opts.accuracy_target,
-                                           weight_rounding=opts.weight_rounding,
-                                           eval_data=calibration.eval_source(), **extra)
+    accuracy_target = AccuracyTarget.parse(opts.accuracy_target) if isinstance(opts.accuracy_target, str) else opts.accuracy_target
+    result = autoquant.quantize_for_deploy(QuantizeRequest(
+        onnx_path, out, data=source, method=opts.method,
+        options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=tuple(opts.exclude_ops),
+                                exclude_nodes=tuple(opts.exclude_nodes)),
+        batch_size=opts.batch_size, metric_output=opts.metric_output or None, smooth_quant=opts.smooth_quant,
+        accuracy_target=accuracy_target, weight_rounding=opts.weight_rounding, eval_data=calibration.eval_source()))
     method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
     alpha = result.report.smooth_quant.alpha
     if alpha is not None:

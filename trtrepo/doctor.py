@@ -115,7 +115,6 @@ def leftovers() -> list[str]:
     """What killed trtrepo processes left on this machine (the next run of the same kind removes
     it): temporary folders and /dev/shm regions named after a process that is gone."""
 
-
     found = []
     for root, pattern, prefix in ((Path(tempfile.gettempdir()), "trtrepo-*-*", None), (Path("/dev/shm"), "trtrepo_*", "_")):
         if not root.is_dir():

@@ -390,7 +390,6 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
 
     import onnxruntime as ort
 
-
     if threads is None and available_cores() < (os.cpu_count() or 1):
         threads = available_cores()
 

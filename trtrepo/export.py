@@ -266,6 +266,16 @@ def _random_batch(inputs: Sequence[InputShape], batch: int, seed: int = 0) -> di
 # Export
 
 
+@dataclass(frozen=True)
+class ExportCheck:
+    """How :func:`export_onnx` verifies an export: ONNX Runtime against PyTorch on a random batch of
+    ``batch`` samples (0: no check), failing when an output differs beyond ``atol + rtol*|ref|``."""
+
+    batch: int = 3
+    atol: float = 1e-4
+    rtol: float = 1e-3
+
+
 @dataclass
 class ExportResult:
     path: Path
@@ -307,9 +317,7 @@ def export_onnx(
     output_names: Sequence[str] | None = None,
     dynamic_axes: Mapping[str, Mapping[int, str]] | None = None,
     opset: int = DEFAULT_OPSET,
-    check_batch: int = 3,
-    atol: float = 1e-4,
-    rtol: float = 1e-3,
+    check: ExportCheck = ExportCheck(),
     force: bool = True,
 ) -> ExportResult:
     """Export ``source`` to ``output`` (ONNX) and verify it against PyTorch.
@@ -317,12 +325,12 @@ def export_onnx(
     ``inputs`` gives names, per-sample shapes and dtypes (the demo models know their own).
     Axis 0 of every input and output is dynamic (``batch``); ``dynamic_axes`` adds more, as
     ``{tensor: {axis: name}}``. Every other output axis whose size does not change with them is
-    written with its size (:func:`_write_static_output_dims`). The check runs ONNX Runtime and
-    PyTorch on a random batch of ``check_batch`` samples (another size than the export's, so the
-    dynamic axis is exercised) and fails when the outputs differ beyond ``atol + rtol*|ref|``.
+    written with its size (:func:`_write_static_output_dims`). The check (:class:`ExportCheck`)
+    runs ONNX Runtime and PyTorch on a random batch of ``check.batch`` samples (another size than
+    the export's, so the dynamic axis is exercised) and fails when the outputs differ beyond
+    ``check.atol + check.rtol*|ref|``.
     """
     import onnx
-
 
     if isinstance(source, str):
         source = resolve_source(source, weights)
@@ -392,15 +400,14 @@ def export_onnx(
         exported = _write_static_output_dims(exported, tmp, export_feed, axes, notes)
         io = ModelIO.from_onnx(exported)
         io = ModelIO(io.inputs, io.outputs, source=str(output))
-        max_err = _check_against_torch(torch, model, tmp, output, inputs, names, output_names, check_batch, atol, rtol)
-    return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check_batch or None, notes=notes)
+        max_err = _check_against_torch(torch, model, tmp, output, inputs, names, output_names, check)
+    return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check.batch or None, notes=notes)
 
 
 def _pass_through(source: ModelSource, output: Path, force: bool) -> ExportResult:
     """An ONNX source: checked and copied to ``output`` (external data gathered into one file;
     otherwise the given bytes unchanged, so a Q/DQ model is deployed as given)."""
     import onnx
-
 
     # parsed once: the graph first, the weights of an external-data model added to it
     model = load_onnx(source.location, load_weights=False)
@@ -453,13 +460,12 @@ def _reference_run(torch: Any, model: Any, inputs: list[InputShape], names: list
 
 
 def _check_against_torch(torch: Any, model: Any, path: Path, output: Path, inputs: Sequence[InputShape],
-                         names: Sequence[str], output_names: Sequence[str], check_batch: int, atol: float,
-                         rtol: float) -> float | None:
-    """ONNX Runtime against PyTorch on a random batch of ``check_batch`` samples: the largest
+                         names: Sequence[str], output_names: Sequence[str], check: ExportCheck) -> float | None:
+    """ONNX Runtime against PyTorch on a random batch of ``check.batch`` samples: the largest
     absolute difference, or a one-line error naming the output that differs."""
-    if not check_batch:
+    if not check.batch:
         return None
-    feed = _random_batch(inputs, check_batch, seed=1)
+    feed = _random_batch(inputs, check.batch, seed=1)
     expected = _torch_outputs(torch, model, feed, names)
     got = _ort_run(path, feed)
     max_err = 0.0
@@ -468,8 +474,8 @@ def _check_against_torch(torch: Any, model: Any, path: Path, output: Path, input
             raise TrtrepoError(f"{output}: output '{name}' has shape {list(g.shape)} in ONNX Runtime but {list(e.shape)} in PyTorch")
         err = float(np.max(np.abs(e.astype(np.float64) - g.astype(np.float64)))) if e.size else 0.0
         max_err = max(max_err, err)
-        if not np.allclose(g, e, atol=atol, rtol=rtol):
-            raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {atol}, rtol {rtol})")
+        if not np.allclose(g, e, atol=check.atol, rtol=check.rtol):
+            raise TrtrepoError(f"{output}: output '{name}' differs from PyTorch by up to {err:.3g} (atol {check.atol}, rtol {check.rtol})")
     return max_err
 
 

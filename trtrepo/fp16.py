@@ -177,7 +177,6 @@ def convert_file(src: str, dst: str, *, force: bool = True, **kw: Any) -> Any:
     """Convert an ONNX file; the result is checked with ``onnx.checker`` and written atomically."""
     import onnx
 
-
     model = convert_to_fp16(load_onnx(src), **kw)
     try:
         onnx.checker.check_model(model)

@@ -89,7 +89,6 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
     ``*.plan.json`` files of a remote repository, so findings about missing files are not made."""
     from tritonclient.grpc import model_config_pb2
 
-
     KIND_GPU = model_config_pb2.ModelInstanceGroup.KIND_GPU
     repo = Path(path)
     entries = list_repository(repo)
@@ -140,7 +139,6 @@ def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryF
     if location.scheme != "s3":
         raise UsageError(f"REPO_URL {url}: trtrepo reads s3:// repositories only; read a local copy instead: "
                          f"trtrepo manifests LOCAL_COPY --repository-url {url}")
-
 
     with tempfile.TemporaryDirectory(prefix="trtrepo-manifests-") as tmp:
         dest = Path(tmp) / "repo"

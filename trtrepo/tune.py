@@ -47,7 +47,7 @@ from typing import Any
 from . import __version__
 from .contracts import backends
 from .cpu import available_cores
-from .data import open_data
+from .data import DataOptions
 from .errors import TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path, report_json, write_report
 from .measure import Stability
@@ -405,7 +405,6 @@ def write_plot(result: TuneResult, path: str | Path) -> Path:
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
 
-
     rs = [(i, r) for i, r in enumerate(result.results) if not r.get("error")]
     fig, ax = plt.subplots(figsize=(7.5, 5), dpi=100)
     try:
@@ -440,12 +439,12 @@ def _cpu_name() -> str:
         return "?"
 
 
-def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str | None = None, labels: str | None = None,
-         limit: int | None = None, seed: int = 0, skip_non_images: bool = False, apply: bool = False, report_dir: str | Path | None = None,
+def tune(repo: str | Path, options: TuneOptions, *, data: DataOptions, apply: bool = False, report_dir: str | Path | None = None,
          say: Callable[[str], None] = lambda s: None) -> TuneResult:
     """Search the serving config of ``options.model`` in ``repo`` on a tritonserver started here in
-    explicit model-control mode; write the report to ``report_dir`` and, with ``apply``, the
-    chosen config to the repository."""
+    explicit model-control mode, with requests from ``data`` (its ``batch_size`` and ``extra`` are
+    not used: ``options.batch_size`` sets the request size); write the report to ``report_dir``
+    and, with ``apply``, the chosen config to the repository."""
 
     repo = Path(repo)
     model_dir = repo / options.model
@@ -478,8 +477,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
     with TritonServer(repo, binary=options.server_binary, extra_args=extra, timeout=120) as server:
         for lo in server.reaped:
             say(f"note: removed {lo.describe()}")
-        runner = CandidateRunner(server.grpc_url, options, msg, data=data, preprocess=preprocess, labels=labels, limit=limit,
-                                 seed=seed, skip_non_images=skip_non_images)
+        runner = CandidateRunner(server.grpc_url, options, msg, data=data)
         try:
             def evaluate(c: Candidate) -> float:
                 if c not in cache:
@@ -540,10 +538,8 @@ def tune(repo: str | Path, options: TuneOptions, *, data: Any, preprocess: str |
 class CandidateRunner:
     """Loads candidates into the explicit-mode server and measures them."""
 
-    def __init__(self, url: str, options: TuneOptions, msg: Any, *, data: Any, preprocess: str | None,
-                 labels: str | None, limit: int | None, seed: int, skip_non_images: bool = False) -> None:
+    def __init__(self, url: str, options: TuneOptions, msg: Any, *, data: DataOptions) -> None:
         import tritonclient.grpc as grpcclient
-
 
         self.options = options
         self.msg = msg
@@ -555,8 +551,7 @@ class CandidateRunner:
         io = _served_io(self.target.metadata(), msg)
         self.target.prepare(io)
 
-        source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                           skip_non_images=skip_non_images)
+        source = data.open(io)
         self.payloads, _ = make_payloads(source, io, options.batch_size)
 
     def measure(self, c: Candidate) -> dict[str, Any]:

@@ -252,6 +252,17 @@ class LayerReport:
     bias_shift: float = 0.0  # max |bias correction| / max |bias|
 
 
+@dataclass(frozen=True)
+class SequentialWork:
+    """How much work :func:`round_weights_sequential` does: AdaRound's time for the whole model and
+    its iteration cap per layer, the input patches sampled per layer and the seed of that sample."""
+
+    budget_s: float = DEFAULT_BUDGET_S
+    iterations: int = ADAROUND_ITERATIONS
+    rows_per_layer: int = ROWS_PER_LAYER
+    seed: int = 0
+
+
 @dataclass
 class WeightStepResult:
     step: str
@@ -375,7 +386,6 @@ class QuantizedProbe:
                  threads: int | None = None) -> None:
         import onnx
 
-
         q = insert_qdq(model, ranges, options, warn=False).model
         by_name = {n.name: n for n in q.graph.node}
         self.inputs: dict[str, str] = {}
@@ -417,7 +427,6 @@ class QuantizedProbe:
     def _build(self, target: str) -> tuple[Any, list[str], list[str], list[int]]:
         """The session of the nodes not run yet that ``target`` needs; its inputs and outputs."""
         import onnx
-
 
         need: set[int] = set()
         stack = [target]
@@ -482,9 +491,8 @@ class QuantizedProbe:
 
 
 def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Sequence[Any], ranges: Mapping[str, Any],
-                             step: str, options: QuantizeOptions, *, budget_s: float = DEFAULT_BUDGET_S,
-                             iterations: int = ADAROUND_ITERATIONS, rows_per_layer: int = ROWS_PER_LAYER,
-                             threads: int | None = None, seed: int = 0) -> WeightStepResult:
+                             step: str, options: QuantizeOptions, *, work: SequentialWork = SequentialWork(),
+                             threads: int | None = None) -> WeightStepResult:
     """Like :func:`round_weights`, one layer at a time in graph order, each layer's quantized
     input taken from the Q/DQ network (run in float) with the weights rounded so far, so that a
     layer also absorbs the error its quantized predecessors pass on (AdaRound's and empirical
@@ -493,7 +501,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     :func:`_fp32_patches`, one pass per group of layers."""
     from onnx import numpy_helper
 
-
+    budget_s, iterations, rows_per_layer, seed = work.budget_s, work.iterations, work.rows_per_layer, work.seed
     if step not in STEPS[1:]:
         raise ValueError(f"unknown weight step {step!r}")
     t0 = time.perf_counter()

@@ -301,7 +301,7 @@ def export_onnx(path: str | Path, check_batch: int = 3) -> Any:
     """Export the ImageNet MobileNetV2 to ``path`` with trtrepo's exporter (legacy TorchScript
     exporter, dynamo=False, opset 17, constant folding; onnx.checker and an ONNX Runtime vs PyTorch
     check on a random batch of ``check_batch``). Returns trtrepo's ExportResult."""
-    from trtrepo.export import InputShape
+    from trtrepo.export import ExportCheck, InputShape
     from trtrepo.export import export_onnx as trtrepo_export
 
     if str(HERE) not in sys.path:
@@ -315,7 +315,7 @@ def export_onnx(path: str | Path, check_batch: int = 3) -> Any:
         inputs=[InputShape(INPUT_NAME, (3, SIZE, SIZE))],
         output_names=[OUTPUT_NAME],
         opset=OPSET,
-        check_batch=check_batch,
+        check=ExportCheck(batch=check_batch),
     )
 
 

@@ -236,7 +236,6 @@ def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: Q
     """Integer kernels ONNX Runtime runs for the chosen model and, per ``--exclude-op`` /
     ``--exclude-node``, how many kernels that exclusion costs (the count without it, minus now)."""
 
-
     now = integer_kernels(chosen.model)
     costs: list[dict[str, Any]] = []
     for kind, values in (("op", options.exclude_ops), ("node", options.exclude_nodes)):
@@ -253,16 +252,60 @@ def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: Q
     return {"kernels": now, "exclusion_costs": costs}
 
 
-def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, method: str, best: Candidate,
-                 candidates: Sequence[Candidate], metrics: Mapping[str, OutputMetrics] | None,
-                 target: AccuracyTarget | None, fb: FallbackResult | None, eval_src: Any, calib_src: Any, *,
-                 chosen: QuantizedModel, seconds: Mapping[str, float], metric_output: str, speed: Mapping[str, Any] | None,
-                 rounding: RoundingChoice, equalization: Mapping[str, Any], smooth_quant: SmoothQuantReport,
-                 accuracy_check: HeldOutCheck | None, integer_kernels: Mapping[str, Any] | None = None,
-                 input_methods: Mapping[str, str] | None = None) -> QuantizeReport:
-    """The report of a run that wrote ``chosen`` to ``out``."""
+@dataclass(frozen=True)
+class Selection:
+    """What a run settled on: the SmoothQuant step, the FP32 model the chosen Q/DQ model was made
+    from (smoothed, rounded weights), each method's ranges, the best method's candidate among
+    ``candidates``, the weight rounding, and the chosen model with its metrics and, with an
+    accuracy target, the fallback that chose it."""
+
+    smooth: SmoothChoice
+    base_model: Any
+    per_method: dict[str, dict[str, ActivationRange]]
+    best: Candidate
+    candidates: Sequence[Candidate]
+    rounding: RoundingChoice
+    chosen: QuantizedModel
+    metrics: Mapping[str, OutputMetrics] | None
+    fb: FallbackResult | None
+
+
+@dataclass(frozen=True)
+class HeldOutFigures:
+    """The held-out side of a run: the evaluation data (None: none), the accuracy target, the
+    output gated, the chosen model's metrics, the accuracy check's result and the speed against
+    FP32."""
+
+    data: Any
+    target: AccuracyTarget | None
+    metric_output: str
+    metrics: Mapping[str, OutputMetrics] | None
+    check: HeldOutCheck | None
+    speed: Mapping[str, Any] | None
+
+
+@dataclass(frozen=True)
+class CalibrationFacts:
+    """How the ranges came about: the method asked for, the calibration data (None: ranges or a
+    cache were given), the method per model input (None without statistics), the equalization
+    step and SmoothQuant."""
+
+    method_requested: str
+    data: Any
+    input_methods: Mapping[str, str] | None
+    equalization: Mapping[str, Any]
+    smooth_quant: SmoothQuantReport
+
+
+def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection: Selection, held_out: HeldOutFigures,
+                 calibration: CalibrationFacts, *, seconds: Mapping[str, float],
+                 integer_kernels: Mapping[str, Any] | None = None) -> QuantizeReport:
+    """The report of a run that wrote ``selection.chosen`` to ``out``."""
+    best, candidates, chosen, fb = selection.best, selection.candidates, selection.chosen, selection.fb
+    eval_src, calib_src, target, metrics = held_out.data, calibration.data, held_out.target, held_out.metrics
     return QuantizeReport(
-        model=str(onnx_path), output=str(out), target=options.target, method_requested=method, method=best.label,
+        model=str(onnx_path), output=str(out), target=options.target, method_requested=calibration.method_requested,
+        method=best.label,
         calibration_samples=None if calib_src is None else len(calib_src),
         evaluation_data=None if eval_src is None else {"name": eval_src.name, "samples": len(eval_src)},
         methods=tuple(c.row() for c in candidates) if len(candidates) > 1 else (),
@@ -274,12 +317,12 @@ def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, method: s
                                           "seconds": fb.seconds, "evaluations": len(fb.steps)},
         excluded=tuple(options.exclude_nodes) + tuple(options.exclude_ops),
         metrics=None if metrics is None else dict(metrics),
-        seconds=seconds, metric_output=metric_output,
+        seconds=seconds, metric_output=held_out.metric_output,
         kept_float=dict(chosen.plan.auto_float), float_tensors=dict(chosen.plan.float_tensors),
-        speed=speed, weight_rounding=rounding.to_dict(), equalization=equalization,
+        speed=held_out.speed, weight_rounding=selection.rounding.to_dict(), equalization=calibration.equalization,
         quantize_attention=options.quantize_attention, reduce_range=options.reduce_range,
-        smooth_quant=smooth_quant, accuracy_check=accuracy_check,
-        integer_kernels=integer_kernels, input_methods=input_methods)
+        smooth_quant=calibration.smooth_quant, accuracy_check=held_out.check,
+        integer_kernels=integer_kernels, input_methods=calibration.input_methods)
 
 
 @dataclass(kw_only=True)

@@ -13,7 +13,7 @@ import gc
 import logging
 import tempfile
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
@@ -36,15 +36,23 @@ from ..quantize import (
     save_model,
 )
 from ..smoothquant import parse_alpha, smooth_candidates
-from .fallback import FallbackResult, check_reachable, fallback
+from .fallback import check_reachable, fallback
 from .gate import AccuracyCheck, AccuracyLoss, _fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
-from .report import HeldOutCheck, QuantizeRunResult, SmoothQuantReport, _kernel_report, build_report, report_markdown
+from .report import (
+    CalibrationFacts,
+    HeldOutCheck,
+    HeldOutFigures,
+    QuantizeRunResult,
+    Selection,
+    SmoothQuantReport,
+    _kernel_report,
+    build_report,
+    report_markdown,
+)
 from .select import (
-    Candidate,
     Evaluator,
-    RoundingChoice,
-    SmoothChoice,
+    WeightRounding,
     _equalize,
     _smoothed_ranges,
     choose_smoothing,
@@ -188,12 +196,14 @@ def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     base.layers_in_float = list(c.chosen.plan.excluded)
     timings["total"] = time.perf_counter() - t_start  # calibration (both passes) and total, selection and checks included
     report = build_report(
-        onnx_path, path, options, method, c.best, c.candidates, metrics, accuracy_target, c.fb, eval_src, calib_src,
-        chosen=c.chosen, seconds=timings, metric_output=gated, speed=speed, rounding=c.rounding,
-        equalization=equalization, smooth_quant=SmoothQuantReport.of(sq_request, c.smooth), accuracy_check=held_out,
+        onnx_path, path, options, c,
+        HeldOutFigures(eval_src, accuracy_target, gated, metrics, held_out, speed),
+        CalibrationFacts(method, calib_src,
+                         None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats},
+                         equalization, SmoothQuantReport.of(sq_request, c.smooth)),
+        seconds=timings,
         integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
-                         if options.qdq.integer_kernels else None),
-        input_methods=None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats})
+                         if options.qdq.integer_kernels else None))
     if req.report_dir is not None:
         write_report(req.report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))
         report = replace(report, report_dir=Path(req.report_dir))
@@ -268,24 +278,9 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
 _NOT_EQUALIZED = {"applied": False, "note": "ranges or a cache were given (computed on the original model)"}
 
 
-@dataclass
-class _Choice:
-    """What :func:`_choose` settled on."""
-
-    smooth: SmoothChoice
-    base_model: Any  # the FP32 model the chosen Q/DQ model was made from (smoothed, rounded weights)
-    per_method: dict[str, dict[str, ActivationRange]]
-    best: Candidate
-    candidates: Sequence[Candidate]
-    rounding: RoundingChoice
-    chosen: QuantizedModel
-    metrics: Mapping[str, OutputMetrics] | None
-    fb: FallbackResult | None
-
-
 def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, dict[str, ActivationRange]],
             evaluator: Evaluator | None, sq_request: float | str | None, accuracy_target: AccuracyTarget | None,
-            calib_src: DataSource | None, timings: dict[str, float]) -> _Choice:
+            calib_src: DataSource | None, timings: dict[str, float]) -> Selection:
     """SmoothQuant, then the method, then the weight rounding, then (with an accuracy target)
     the layers left in float, each measured on the held-out data."""
     options, metric_output = req.options, req.metric_output
@@ -297,8 +292,8 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     assert best.quantized is not None
     rounding = choose_weight_rounding(base_model, per_method[best.label], options, calib_src, evaluator, best,
-                                      req.weight_rounding, metric_output=metric_output, metric=metric,
-                                      budget_s=req.rounding_budget_s, threads=req.threads)
+                                      WeightRounding(req.weight_rounding, req.rounding_budget_s),
+                                      metric_output=metric_output, metric=metric, threads=req.threads)
     timings.update(rounding.seconds)
     if rounding.model is not None and rounding.best is not None:
         base_model, best = rounding.model, rounding.best
@@ -310,7 +305,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
             raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
         fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
-    return _Choice(smooth, base_model, per_method, best, candidates, rounding, chosen, metrics, fb)
+    return Selection(smooth, base_model, per_method, best, candidates, rounding, chosen, metrics, fb)
 
 
 def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] | None, chosen: QuantizedModel,
@@ -341,40 +336,18 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
             raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(failures)}; "
                                f"nothing written to {req.output} (accept the loss to write it anyway)")
     return metrics, HeldOutCheck.of(check, gated, failures, ungated, verdict)
-def quantize_for_deploy(onnx_path: str | Path, data_source: Any, out_path: str | Path,
-                        target: str = "onnxruntime", *, method: str = "auto", batch_size: int = 32,
-                        force: bool = True, progress: bool = False, metric_output: str | None = None,
-                        reduce_range: bool = False, smooth_quant: float | str | None = "auto",
-                        exclude_ops: Sequence[str] = (), exclude_nodes: Sequence[str] = (),
-                        accuracy_target: AccuracyTarget | str | None = None,
-                        weight_rounding: str = "auto", eval_data: Any = None) -> QuantizeRunResult:
-    """What ``trtrepo deploy`` calls (``exclude_ops``/``exclude_nodes``/``accuracy_target`` as in
-    ``trtrepo quantize``): calibrate ``onnx_path`` on ``data_source`` (a data spec
-    or :class:`~trtrepo.data.DataSource`; one collection pass), pick the method and write the
-    Q/DQ model for ``target``. ``auto`` picks the best of the registered methods on a held-out fifth
-    of the data, and falls back to entropy (ModelOpt's default) below
-    :data:`AUTO_MIN_SAMPLES` samples. ``metric_output`` is the output ``auto`` compares the methods
-    on (default: the first output; give the embedding of a model whose first output is not a
-    classifier). ``eval_data``: a separate evaluation set (spec or data source) for the choices
-    and the check, instead of the held-out fifth; then every sample of ``data_source`` calibrates.
-    ``reduce_range``: 7-bit weights (onnxruntime target, see :mod:`trtrepo.cpu`).
-    ``smooth_quant``: see :class:`QuantizeRequest`. The run ends with the held-out
-    check against FP32 (``result.report.accuracy_check``). Returns the path, the method used
-    and the report."""
-    if method == "auto" and eval_data is None:
-        source = data_source
-        if not isinstance(source, DataSource):
-            source = open_data(data_source, io=ModelIO.from_onnx(load_model(onnx_path)))
+def quantize_for_deploy(req: QuantizeRequest) -> QuantizeRunResult:
+    """What ``trtrepo deploy`` calls: :func:`quantize_request` on ``req`` (one collection pass on
+    ``req.data``, a data spec or :class:`~trtrepo.data.DataSource`), except that ``auto`` without
+    ``req.eval_data`` falls back to entropy (ModelOpt's default) below :data:`AUTO_MIN_SAMPLES`
+    samples, too few to hold a fifth out. With ``eval_data`` (a separate evaluation set) every
+    sample of ``req.data`` calibrates. The run ends with the held-out check against FP32
+    (``result.report.accuracy_check``). Returns the path, the method used and the report."""
+    if req.resolved_method == "auto" and req.eval_data is None and req.data is not None:
+        source = req.data if isinstance(req.data, DataSource) else _open(req.data, ModelIO.from_onnx(load_model(req.model)))
         if len(source) < AUTO_MIN_SAMPLES:
             log.info("%d samples: too few to hold some out; using entropy", len(source))
-            method = "entropy"
-        data_source = source
-    if isinstance(accuracy_target, str):
-        accuracy_target = AccuracyTarget.parse(accuracy_target)
-    return quantize_request(QuantizeRequest(
-        onnx_path, out_path, data=data_source, method=method,
-        options=QuantizeOptions(target=target, reduce_range=reduce_range, exclude_ops=tuple(exclude_ops),
-                                exclude_nodes=tuple(exclude_nodes)),
-        batch_size=batch_size, force=force, progress=progress, metric_output=metric_output,
-        smooth_quant=smooth_quant, accuracy_target=accuracy_target, weight_rounding=weight_rounding,
-        eval_data=eval_data))
+            req = replace(req, data=source, method="entropy")
+        else:
+            req = replace(req, data=source)
+    return quantize_request(req)

@@ -281,6 +281,15 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
     return chosen
 
 
+@dataclass(frozen=True)
+class WeightRounding:
+    """The weight step asked for (``auto`` or one of :data:`WEIGHT_ROUNDING`) and AdaRound's time
+    for the whole model (None: :data:`trtrepo.weightsteps.DEFAULT_BUDGET_S`)."""
+
+    step: str = "auto"
+    budget_s: float | None = None
+
+
 @dataclass
 class RoundingChoice:
     """The weight step ``quantize`` chose (None: nearest rounding of the original weights)."""
@@ -303,15 +312,15 @@ WEIGHT_ROUNDING = ("auto",) + ROUNDING_STEPS
 
 
 def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, calib_src: Any,
-                           evaluator: Evaluator | None, nearest: Candidate, requested: str, *,
-                           metric_output: str | None = None, metric: str | None = None, budget_s: float | None = None,
+                           evaluator: Evaluator | None, nearest: Candidate, rounding: WeightRounding, *,
+                           metric_output: str | None = None, metric: str | None = None,
                            threads: int | None = None) -> RoundingChoice:
     """The weight step (:mod:`trtrepo.weightsteps`): ``auto`` measures bias correction and
     AdaRound (each with the chosen method's ranges) against nearest rounding on the held-out data
     and keeps the best by :func:`trtrepo.evaluate.better`; without held-out data it takes AdaRound
     (whose per-layer guard never keeps a rounding worse than nearest on the calibration inputs).
     A named step is applied as asked (and measured when there is held-out data)."""
-
+    requested, budget_s = rounding.step, rounding.budget_s
     if requested not in WEIGHT_ROUNDING:
         raise UsageError(f"weight rounding '{requested}': expected one of {', '.join(WEIGHT_ROUNDING)}")
     choice = RoundingChoice(requested, "nearest")
@@ -338,7 +347,7 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     for step in steps:
         if step == "adaround" and WS.sequential_inputs(options.target):
             res = WS.round_weights_sequential(model, layers, batches[:WS.SEQUENTIAL_BATCHES], ranges, step, options,
-                                              budget_s=budget, threads=threads)
+                                              work=WS.SequentialWork(budget_s=budget), threads=threads)
         else:
             res = WS.round_weights(model, layers, moments, step, options, budget_s=budget)
         choice.seconds[step] = res.seconds

@@ -2,9 +2,9 @@
 
 Stable API (the CLI ``trtrepo calibrate`` and the quantize/deploy stages use exactly this)::
 
-    from trtrepo.calibrate import Calibrator, Statistics, Ranges, select_tensors
+    from trtrepo.calibrate import Calibrator, HistogramOptions, Statistics, Ranges, select_tensors
 
-    cal = Calibrator("model.onnx", "demo:calib", batch_size=32, num_bins=2048, progress=True,
+    cal = Calibrator("model.onnx", "demo:calib", batch_size=32, histograms=HistogramOptions(num_bins=2048), progress=True,
                      memory_budget_mb=512)        # bound on fetched activations (None: whole batches)
     stats = cal.collect()                         # Statistics: one collection serves every method
     ranges = stats.compute("entropy")             # Ranges: Mapping[tensor name, amax]
@@ -36,7 +36,7 @@ reused) loads none of them.
 from __future__ import annotations
 
 from .budget import DEFAULT_MEMORY_BUDGET_MB, Signature
-from .calibrator import DEFAULT_HISTOGRAM_SAMPLE, MAX_NUM_BINS, MIN_NUM_BINS, Calibrator
+from .calibrator import DEFAULT_HISTOGRAM_SAMPLE, MAX_NUM_BINS, MIN_NUM_BINS, Calibrator, HistogramOptions
 from .stage import CalibrateOptions, CalibrateResult, run_calibrate
 from .statistics import Ranges, Statistics, TensorStatistics
 from .tensors import ACTIVATION_OPS, CALIBRATED_OPS, COMPUTE_OPS, POOL_OPS, _inferred_types, select_tensors, tensor_names
@@ -53,6 +53,7 @@ __all__ = [
     "CalibrateOptions",
     "CalibrateResult",
     "Calibrator",
+    "HistogramOptions",
     "Ranges",
     "Signature",
     "Statistics",

@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +31,7 @@ import numpy as np
 
 from .. import histogram as H
 from ..cache import check_names
-from ..data import DataOptions, iter_batches, open_data
+from ..data import DataOptions, DataSource, iter_batches, open_data
 from ..errors import TrtrepoError, UsageError, onnxruntime_run_error
 from ..fsutil import temp_dir
 from ..modelio import ModelIO, with_outputs
@@ -72,23 +73,34 @@ def _sample_stride(per_sample: int, cap: int) -> int:
     return k
 
 
+@dataclass(frozen=True)
+class HistogramOptions:
+    """How the second pass histograms each tensor: ``num_bins`` bins on ``[0, max |x|]``, from at
+    most about ``sample`` values per sample of a large tensor (None: every value; module doc)."""
+
+    num_bins: int = H.DEFAULT_NUM_BINS
+    sample: int | None = DEFAULT_HISTOGRAM_SAMPLE
+
+
 class Calibrator:
     """Collects activation statistics of an FP32 ONNX model over calibration data.
 
-    ``model`` is a path to an ONNX file; ``data`` a data spec or :class:`~trtrepo.data.DataSource`
-    (optional when only :meth:`tensor_names`/cache checks are needed). ``tensors`` overrides
+    ``model`` is a path to an ONNX file; ``data`` a :class:`~trtrepo.data.DataOptions` (a spec and
+    how to open it: preprocess, labels, limit, seed), a bare data spec or a
+    :class:`~trtrepo.data.DataSource` (optional when only :meth:`tensor_names`/cache checks are
+    needed). ``histograms``: :class:`HistogramOptions`. ``tensors`` overrides
     :func:`select_tensors`; ``providers`` overrides the ONNX Runtime providers.
     ``memory_budget_mb`` bounds the activations fetched per ONNX Runtime run (micro-batches, then
     tensor groups; see :mod:`trtrepo.calibrate.budget`); ``None`` fetches whole batches.
     """
 
-    def __init__(self, model: str | Path, data: Any = None, *, batch_size: int = 32, num_bins: int = H.DEFAULT_NUM_BINS,
-                 progress: bool = True, preprocess: Any = None, labels: Any = None, limit: int | None = None,
-                 seed: int | None = 0, tensors: Sequence[str] | None = None, op_types: Sequence[str] | None = None,
+    def __init__(self, model: str | Path, data: DataOptions | DataSource | str | None = None, *, batch_size: int = 32,
+                 histograms: HistogramOptions = HistogramOptions(), progress: bool = True,
+                 tensors: Sequence[str] | None = None, op_types: Sequence[str] | None = None,
                  providers: Sequence[str] | None = None,
                  memory_budget_mb: float | None = DEFAULT_MEMORY_BUDGET_MB,
-                 channel_tensors: Sequence[str] = (),
-                 histogram_sample: int | None = DEFAULT_HISTOGRAM_SAMPLE) -> None:
+                 channel_tensors: Sequence[str] = ()) -> None:
+        num_bins, histogram_sample = histograms.num_bins, histograms.sample
         if batch_size < 1:
             raise UsageError(f"--batch-size must be positive, got {batch_size}")
         if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
@@ -119,13 +131,9 @@ class Calibrator:
         unknown = [t for t in self.tensors if t not in known]
         if unknown:
             raise UsageError(f"{self.model_path}: no tensor named {', '.join(unknown[:5])}")
-        skip = False
-        if isinstance(data, DataOptions):  # the shared data options: spec and how to open it
-            preprocess, labels, limit, seed = data.preprocess, data.labels, data.limit, data.seed
-            skip = data.skip_non_images
-            data = data.spec
-        self._data_args = dict(preprocess=preprocess, labels=labels, limit=limit, seed=seed, skip_non_images=skip)
-        self._data_spec = data
+        # a bare spec or source opens with the default options (no preprocess, labels or limit, seed 0)
+        self._data_how = data if isinstance(data, DataOptions) else DataOptions(spec="")
+        self._data_spec = data.spec if isinstance(data, DataOptions) else data
         self._source: Any = None
         self._session: Any = None
         self.statistics: Statistics | None = None
@@ -142,7 +150,9 @@ class Calibrator:
         if self._source is None:
             if self._data_spec is None:
                 raise UsageError("calibration needs data (--data)")
-            self._source = open_data(self._data_spec, io=self.io, **self._data_args)
+            how = self._data_how
+            self._source = open_data(self._data_spec, io=self.io, preprocess=how.preprocess, labels=how.labels, limit=how.limit,
+                                     seed=how.seed, skip_non_images=how.skip_non_images)
         return self._source
 
     def _augmented_model(self) -> Any:

@@ -15,7 +15,7 @@ from ..data import DataOptions
 from ..errors import UsageError
 from ..fsutil import atomic_write_text
 from .budget import DEFAULT_MEMORY_BUDGET_MB
-from .calibrator import Calibrator
+from .calibrator import Calibrator, HistogramOptions
 from .statistics import Ranges, Statistics
 
 
@@ -67,7 +67,8 @@ def run_calibrate(model: str | Path, options: CalibrateOptions) -> CalibrateResu
         raise UsageError("--data is required (or --cache naming an existing calibration cache to reuse)")
     started = time.perf_counter()
     cal = Calibrator(model, options.data, batch_size=options.data.batch_size if options.data else 32,
-                     num_bins=options.num_bins, progress=options.progress, memory_budget_mb=options.memory_budget_mb)
+                     histograms=HistogramOptions(num_bins=options.num_bins), progress=options.progress,
+                     memory_budget_mb=options.memory_budget_mb)
     stats = None
     if reuse and options.cache is not None:
         ranges = cal.load_cache(options.cache)

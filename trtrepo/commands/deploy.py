@@ -146,6 +146,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
 def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: str | None, budget_s: float) -> Any:
     """``deploy --tune``: the model serving tensors (not the ensemble or its preprocessing step)."""
 
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess")
@@ -157,7 +158,7 @@ def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess
         raise UsageError("--tune needs --data (requests to measure each candidate with)")
     out = Path(repo).resolve().parent / f"tune-{model.name}"
     click.echo(f"tuning {model.name} (report in {out})")
-    result = tune(repo, TuneOptions(model=model.name, budget_s=budget_s), data=data, preprocess=preprocess, limit=64,
+    result = tune(repo, TuneOptions(model=model.name, budget_s=budget_s), data=DataOptions(spec=data, preprocess=preprocess, limit=64),
                   apply=True, report_dir=out, say=click.echo)
     gain = "" if result.gain is None else f" ({result.gain:.2f}x the default's throughput)"
     click.echo(f"tuned {model.name}: {result.chosen.label()}{gain}; wrote {result.applied}")

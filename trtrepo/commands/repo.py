@@ -44,7 +44,6 @@ def check_cmd(repo: str, s3_endpoint: str | None, as_json: bool, fix: bool) -> N
     folder, 1 when something host-specific, left over or not loadable is found, 2 when REPO is
     not a directory."""
 
-
     fixed: list[str] = []
     if is_remote(repo):
         findings = _check_remote(repo, s3_endpoint, fix, fixed)
@@ -157,7 +156,7 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
             **kw: Any) -> None:
     """Add MODEL_FILE (.onnx or TensorRT .plan) to a repository as a new version, with a validated config.pbtxt."""
 
-    from ..repository import add_onnx_model, add_plan_model  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..repository import PlanTarget, add_onnx_model, add_plan_model  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..server import missing_backend_warning  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..tritonconfig import execution_env_warning  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
@@ -179,7 +178,7 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
         if spec is not None and spec.source == "plan":
             io = ModelIO.from_onnx(onnx_for_io) if onnx_for_io else None
             return add_plan_model(into, name, path, io=io, options=options, labels=labels_file,
-                                  target_tensorrt=target_tensorrt, target_compute_capability=target_cc, **common)[0]
+                                  target=PlanTarget(target_tensorrt, target_cc), **common)[0]
         return add_onnx_model(into, name, path, backend=backend, options=options, labels=labels_file, **common)[0]
 
     where: str | Path

@@ -48,6 +48,7 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
     Prints the chosen config and its gain over the current one; --apply writes it into REPO.
     Exit 0 on success, 1 when no candidate meets --max-p99-ms, 2 for usage errors.
     """
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if is_remote(repo):
@@ -58,8 +59,9 @@ def command(repo: str, model: str, data_spec: str, preprocess: str | None, label
                           stability_pct=stability_percentage, max_trials=max_trials, batch_size=batch_size,
                           cores=cores, server_binary=server_binary)
     with summary_output(as_json) as emit:
-        result = tune(repo, options, data=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                      skip_non_images=skip_non_images, apply=apply, report_dir=report_dir, say=click.echo)
+        data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                           skip_non_images=skip_non_images)
+        result = tune(repo, options, data=data, apply=apply, report_dir=report_dir, say=click.echo)
         a, b, which = result.decided()  # the figures the gain is computed from, all of one round
         click.echo(f"start:  {result.start.label()}: {a['throughput']:.1f} infer/s, p99 {a['p99_ms']:.2f} ms ({which})"
                    if not a.get("error") else f"start:  {result.start.label()}: failed ({a['error']})")

@@ -119,6 +119,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     Exit code 0 when every threshold holds, 1 when the contract or a threshold fails (named in
     the message; the report is written), 2 for usage and connection errors.
     """
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..speed import SpeedOptions, parse_batch_sizes  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..validate import REFUSED_GRACE_S, Thresholds, ValidateOptions, parse_concurrency, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
@@ -141,9 +142,10 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
                             min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine)
     with summary_output(as_json) as emit:
-        report = validate(options, reference=reference, data=data_spec, report_dir=report_dir, labels=labels,
-                          preprocess=preprocess, onnx=onnx, weights=weights, limit=limit, seed=seed, thresholds=thresholds,
-                          input_shapes=input_shapes, cache=not no_cache, skip_non_images=skip_non_images,
+        data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
+                           skip_non_images=skip_non_images)
+        report = validate(options, reference=reference, data=data, report_dir=report_dir, onnx=onnx, weights=weights,
+                          thresholds=thresholds, input_shapes=input_shapes, cache=not no_cache,
                           output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
         for line in report.summary_lines():
             click.echo(line)

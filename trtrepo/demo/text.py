@@ -177,7 +177,6 @@ def build_model(weights: bool = True) -> Any:
 def evaluate(model: Any, split: str = "val") -> float:
     import torch
 
-
     correct = total = 0
     with torch.no_grad():
         for batch in iter_batches(open_data(split), 64):
@@ -190,7 +189,6 @@ def evaluate(model: Any, split: str = "val") -> float:
 def main(argv: list[str] | None = None) -> float:
     import torch
     from torch import nn
-
 
     parser = argparse.ArgumentParser(description="Retrain the demo-text encoder.")
     parser.add_argument("--epochs", type=int, default=20)

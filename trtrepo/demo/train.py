@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> float:
     import torch
     from torch import nn
 
-
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--epochs", type=int, default=12)
     parser.add_argument("--out", type=Path, default=weights_path())

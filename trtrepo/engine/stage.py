@@ -146,7 +146,6 @@ def convert_for_fp16(onnx_path: Path, dst: Path, io: ModelIO, options: BuildOpti
     records about it. A model that already has float16 weights and no float32 ones is used as it is."""
     import onnx
 
-
     model = load_onnx(onnx_path)
     kinds = {i.data_type for i in model.graph.initializer}
     info: dict[str, Any] = {"method": "onnx-conversion", "keep_fp32_ops": list(options.keep_fp32_ops)}

@@ -23,7 +23,6 @@ def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
     plus the signed min/max where the file holds them (written with the statistics)."""
 
-
     ranges = Ranges.load_json(path)
     tensors = json.loads(Path(path).read_text()).get("tensors") or {}
     out = {}
@@ -74,7 +73,6 @@ class QuantizeResult:
 def save_model(model: Any, out_path: str | Path, *, force: bool = True) -> Path:
     """Write an ONNX model atomically (temporary file in the folder, then rename)."""
     import onnx
-
 
     out = Path(out_path)
     with atomic_path(out, force=force) as tmp:

@@ -80,6 +80,15 @@ def list_repository(repo: str | Path) -> list[ModelEntry]:
     return entries
 
 
+@dataclass(frozen=True)
+class PlanTarget:
+    """The serving machine a plan is checked against (:func:`check_plan_target`): its TensorRT
+    version and its GPU's compute capability; None is not checked."""
+
+    tensorrt: str | None = None
+    compute_capability: str | None = None
+
+
 def check_plan_target(meta: PlanMetadata | None, *, tensorrt_version: str | None = None,
                       compute_capability: str | None = None) -> list[str]:
     """Warnings when a plan was built for another TensorRT version or GPU than the target.

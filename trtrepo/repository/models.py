@@ -28,7 +28,7 @@ from ..tritonconfig import (
     template_file,
     validate_config_text,
 )
-from .layout import FileSource, WriteResult, _check_relpath, check_plan_target
+from .layout import FileSource, PlanTarget, WriteResult, _check_relpath, check_plan_target
 from .write import _known_models, add_model
 
 
@@ -123,13 +123,13 @@ def add_plan_model(
     io: ModelIO | None = None,
     options: ModelOptions | None = None,
     labels: Sequence[str] | str | Path | None = None,
-    target_tensorrt: str | None = None,
-    target_compute_capability: str | None = None,
+    target: PlanTarget = PlanTarget(),
     version: int | None = None,
     force: bool = False,
     template_dir: str | Path | None = None,
 ) -> tuple[WriteResult, ModelConfig]:
-    """A TensorRT plan; its IO (unless given) and optimization profiles come from ``model.plan.json``."""
+    """A TensorRT plan; its IO (unless given) and optimization profiles come from ``model.plan.json``;
+    warnings when it was built for another TensorRT version or GPU than ``target``."""
     plan = Path(plan)
     if not plan.is_file():
         raise UsageError(f"{plan}: plan file not found")
@@ -148,7 +148,7 @@ def add_plan_model(
         files.setdefault(fname, plan.parent / fname)
     if meta is not None:
         files[plan_metadata_path("model.plan").name] = meta.portable().to_json().encode()
-    warnings = check_plan_target(meta, tensorrt_version=target_tensorrt, compute_capability=target_compute_capability)
+    warnings = check_plan_target(meta, tensorrt_version=target.tensorrt, compute_capability=target.compute_capability)
     model_files = {options.label_filename: labels_bytes(labels)} if labels is not None else {}
     result = add_model(repo, config, files, model_files=model_files, version=version, force=force, io=io,
                        plan=meta, template_dir=template_dir, warnings=warnings)

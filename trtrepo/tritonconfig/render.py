@@ -42,7 +42,6 @@ def template_environment(template_dir: str | Path | None = None, package_dir: st
     two (the shipped ``_macros.j2`` stays reachable)."""
     import jinja2
 
-
     loaders: list[Any] = []
     if template_dir is not None:
         d = Path(template_dir)

@@ -58,6 +58,7 @@ from .contract import (
     stats_diff,
 )
 from .load import (
+    Arrivals,
     AsyncioTransport,
     CallbackTransport,
     LoadResult,
@@ -99,6 +100,7 @@ from .stage import (
 )
 
 __all__ = [
+    "Arrivals",
     "AsyncioTransport",
     "CallbackTransport",
     "ContractError",

@@ -43,7 +43,6 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
 
-
     try:
         inputs, axes = resolve_inputs(src, input_shapes, data)
         result = export_reference(src, inputs=inputs, dynamic_axes=axes or None, output_names=list(output_names) or None,

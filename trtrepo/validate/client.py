@@ -18,7 +18,7 @@ from ..errors import TrtrepoError, UsageError
 from ..measure import Stability
 from ..modelio import ModelIO
 from .contract import _as_int_list, _booked
-from .load import AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement
+from .load import Arrivals, AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement
 from .options import ValidateOptions, _one_line
 from .shm import SharedMemory
 
@@ -370,8 +370,9 @@ class TritonTarget:
         (:mod:`trtrepo.measure`, :mod:`trtrepo.validate.load`). Over gRPC the requests go through
         completion callbacks, over HTTP through the asyncio client. Each response's shape is
         checked; the first failure stops the run and raises."""
-        run = LoadRun(payloads, concurrency=concurrency, rate=rate, distribution=distribution, seed=seed,
-                      stability=stability, slots=len(self.shm) if use_shm else None, progress=progress)
+        arrivals = None if rate is None else Arrivals(rate, distribution, seed)
+        run = LoadRun(payloads, concurrency=concurrency, arrivals=arrivals, stability=stability,
+                      slots=len(self.shm) if use_shm else None, progress=progress)
         transport: CallbackTransport | AsyncioTransport
         if self.protocol == "grpc":
             self._sync_client()  # made before the clock starts

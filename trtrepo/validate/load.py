@@ -111,15 +111,27 @@ class Wait:
     stoppable: bool = True
 
 
+@dataclass(frozen=True)
+class Arrivals:
+    """An open loop's schedule: ``rate`` requests per second, their send times spaced by
+    ``distribution`` (:func:`trtrepo.measure.send_times`) from ``seed``."""
+
+    rate: float
+    distribution: str = "constant"
+    seed: int = 0
+
+
 class LoadRun:
     """One run: its schedule and its records (module docstring). Records are kept under one lock,
     :attr:`cond`, notified at every answer and at the stop: the callback transport reports from
-    gRPC's threads. ``slots``: the shared-memory slots (None: no shared memory)."""
+    gRPC's threads. ``concurrency`` (closed loop) or ``arrivals`` (open loop) sets the schedule.
+    ``slots``: the shared-memory slots (None: no shared memory)."""
 
-    def __init__(self, payloads: Sequence[Payload], *, concurrency: int | None = None, rate: float | None = None,
-                 distribution: str = "constant", seed: int = 0, stability: Stability | None = None,
-                 requests: int | None = None, duration: float | None = None, keep: bool = False,
-                 slots: int | None = None, progress: Callable[[int], None] | None = None) -> None:
+    def __init__(self, payloads: Sequence[Payload], *, concurrency: int | None = None, arrivals: Arrivals | None = None,
+                 stability: Stability | None = None, requests: int | None = None, duration: float | None = None,
+                 keep: bool = False, slots: int | None = None, progress: Callable[[int], None] | None = None) -> None:
+        rate = None if arrivals is None else arrivals.rate
+        distribution, seed = ("constant", 0) if arrivals is None else (arrivals.distribution, arrivals.seed)
         if (concurrency is None) == (rate is None):
             raise UsageError("give a concurrency or a request rate")
         if not payloads:

@@ -316,7 +316,6 @@ def write_samples_csv(rows: list[dict[str, Any]], path: str | Path) -> Path:
     """``samples.csv``: one row per sample (position, file, label, top-1 of both sides and their
     agreement, cosine per output), written atomically."""
 
-
     outputs = list(rows[0].get("cosine", {})) if rows else []
     head = ["sample", "file", "label", "reference_top1", "served_top1", "top1_agree"] + [f"cosine[{o}]" for o in outputs]
     buf = io.StringIO()
@@ -347,7 +346,6 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
 
     matplotlib.use("Agg", force=True)
     import matplotlib.pyplot as plt
-
 
     levels = (report.latency or {}).get("levels", [])
     speed = report.speed_vs_reference if (report.speed_vs_reference or {}).get("rows") else None

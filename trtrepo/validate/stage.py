@@ -14,7 +14,7 @@ import numpy as np
 from ..contracts import builtin
 from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
-from ..data import iter_batches, open_data
+from ..data import DataOptions, iter_batches
 from ..errors import UsageError
 from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
@@ -74,17 +74,16 @@ def encoded_payloads(payloads: Sequence[Payload], files: Sequence[Path], image_i
 def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
     from tqdm import tqdm
 
-
     return tqdm(total=total, desc=desc, unit="req", disable=bar_disabled(enabled), leave=False)
 
 
-def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir: str | Path | None = None,
-             labels: str | Path | None = None, preprocess: str | Path | None = None, onnx: str | Path | None = None,
-             weights: str | None = None, limit: int | None = None, seed: int | None = 0,
-             thresholds: Thresholds | None = None, input_shapes: Sequence[str] = (),
-             output_names: Sequence[str] = (), cache: bool = True, skip_non_images: bool = False) -> ValidationReport:
-    """Run the deployment check; write the report to ``report_dir`` when given. A PyTorch
-    reference's export is cached (``cache=False``: exported afresh, :func:`reference_io`).
+def validate(options: ValidateOptions, *, reference: str, data: DataOptions, report_dir: str | Path | None = None,
+             onnx: str | Path | None = None, weights: str | None = None, thresholds: Thresholds | None = None,
+             input_shapes: Sequence[str] = (), output_names: Sequence[str] = (), cache: bool = True) -> ValidationReport:
+    """Run the deployment check on the requests of ``data`` (its ``batch_size`` and ``extra`` are
+    not used: ``options.batch_size`` sets the request size); write the report to ``report_dir``
+    when given. A PyTorch reference's export is cached (``cache=False``: exported afresh,
+    :func:`reference_io`).
 
     Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
     or the options are wrong, and :class:`ContractError` (exit 1, after the report is written)
@@ -101,12 +100,10 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
     raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
     src = resolve_source(reference, weights)
     if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
-        raw = open_data(data, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                        skip_non_images=skip_non_images)
+        raw = data.open()
     io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw,
                       output_names=output_names, cache=cache)
-    source = open_data(data, io=io, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
-                       skip_non_images=skip_non_images)
+    source = data.open(io)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
         _cuda_shm()  # fail before any traffic on a machine without a GPU
@@ -139,7 +136,7 @@ def validate(options: ValidateOptions, *, reference: str, data: Any, report_dir:
                 mismatches.append(Mismatch(f"{other.url}: version", version, other_version))
         server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
                   "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
-                  "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data)),
+                  "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data.spec)),
                   "max_batch_size": int(config.get("max_batch_size", 0) or 0),
                   "dynamic_batching": "dynamic_batching" in config,
                   "endpoint": "encoded images" if image_input else "tensors", "image_input": image_input}
