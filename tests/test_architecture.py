@@ -1,8 +1,11 @@
 """The package's layering (issue 14): the import-linter contracts in pyproject.toml hold, they
-catch an upward import when one is added, and the import graph has no cycle."""
+catch an upward import when one is added, and the import graph has no cycle. Issue 29: imports
+sit at module top except the few deferred ones, each with its reason, and no library function
+takes more than 10 parameters."""
 
 from __future__ import annotations
 
+import ast
 import shutil
 import subprocess
 import sys
@@ -38,6 +41,8 @@ def test_import_contracts_hold() -> None:
     ("export.py", "def _demo():\n    from . import demo\n", "built-in models only through"),
     # the pure algorithms importing a stage
     ("histogram.py", "def _io():\n    from . import calibrate\n", "cli -> commands"),
+    # a stage importing one above it in the stages' order (export is a leaf; reference uses it)
+    ("export.py", "def _ref():\n    from . import reference\n", "cli -> commands"),
 ])
 def test_contracts_catch_an_upward_import(tmp_path: Path, module: str, line: str, contract: str) -> None:
     shutil.copytree(ROOT / "trtrepo", tmp_path / "trtrepo", ignore=shutil.ignore_patterns("__pycache__", "*.pt", "*.npz"))
@@ -96,3 +101,106 @@ def test_every_subpackage_is_listed_for_the_wheel() -> None:
     listed = set(setuptools["packages"]) - set(setuptools.get("package-dir", {}))  # trtrepo.templates lives in templates/
     found = {".".join(p.parent.relative_to(ROOT).parts) for p in (ROOT / "trtrepo").rglob("__init__.py")}
     assert found == listed, (sorted(found - listed), sorted(listed - found))
+
+
+MAX_DEFERRED = 40  # function-level imports of trtrepo modules (issue 29)
+MAX_PARAMETERS = 10  # of a library function, self/cls excluded (issue 29)
+
+
+def _is_internal(node: ast.Import | ast.ImportFrom) -> bool:
+    if isinstance(node, ast.ImportFrom):
+        return node.level > 0 or (node.module or "").split(".")[0] == "trtrepo"
+    return any(a.name.split(".")[0] == "trtrepo" for a in node.names)
+
+
+def _deferred_imports(package: Path, heavy: set[str]) -> tuple[list[str], list[str], list[str]]:
+    """(function-level imports of trtrepo modules, those of them without their reason, other
+    function-level imports of modules not listed in ``heavy``), as ``path:line`` under ``package``."""
+    internal, unexplained, other = [], [], []
+    for path in sorted(package.rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        seen: set[int] = set()
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if not isinstance(node, (ast.Import, ast.ImportFrom)) or id(node) in seen:
+                    continue
+                seen.add(id(node))
+                where = f"{path.relative_to(package.parent)}:{node.lineno}"
+                if _is_internal(node):
+                    internal.append(where)
+                    line = lines[node.lineno - 1]
+                    if "# noqa: PLC0415  # deferred: " not in line:
+                        unexplained.append(where)
+                    continue
+                names = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+                if not all(any(n == h or n.startswith(h + ".") for h in heavy) for n in names):
+                    other.append(f"{where}: {', '.join(names)}")
+    return internal, unexplained, other
+
+
+def _long_signatures(package: Path) -> list[str]:
+    """Functions with more than MAX_PARAMETERS parameters (self/cls excluded), click commands
+    (decorated functions of commands/ and cli.py) aside."""
+    too_many = []
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        for fn in ast.walk(ast.parse(path.read_text())):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            if (rel.parts[0] == "commands" or rel.name == "cli.py") and fn.decorator_list:
+                continue
+            a = fn.args
+            params = [*a.posonlyargs, *a.args, *a.kwonlyargs]
+            if params and params[0].arg in ("self", "cls"):
+                params = params[1:]
+            if len(params) > MAX_PARAMETERS:
+                too_many.append(f"{rel}:{fn.lineno} {fn.name} ({len(params)})")
+    return too_many
+
+
+def _heavy_modules() -> set[str]:
+    import tomllib
+
+    lint = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["ruff"]["lint"]
+    assert "PLC0415" in lint["select"] and "TID253" in lint["select"]  # ruff keeps the rest at module top
+    return set(lint["flake8-tidy-imports"]["banned-module-level-imports"])
+
+
+def test_deferred_imports_are_few_and_give_their_reason() -> None:
+    """A trtrepo module imported inside a function says why on its line (``# noqa: PLC0415  #
+    deferred: <reason>``), and there are at most MAX_DEFERRED of them; any other function-level
+    import is of a module that ruff's banned-module-level-imports lists (optional or slow to
+    import: never imported at module level)."""
+    internal, unexplained, other = _deferred_imports(ROOT / "trtrepo", _heavy_modules())
+    assert unexplained == [], f"deferred trtrepo imports without '# noqa: PLC0415  # deferred: <reason>': {unexplained}"
+    assert len(internal) <= MAX_DEFERRED, f"{len(internal)} deferred trtrepo imports (at most {MAX_DEFERRED}): {internal}"
+    assert other == [], f"function-level imports of modules that belong at module top: {other}"
+
+
+def test_no_library_function_takes_more_than_ten_parameters() -> None:
+    """Parameters that belong together travel as one frozen dataclass (DataOptions, QuantizeRequest,
+    ExportCheck, ...); click commands are exempt, their options are what builds those objects."""
+    assert _long_signatures(ROOT / "trtrepo") == []
+
+
+def test_the_import_and_signature_checks_catch_a_violation(tmp_path: Path) -> None:
+    """Written into a copy of the package, an unexplained deferred import, a deferred import of a
+    light module and an 11-parameter function are each reported; an explained one is not."""
+    package = tmp_path / "trtrepo"
+    shutil.copytree(ROOT / "trtrepo", package, ignore=shutil.ignore_patterns("__pycache__", "*.pt", "*.npz"))
+    target = package / "histogram.py"
+    target.write_text(target.read_text() + (
+        "\n\ndef _bad(a, b, c, d, e, f, g, h, i, j, k):\n"
+        "    from .errors import UsageError\n"
+        "    from .fsutil import temp_dir  # noqa: PLC0415  # deferred: a reason\n"
+        "    import json\n"
+        "    return UsageError, temp_dir, json\n"))
+    internal, unexplained, other = _deferred_imports(package, _heavy_modules())
+    n = len(target.read_text().splitlines())
+    assert {f"trtrepo/histogram.py:{n - 3}", f"trtrepo/histogram.py:{n - 2}"} <= set(internal)
+    assert unexplained == [f"trtrepo/histogram.py:{n - 3}"]
+    assert other == [f"trtrepo/histogram.py:{n - 1}: json"]
+    assert _long_signatures(package) == [f"histogram.py:{n - 4} _bad (11)"]
