@@ -47,7 +47,7 @@ class PluginError(TrtrepoError):
 
 @functools.lru_cache(maxsize=1)
 def _all_entry_points() -> Any:
-    from importlib.metadata import entry_points
+    from importlib.metadata import entry_points  # noqa: PLC0415  # deferred: a registry reads the entry points on its first read, not when this module is imported
 
     return entry_points()
 
