@@ -53,7 +53,7 @@ OWN = {"demo": "trtrepo.demo:BUILTIN", "demo-text": "trtrepo.demo.text:BUILTIN"}
 @functools.lru_cache(maxsize=1)
 def declared() -> dict[str, Any]:
     """name -> entry point: trtrepo's own (:data:`OWN`), then the installed ones."""
-    from importlib.metadata import EntryPoint
+    from importlib.metadata import EntryPoint  # noqa: PLC0415  # deferred: the entry points are read on first use, not when this module is imported (it is on --help)
 
     out: dict[str, Any] = {name: EntryPoint(name, value, BUILTIN_MODELS) for name, value in OWN.items()}
     for ep in entry_points(BUILTIN_MODELS):
