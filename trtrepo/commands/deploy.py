@@ -11,7 +11,6 @@ import click
 from .. import histogram as H
 from ..contracts import backends, builtin
 from ..contracts.location import is_remote
-from ..data import DataOptions
 from ..errors import UsageError
 from ..quantize import target_names
 from ..weightopt import ROUNDING_STEPS
@@ -147,6 +146,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
 def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: str | None, budget_s: float) -> Any:
     """``deploy --tune``: the model serving tensors (not the ensemble or its preprocessing step)."""
 
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess")

@@ -7,7 +7,6 @@ import time
 import click
 
 from .. import histogram as H
-from ..data import DataOptions
 from ..quantize import QDQ_TARGETS, QuantizeOptions, target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
@@ -86,6 +85,7 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
     with integer kernels.
     """
     from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..evaluate import AccuracyTarget  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     target_obj = AccuracyTarget.parse(accuracy_target) if accuracy_target else None

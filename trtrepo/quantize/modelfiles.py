@@ -11,7 +11,6 @@ from typing import Any
 import numpy as np
 
 from ..cache import read_cache
-from ..calibrate import Ranges
 from ..errors import UsageError
 from ..fsutil import atomic_path
 from .graph import load_model, model_tensor_names
@@ -22,6 +21,7 @@ from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
 def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
     plus the signed min/max where the file holds them (written with the statistics)."""
+    from ..calibrate import Ranges  # noqa: PLC0415  # deferred: trtrepo --help imports trtrepo.quantize (the --target choices); calibrate and data load when ranges are read
 
     ranges = Ranges.load_json(path)
     tensors = json.loads(Path(path).read_text()).get("tensors") or {}
