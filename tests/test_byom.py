@@ -405,13 +405,16 @@ def _torchvision_cli() -> list[str] | None:
     return None
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.triton
 @pytest.mark.torchvision
 def test_a_torchvision_name_with_trained_weights_deploys_and_validates_through_its_ensemble(user_project,
                                                                                              triton_server):
     """torchvision's mobilenet_v2 with the ImageNet checkpoint: deploy (shapes from the image folder)
-    and validate --reference mobilenet_v2 through the ensemble on the PNG files, per file."""
+    and validate --reference mobilenet_v2 through the ensemble on the PNG files, per file. In the
+    long tier with the other trained-MobileNetV2 tests (46 s of one worker in `.ci/run`'s
+    environment, the only place it runs: it needs the torchvision venv)."""
     import os
     import subprocess
 

@@ -184,18 +184,20 @@ def test_parse_input_shape():
         parse_input_shape("3xax4")
 
 
+@pytest.mark.long
 @pytest.mark.torchvision
 def test_torchvision_architecture(tmp_path):
     """torchvision does not import beside the torch 2.13 CPU wheel; .ci/run builds a second venv
     (torch 2.14.1 + torchvision 0.29.1 from this machine's disk) and names its interpreter in
-    TRTREPO_TORCHVISION_PYTHON, where this test then runs in a subprocess."""
+    TRTREPO_TORCHVISION_PYTHON, where this test then runs in a subprocess (15 s: in the long tier,
+    with the torchvision deploy test in test_byom.py)."""
     try:
         import torchvision as tv
     except Exception:
         other = os.environ.get("TRTREPO_TORCHVISION_PYTHON")
         if not other:
             pytest.skip("torchvision does not import beside torch 2.13 CPU and TRTREPO_TORCHVISION_PYTHON is not set")
-        code = f"import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', {__file__!r} + '::test_torchvision_architecture']))"
+        code = f"import sys, pytest; sys.exit(pytest.main(['-q', '-p', 'no:cacheprovider', '-m', 'torchvision', {__file__!r} + '::test_torchvision_architecture']))"
         env = {**os.environ, "TRTREPO_TORCHVISION_PYTHON": "", "PYTHONPATH": str(Path(__file__).parents[1])}
         proc = subprocess.run([other, "-c", code], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)
         assert proc.returncode == 0 and " passed" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-3000:]

@@ -138,17 +138,43 @@ def _prefix(line: str) -> str:
     return re.split(r"[0-9]|/tmp/|\.\.\.", line, maxsplit=1)[0]
 
 
+def _ports_below_the_ephemeral_range(n: int) -> list[int]:
+    """n free ports below the kernel's ephemeral range. The journey binds its ports only after its
+    deploy (15-30 s); a port taken from the ephemeral range (``free_ports``) can be handed out to
+    another worker's server in that time, and once was (``serve`` then refused it: exit 2). The
+    other tests' servers take ephemeral ports, so ports below the range do not meet them."""
+    import random
+    import socket
+
+    try:
+        low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        low = 32768
+    rng = random.Random()
+    ports: list[int] = []
+    while len(ports) < n:
+        port = rng.randrange(20000, max(20001, low))
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 @pytest.mark.slow
 @pytest.mark.triton
 def test_the_main_journey_runs_as_written(tmp_path):
     """deploy, serve in the background, validate, kill: the README's blocks through bash in an
     empty folder, against the real tritonserver; the output shown in the README is the shape of
     what they print (each shown line's opening words appear), and validate passes."""
-    from trtrepo.server import find_server_binary, free_ports
+    from trtrepo.server import find_server_binary
 
     if find_server_binary(None) is None:
         pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
-    http, grpc, metrics = free_ports(3)
+    http, grpc, metrics = _ports_below_the_ephemeral_range(3)
     script = ["set -e"]
     for block in _journey_blocks():
         for command in _commands(block):
