@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from block_recon import CACHE, CH, Sim, fp32_eval, key, load_cap  # noqa: E402
+from block_recon import CACHE, CH, Sim, key, load_cap, writeback_and_eval  # noqa: E402
 
 try:
     import onnx
@@ -140,34 +140,8 @@ def learn(pk: dict, args, dev: str, log=print):
 
 
 def evaluate(cap: Path, meta: dict, g, result: dict, out: Path) -> dict:
-    from trtrepo.evaluate import confident_mask, make_session
-    from trtrepo.quantize import insert_qdq
-    from trtrepo.quantize.options import ActivationRange
-
-    model = onnx.load(str(cap / "model_eq.onnx"))
-    inits = {t.name: t for t in model.graph.initializer}
-    nodes = {nn.name: nn for nn in model.graph.node}
-    for name in g.wnodes:
-        t = inits[nodes[name].input[1]]
-        t.CopyFrom(numpy_helper.from_array(np.asarray(result["w:" + name], np.float32), t.name))
-        if "b:" + name in result:
-            t = inits[nodes[name].input[2]]
-            t.CopyFrom(numpy_helper.from_array(np.asarray(result["b:" + name], np.float32), t.name))
-    ranges = dict(meta["ranges"])
-    for qn, d in g.aq.items():
-        k = float(np.exp(result["u:" + qn]))
-        r = ranges[d["tensor"]]
-        ranges[d["tensor"]] = ActivationRange(r.amax * k, None if r.lo is None else r.lo * k,
-                                              None if r.hi is None else r.hi * k)
-    qm = insert_qdq(model, ranges, meta["options"], source="act_scales", warn=False)
-    onnx.save(qm.model, str(out))
-    xe = np.load(cap.parent / "eval.npz")["input"]
-    fpl = fp32_eval(cap.parent, xe)
-    conf = confident_mask(fpl)
-    s = make_session(str(out), optimization="all")
-    q = np.concatenate([s.run(None, {"input": xe[i:i + 50]})[0] for i in range(0, len(xe), 50)])
-    ag = q.argmax(1) == fpl.argmax(1)
-    return dict(top1=float(ag.mean()), conf=float(ag[conf].mean()), rmse=float(np.sqrt(((q - fpl) ** 2).mean())))
+    """The model ``result`` describes, against FP32 on the 500 evaluation crops (integer kernels)."""
+    return writeback_and_eval(cap, meta, g, result, out, levels=("all",), source="act_scales")["all"]
 
 
 def main():
