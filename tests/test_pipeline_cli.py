@@ -30,12 +30,13 @@ def test_deploy_prints_a_status_line_per_stage_with_v_and_nothing_with_q(tmp_pat
     for i, step in enumerate(("export", "int8", "build", "repository"), start=1):
         assert f"[{i}/4] {step} ..." in res.stderr
         assert any(line.startswith(f"[{i}/4] {step} ") and " in " in line for line in res.stderr.splitlines())
-    quiet = trtrepo("-q", "deploy", *common, "--repo", tmp_path / "r2")
-    after = trtrepo("deploy", *common, "--repo", tmp_path / "r3", "--quiet")
+    fp32 = [demo_onnx, "--backend", "python", "--precision", "fp32"]  # the same four stages, no INT8 work
+    quiet = trtrepo("-q", "deploy", *fp32, "--repo", tmp_path / "r2")
+    after = trtrepo("deploy", *fp32, "--repo", tmp_path / "r3", "--quiet")
     for r in (quiet, after):
         assert r.returncode == 0 and r.stderr == "", r.stderr
         assert "demo" in r.stdout  # the results still print
-    plain = trtrepo("deploy", *common, "--repo", tmp_path / "r4")  # not a terminal: no status lines by default
+    plain = trtrepo("deploy", *fp32, "--repo", tmp_path / "r4")  # not a terminal: no status lines by default
     assert plain.returncode == 0 and "[1/4]" not in plain.stderr
     both = trtrepo("deploy", *common, "--repo", tmp_path / "r5", "-v", "-q")
     assert both.returncode == 2 and "-v and -q exclude each other" in both.stderr
