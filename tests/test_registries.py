@@ -259,7 +259,7 @@ def test_plugin_package_adds_each_kind_end_to_end(tmp_path: Path, plugin_path: P
         assert "tiny" in text[command], f"{command} --help does not list the plug-in's built-in model"
 
     # the method: calibrate computes its ranges, its cache names its algorithm
-    proc = _cli(plugin_path, tmp_path, "calibrate", str(demo_onnx), "--data", "demo:calib", "--limit", "256",
+    proc = _cli(plugin_path, tmp_path, "calibrate", str(demo_onnx), "--data", "demo:calib", "--limit", "128",
                 "--method", "p90", "--ranges", "p90.json", "--cache", "p90.cache")
     assert proc.returncode == 0, proc.stderr[-2000:]
     ours = json.loads((tmp_path / "p90.json").read_text())
@@ -272,7 +272,7 @@ def test_plugin_package_adds_each_kind_end_to_end(tmp_path: Path, plugin_path: P
 
     # the target (and the method among auto's candidates): Q/DQ in front of the weighted ops only,
     # uint8 activations, int8 weight initializers; ONNX Runtime runs it close to FP32
-    proc = _cli(plugin_path, tmp_path, "quantize", str(demo_onnx), "--data", "demo:calib", "--limit", "256",
+    proc = _cli(plugin_path, tmp_path, "quantize", str(demo_onnx), "--data", "demo:calib", "--limit", "128",
                 "--target", "ortlite", "-o", "q.onnx", "--report", "rep", "--weight-rounding", "nearest")
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = json.loads((tmp_path / "rep" / "quantize.json").read_text())
