@@ -91,6 +91,7 @@ def check_defaults_hold_a_floor(mobilenet, tmp_path, target):
         assert kernels.get("QLinearConv", 0) >= 50, kernels  # 52 convs: the depthwise ones included
 
 
+@pytest.mark.long  # with the MobileNetV2 export and crops: 25 s of one worker
 def test_equalization_keeps_mobilenet_v2_logits_within_1e4(mobilenet):
     """Issue 26: the equalization step (17 expand -> ReLU6 -> depthwise chains of the trained
     MobileNetV2) keeps the FP32 network's function on crops it was not computed on."""
@@ -110,6 +111,7 @@ def test_equalization_keeps_mobilenet_v2_logits_within_1e4(mobilenet):
     assert np.max(np.abs(after - before)) < 1e-4
 
 
+@pytest.mark.long  # with the MobileNetV2 export and crops: 25 s of one worker
 def test_the_gate_passes_an_fp16_copy_and_refuses_a_clipped_input_on_the_trained_cnn(mobilenet):
     """The rule without labels (issue 26): an FP16 cast of MobileNetV2 changes near-tie top-1s
     but passes; an INT8 model whose network input range is clipped (the loss a TensorRT-target
