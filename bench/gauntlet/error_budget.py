@@ -38,13 +38,6 @@ def logits(model, x: np.ndarray) -> np.ndarray:
     return np.concatenate([s.run(None, {"input": x[i:i + 64]})[0] for i in range(0, len(x), 64)])
 
 
-def confident(fp32: np.ndarray) -> np.ndarray:
-    p = np.exp(fp32 - fp32.max(1, keepdims=True))
-    p /= p.sum(1, keepdims=True)
-    ps = np.sort(p, 1)
-    return (ps[:, -1] - ps[:, -2]) >= 0.10
-
-
 def figures(fp32: np.ndarray, q: np.ndarray, conf: np.ndarray) -> dict:
     ag = q.argmax(1) == fp32.argmax(1)
     return {"rmse": round(float(np.sqrt(((q - fp32) ** 2).mean())), 4), "top1": round(float(ag.mean()), 4),
@@ -119,9 +112,11 @@ def main() -> None:
     args = ap.parse_args()
     args.model = args.model or args.cache / "results" / "cnn_int8" / "onnxruntime_auto.onnx"
     args.equalized = args.equalized or args.cache / "block_recon_onnxruntime" / "model_eq.onnx"
+    from trtrepo.evaluate import confident_mask
+
     x_eval = np.load(args.cache / "eval.npz")["input"]
     fp32 = logits(args.cache / "model.onnx", x_eval)
-    conf = confident(fp32)
+    conf = confident_mask(fp32)
     q = logits(args.model, x_eval)
     print(json.dumps({"model": str(args.model), **figures(fp32, q, conf)}))
     if args.scale:

@@ -42,7 +42,9 @@ def child(cache: Path, calib: Path, method: str, seed: int, out: str) -> None:
 
 
 def main() -> None:
-    from error_budget import confident, figures, logits
+    from error_budget import figures, logits
+
+    from trtrepo.evaluate import confident_mask
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--cache", type=Path, default=Path("/work/gauntlet-cache/mobilenet_v2"))
@@ -55,7 +57,7 @@ def main() -> None:
         return
     x = np.load(args.cache / "eval.npz")["input"]
     fp32 = logits(args.cache / "model.onnx", x)
-    conf = confident(fp32)
+    conf = confident_mask(fp32)
     with tempfile.TemporaryDirectory() as tmp:
         for run in args.runs:
             n, method, seed = run.split(":")
