@@ -169,6 +169,81 @@ def test_replace_config_refuses_other_inputs_and_writes_atomically(tmp_path, dem
     assert not [p for p in (repo / "demo").iterdir() if p.name.startswith(".")]
 
 
+def test_a_config_changed_while_tuning_is_merged_or_refused_never_lost(tmp_path, demo_onnx, run_cli):
+    """Issue 39 item 4: a ``repo add`` during a tune (a new version with ``--version-policy all``
+    and a parameter) survives ``--apply``; a change to a tuned knob refuses the write."""
+    from trtrepo.repository import add_onnx_model, read_config, replace_config
+    from trtrepo.tune import config_text, rebased_config
+
+    repo = tmp_path / "repo"
+    add_onnx_model(repo, "demo", demo_onnx, backend="python")
+    started = (repo / "demo" / "config.pbtxt").read_text()
+    msg = read_config(repo / "demo")
+    chosen = Candidate(2, 1, None, msg.max_batch_size)
+    tuned = config_text(apply_candidate(msg, chosen), "tuned")
+    # another writer lands a version meanwhile (the real CLI, under the repository lock)
+    r = run_cli("repo", "add", demo_onnx, "--repo", repo, "--name", "demo", "--backend", "python",
+                "--version-policy", "all", "--parameter", "owner=teamB")
+    assert r.exit_code == 0, r.output
+    # without a rebase: refused, the other writer's config kept
+    live = (repo / "demo" / "config.pbtxt").read_text()
+    with pytest.raises(UsageError, match="changed by another writer since it was read; not written"):
+        replace_config(repo, "demo", tuned, started_from=started)
+    assert (repo / "demo" / "config.pbtxt").read_text() == live
+    # with the tune's rebase: both changes are in the written config
+    replace_config(repo, "demo", tuned, started_from=started,
+                   rebase=lambda text: rebased_config(text, msg, chosen, "tuned", where="demo/config.pbtxt"))
+    out = read_config(repo / "demo")
+    assert out.instance_group[0].count == 2 and not out.HasField("dynamic_batching")
+    assert out.version_policy.HasField("all") and out.parameters["owner"].string_value == "teamB"
+    # a tuned knob changed by the other writer: a conflict, refused naming the knob, nothing written
+    r = run_cli("repo", "add", demo_onnx, "--repo", repo, "--name", "demo", "--backend", "python",
+                "--instance-count", "3", "--version-policy", "all")
+    assert r.exit_code == 0, r.output
+    live = (repo / "demo" / "config.pbtxt").read_text()
+    with pytest.raises(UsageError, match=r"changed while tuning, and the other writer set instance_count"):
+        replace_config(repo, "demo", tuned, started_from=started,
+                       rebase=lambda text: rebased_config(text, msg, chosen, "tuned", where="demo/config.pbtxt"))
+    assert (repo / "demo" / "config.pbtxt").read_text() == live
+
+
+@pytest.mark.long
+@pytest.mark.triton
+def test_tune_apply_keeps_a_version_added_while_it_ran(tmp_path, run_cli, demo_onnx):
+    """The race of issue 39 on the real server: ``repo add --version-policy all --parameter
+    owner=teamB`` lands while ``tune --apply`` measures; afterwards both changes are in the config
+    and the server loads every version under it."""
+    from trtrepo.data import DataOptions
+    from trtrepo.repository import add_onnx_model, read_config
+    from trtrepo.server import find_python_env, find_server_binary
+    from trtrepo.tune import TuneOptions, tune
+
+    if find_server_binary(None) is None or find_python_env() is None:
+        pytest.skip("tritonserver not installed (run scripts/install_tritonserver.sh)")
+    repo = tmp_path / "repo"
+    add_onnx_model(repo, "demo", demo_onnx, backend="python")
+    added: list[int] = []
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        lines.append(line)
+        if line.startswith("  [1]") and not added:  # the first candidate is measured: the tune is under way
+            r = run_cli("repo", "add", demo_onnx, "--repo", repo, "--name", "demo", "--backend", "python",
+                        "--version-policy", "all", "--parameter", "owner=teamB")
+            assert r.exit_code == 0, r.output
+            added.append(1)
+
+    options = TuneOptions("demo", concurrency=2, interval_s=0.3, max_trials=3, budget_s=6, progress=False)
+    result = tune(repo, options, data=DataOptions(spec="demo:val", limit=16), apply=True, say=say)
+    assert added and result.applied
+    out = read_config(repo / "demo")
+    assert out.version_policy.HasField("all") and out.parameters["owner"].string_value == "teamB"
+    assert start_candidate(out) == result.chosen
+    assert any("changed while tuning" in ln for ln in lines), lines
+    with live_server(repo, timeout=120) as server:
+        assert server.model_ready("demo")
+
+
 @pytest.mark.long
 @pytest.mark.triton
 def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run_cli, demo_onnx):

@@ -257,6 +257,26 @@ def apply_candidate(msg: Any, c: Candidate) -> Any:
     return out
 
 
+def rebased_config(live_text: str, started: Any, chosen: Candidate, header: str, *, where: str) -> str:
+    """The tuned candidate applied on top of a config that another writer changed while the tune
+    ran (a three-way merge on the tuned fields): the other writer's changes are kept as long as
+    they leave the tuned knobs (instance count, threads, dynamic batching, max batch size) as the
+    tune found them; a change to one of those knobs is a conflict, refused naming them."""
+    from google.protobuf import text_format
+
+    live = type(started)()
+    try:
+        text_format.Parse(live_text, live)
+    except text_format.ParseError as exc:
+        raise UsageError(f"{where}: changed while tuning and no longer parses ({exc}); the tuned config was not written") from exc
+    before, now = start_candidate(started), start_candidate(live)
+    if before != now:
+        changed = [k for k in asdict(before) if getattr(before, k) != getattr(now, k)]
+        raise UsageError(f"{where}: changed while tuning, and the other writer set {', '.join(changed)} "
+                         f"({before.label()} -> {now.label()}); the tuned config was not written (the report holds it)")
+    return config_text(apply_candidate(live, chosen), header)
+
+
 def config_json(msg: Any) -> str:
     from google.protobuf import json_format
 
@@ -528,8 +548,17 @@ def tune(repo: str | Path, options: TuneOptions, *, data: DataOptions, apply: bo
                         {k: list(v) for k, v in axes.items()}, time.monotonic() - t0, original_text, chosen_text,
                         out_of_budget=out_of_budget, machine={"cpu": _cpu_name(), "cores": cores})
     if apply:
+        merged: list[str] = []
 
-        result.applied = str(replace_config(repo, options.model, chosen_text))
+        def rebase(live_text: str) -> str:
+            merged.append(live_text)
+            return rebased_config(live_text, msg, chosen, header, where=str(model_dir / "config.pbtxt"))
+
+        result.applied = str(replace_config(repo, options.model, chosen_text, started_from=original_text, rebase=rebase))
+        if merged:
+            result.chosen_config = (model_dir / "config.pbtxt").read_text()
+            say(f"note: {model_dir / 'config.pbtxt'} changed while tuning (another writer); the tuned settings "
+                f"were applied on top of its new content, which is kept")
     if report_dir is not None:
         result.write(report_dir)
     return result

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -104,21 +104,34 @@ def add_model(
     return WriteResult(name, version, model_dir, text, files, list(warnings), replaced)
 
 
-def replace_config(repo: str | Path, name: str, text: str) -> Path:
+def replace_config(repo: str | Path, name: str, text: str, *, started_from: str | None = None,
+                   rebase: Callable[[str], str] | None = None) -> Path:
     """Write ``text`` as model ``name``'s ``config.pbtxt`` (``trtrepo tune --apply``): checked like
     every config trtrepo writes, the same inputs and outputs as the live one, versions still
     served, then one atomic rename under the repository lock -- a server polling the repository
-    reads the old file or the new one, never a mix."""
+    reads the old file or the new one, never a mix.
+
+    A read-modify-write never loses a concurrent change: ``started_from`` is the config text the
+    caller read before it began (a tune runs for minutes). Under the lock the live text is compared
+    with it; when another writer changed it meanwhile (``repo add`` with a new version policy or
+    parameter), ``rebase(live_text)`` computes the text anew on top of the live config (it raises
+    :class:`UsageError` when the two changes touch the same fields), and without ``rebase`` the
+    write is refused. The checks run on the text actually written, inside the lock."""
     repo = Path(repo)
     model_dir = repo / check_model_name(name)
     where = f"{name}/config.pbtxt"
-    live = read_config(model_dir)
-    msg = validate_config_text(text, where, model_dir_name=name)
-    if _io_of(msg) != _io_of(live):
-        raise UsageError(f"{model_dir / 'config.pbtxt'}: the new config changes the model's inputs or outputs; "
-                         f"not written")
     with repository_lock(repo):
         recover(repo)
+        live_text = (model_dir / "config.pbtxt").read_text() if (model_dir / "config.pbtxt").is_file() else None
+        if started_from is not None and live_text != started_from:
+            if rebase is None or live_text is None:
+                raise UsageError(f"{model_dir / 'config.pbtxt'}: changed by another writer since it was read; not written")
+            text = rebase(live_text)
+        live = read_config(model_dir)
+        msg = validate_config_text(text, where, model_dir_name=name)
+        if _io_of(msg) != _io_of(live):
+            raise UsageError(f"{model_dir / 'config.pbtxt'}: the new config changes the model's inputs or outputs; "
+                             f"not written")
         existing = versions_of(model_dir)
         if existing:
             _check_kept_versions(model_dir, text, existing, max(existing))
