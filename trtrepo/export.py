@@ -32,7 +32,7 @@ from .contracts import builtin
 from .data import _import_callable
 from .errors import MissingDependencyError, TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path
-from .modelio import ModelIO, load_onnx
+from .modelio import ModelIO, external_data_path, load_onnx
 
 log = logging.getLogger(__name__)
 
@@ -413,6 +413,11 @@ def _pass_through(source: ModelSource, output: Path, force: bool) -> ExportResul
     model = load_onnx(source.location, load_weights=False)
     external = any(onnx.external_data_helper.uses_external_data(t) for t in model.graph.initializer)
     if external:
+        folder = Path(source.location).parent
+        for t in model.graph.initializer:  # the check repo add makes, before ONNX reads anything
+            if onnx.external_data_helper.uses_external_data(t):
+                location = next((e.value for e in t.external_data if e.key == "location"), "")
+                external_data_path(folder, location, f"{source.location}: its")
         try:
             onnx.external_data_helper.load_external_data_for_model(model, str(Path(source.location).parent))
         except Exception as exc:  # a missing file, a location outside the folder (onnx's ValidationError)

@@ -10,6 +10,7 @@ validation harness all take it instead of re-deriving shapes themselves.
 from __future__ import annotations
 
 import json
+import stat
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -297,6 +298,35 @@ def load_onnx(path: str | Path, *, load_weights: bool = True) -> Any:
         return onnx.load(str(p), load_external_data=load_weights)
     except Exception as exc:  # onnx raises DecodeError, OSError, ...
         raise UsageError(f"{p}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+
+
+def external_data_path(folder: Path, location: str, what: str) -> Path:
+    """The file that an external-data ``location`` of an ONNX model in ``folder`` names, checked
+    the way ONNX's own loader checks it, so that every reader refuses the same files (``export``
+    and ``deploy`` load through ONNX, ``repo add`` copies the file, ``calibrate`` and ``quantize``
+    read it field by field): a relative path inside the folder, reached through no symbolic link,
+    a regular file with no other hard link. A link there would carry a file from elsewhere on the
+    host (a key beside the model) into the repository and its bucket as the model's weights.
+    ``what`` starts each message (``"model.onnx: its"``)."""
+    rel = Path(location)
+    if not location or rel.is_absolute() or ".." in rel.parts:
+        raise UsageError(f"{what} external data location '{location}' is outside the model's folder")
+    path = folder
+    for part in rel.parts:
+        path = path / part
+        if path.is_symlink():
+            how = "is a symbolic link" if path == folder / rel else f"is reached through the symbolic link {path}"
+            raise UsageError(f"{what} external data file {folder / rel} {how} (copy the file into the model's folder)")
+    try:
+        st = path.stat()
+    except OSError:
+        raise UsageError(f"{what} external data file {path} is missing") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError(f"{what} external data file {path} is not a regular file")
+    if st.st_nlink > 1:
+        raise UsageError(f"{what} external data file {path} has {st.st_nlink} hard links (copy the file into the "
+                         f"model's folder)")
+    return path
 
 
 def qdq_counts(path: str | Path) -> tuple[int, int]:

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import UsageError
-from ..modelio import load_onnx
+from ..modelio import external_data_path, load_onnx
 
 log = logging.getLogger(__name__)
 
@@ -150,13 +150,6 @@ def _load_graph(path: Path) -> Any:
     return load_onnx(path)
 
 
-def _external_path(folder: Path, location: str, tensor: str) -> Path:
-    relative = Path(location)
-    if not location or relative.is_absolute() or ".." in relative.parts:
-        raise UsageError(f"initializer '{tensor}': external data location '{location}' is outside the model's folder")
-    return folder / relative
-
-
 def _gather_weights(model: Any, source: Path, target: Path) -> None:
     """Write the data of every initializer of ``model``'s main graph that is external (relative to
     the folder ``source``) or holds ``_LARGE`` bytes or more into the file ``target`` and point the
@@ -171,7 +164,7 @@ def _gather_weights(model: Any, source: Path, target: Path) -> None:
         for t in model.graph.initializer:
             if t.data_location == external:
                 entries = {e.key: e.value for e in t.external_data}
-                src = _external_path(source, entries.get("location", ""), t.name)
+                src = external_data_path(source, entries.get("location", ""), f"initializer '{t.name}':")
                 try:
                     with open(src, "rb") as f:
                         offset = int(entries.get("offset") or 0)

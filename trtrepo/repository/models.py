@@ -15,7 +15,7 @@ from typing import Any
 from ..contracts import backends
 from ..contracts.plan import plan_metadata_path, read_plan_metadata
 from ..errors import UsageError
-from ..modelio import ModelIO, TensorSpec, load_onnx
+from ..modelio import ModelIO, TensorSpec, external_data_path, load_onnx
 from ..tritonconfig import (
     ModelConfig,
     ModelOptions,
@@ -85,8 +85,9 @@ def add_onnx_model(
 
 def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
     """The external data files an ONNX model names (every model over 2 GB has them), keyed by
-    their location relative to the model, which they keep beside ``model.onnx``; each must exist
-    and hold the bytes the model reads from it."""
+    their location relative to the model, which they keep beside ``model.onnx``; each must pass
+    :func:`~trtrepo.modelio.external_data_path` (the check ``export`` and ``deploy`` make: inside
+    the model's folder, no symbolic or hard link) and hold the bytes the model reads from it."""
     import onnx
 
     model = load_onnx(onnx_path, load_weights=False)
@@ -106,9 +107,7 @@ def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
         need[rel] = max(need.get(rel, 0), end)
     files: dict[str, FileSource] = {}
     for rel, end in need.items():
-        src = onnx_path.parent / rel
-        if not src.is_file():
-            raise UsageError(f"{onnx_path}: its external data file {src} is missing")
+        src = external_data_path(onnx_path.parent, rel, f"{onnx_path}: its")
         if src.stat().st_size < end:
             raise UsageError(f"{src}: {src.stat().st_size} bytes, but {onnx_path.name} reads up to byte {end} of it")
         files[rel] = src

@@ -295,19 +295,27 @@ def check_rendered(msg: Any, config: ModelConfig, where: str, template_dir: str 
         if got[key] != value:
             raise UsageError(f"{where}: the rendered template changed '{key}' to {got[key]!r} (trtrepo decided "
                              f"{value!r}); check the --template-dir template")
-    if (template_dir is not None and (Path(template_dir) / config.template).exists()
-            and (shipped_templates_dir() / config.template).is_file()):
-        # a user template lays out; it decides nothing: every field equals the shipped template's (a
-        # template of a backend registered outside trtrepo has no shipped one: the checks above hold)
+    if template_dir is not None and _has_own_template(config):
+        # a user template lays out; it decides nothing: every field equals what the shipped templates
+        # render, whatever the folder holds (the backend's template, or only _macros.j2 that it
+        # imports). A backend registered outside trtrepo whose template only the folder has leaves
+        # nothing to compare with: the checks above hold.
         reference = config_to_dict(parse_config_text(render_config(config), where))
         diff = _first_difference(config_to_dict(msg), reference)
         if diff is not None:
             path, value, decided = diff
-            raise UsageError(f"{where}: the --template-dir template {config.template} "
+            raise UsageError(f"{where}: --template-dir {template_dir}: the rendered {config.template} "
                              + (f"added '{path}' ({value!r})" if decided is None else
                                 f"dropped '{path}' (trtrepo decided {decided!r})" if value is None else
                                 f"changed '{path}' to {value!r} (trtrepo decided {decided!r})")
                              + "; templates lay out the values trtrepo decides (options set them)")
+
+
+def _has_own_template(config: ModelConfig) -> bool:
+    """Whether ``config``'s template exists without a ``--template-dir`` (trtrepo's or the backend
+    plug-in's own): what a user template is compared with."""
+    folders = [d for d in (config.spec.template_dir, shipped_templates_dir()) if d is not None]
+    return any((Path(d) / config.template).is_file() for d in folders)
 
 
 def _first_difference(got: Any, want: Any, path: str = "") -> tuple[str, Any, Any] | None:
