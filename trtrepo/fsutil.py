@@ -1,4 +1,6 @@
-"""Atomic file writes: outputs go to a temporary file in the target folder, then ``os.replace``."""
+"""Atomic file writes: outputs go to a temporary file in the target folder, then ``os.replace``;
+names from outside this machine (object keys) written below a local folder only when they are
+relative paths inside it (:func:`unsafe_relpath`, :func:`write_inside`)."""
 
 from __future__ import annotations
 
@@ -8,7 +10,7 @@ import json
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -98,6 +100,88 @@ def atomic_write_bytes(target: str | Path, data: bytes, *, force: bool = True) -
 
 def atomic_write_text(target: str | Path, text: str, *, force: bool = True) -> Path:
     return atomic_write_bytes(target, text.encode(), force=force)
+
+
+# --------------------------------------------------------------------------------------------
+# Names from outside this machine (object keys, archive members) made into local paths
+
+
+def unsafe_relpath(rel: str) -> str | None:
+    """Why ``rel``, a ``/``-separated name that came from outside this machine (an object key
+    below a repository's prefix), cannot be a path below a local folder; None when it can. The
+    rule: relative, no empty, ``.`` or ``..`` segment, no backslash (a separator elsewhere), no
+    NUL. Pure."""
+    if not rel:
+        return "is empty"
+    if "\0" in rel:
+        return "holds a NUL character"
+    if "\\" in rel:
+        return "holds a backslash"
+    if rel.startswith("/"):
+        return "is absolute (it starts with '/')"
+    for seg in rel.split("/"):
+        if seg == "":
+            return "has an empty segment ('//' or a trailing '/')"
+        if seg in (".", ".."):
+            return f"has a '{seg}' segment"
+    return None
+
+
+def _open_inside(root: Path, parts: Sequence[str], what: str, *, create: bool) -> int:
+    """A descriptor of the folder ``root/parts...``, each segment opened relative to its parent's
+    descriptor with ``O_NOFOLLOW`` (created first with ``create``): a symlink anywhere below
+    ``root`` is refused, never followed. The caller closes it."""
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        for seg in parts:
+            if create:
+                with contextlib.suppress(FileExistsError):
+                    os.mkdir(seg, 0o777, dir_fd=fd)
+            try:
+                nxt = os.open(seg, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError:
+                raise UsageError(f"{what}: {root}/.../{seg} is a symlink or not a folder; not written through") from None
+            os.close(fd)
+            fd = nxt
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def mkdir_inside(root: str | Path, rel: str, what: str | None = None) -> Path:
+    """The folder ``root/rel`` (and its parents), ``rel`` a name from outside checked by
+    :func:`unsafe_relpath`; no symlink below ``root`` is followed. :class:`UsageError` naming
+    ``what`` (default ``rel``) otherwise."""
+    what = what or repr(rel)
+    why = unsafe_relpath(rel)
+    if why:
+        raise UsageError(f"{what} {why}: not a path inside {root}; nothing written there")
+    os.close(_open_inside(Path(root), rel.split("/"), what, create=True))
+    return Path(root, rel)
+
+
+def write_inside(root: str | Path, rel: str, data: bytes, what: str | None = None) -> Path:
+    """Write ``data`` as the new file ``root/rel``, ``rel`` a name from outside checked by
+    :func:`unsafe_relpath`: its folders are created or opened without following a symlink, and
+    the file is created new (``O_CREAT | O_EXCL | O_NOFOLLOW``: never through a symlink, never
+    over an existing file). :class:`UsageError` naming ``what`` (default ``rel``) otherwise."""
+    what = what or repr(rel)
+    why = unsafe_relpath(rel)
+    if why:
+        raise UsageError(f"{what} {why}: not a path inside {root}; nothing written there")
+    *folders, name = rel.split("/")
+    fd = _open_inside(Path(root), folders, what, create=True)
+    try:
+        try:
+            out = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o666, dir_fd=fd)
+        except FileExistsError:
+            raise UsageError(f"{what}: {Path(root, rel)} already exists (or is a symlink); not written over") from None
+    finally:
+        os.close(fd)
+    with os.fdopen(out, "wb") as f:
+        f.write(data)
+    return Path(root, rel)
 
 
 # --------------------------------------------------------------------------------------------

@@ -47,7 +47,18 @@ copy (and removes the other leftovers); the next write of the model redoes it.
 
 Writers are serialised by :func:`writer_lock` (an object ``PREFIX.trtrepo-lock`` created with a
 conditional PUT, with a renewed lease): concurrent ``repo add``/``deploy`` of one repository get
-distinct versions, one after the other.
+distinct versions, one after the other. The local write's checks ran against a checkout taken
+before the lock, so :func:`publish` re-reads the model's live config under the lock and runs the
+consistency checks again against it (:func:`_check_live_state`: the new version's IO against the
+config that will be live and its version policy; an ensemble's steps): a writer that raced
+another one on a model's IO is refused, nothing uploaded, the other one's change left live.
+
+What a bucket holds is not trusted (docs/fleet.md, "What trtrepo trusts in a bucket"): every key
+is checked to be a relative path inside the repository before any local path is made from any key
+(:func:`checked_keys`; one bad key refuses the repository), local files are made without following
+symlinks (:func:`trtrepo.fsutil.write_inside`), configs and plan metadata are read up to
+:data:`MAX_CONFIG_BYTES` and parsed (configs with Triton's protobuf), model files are never
+downloaded.
 """
 
 from __future__ import annotations
@@ -55,6 +66,7 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
+import math
 import os
 import re
 import socket
@@ -68,12 +80,15 @@ from typing import Any
 
 from .contracts.location import StorageLocation, parse_endpoint, parse_storage_url
 from .errors import TrtrepoError, UsageError
-from .repository import ModelEntry, incomplete_versions, served_versions, versions_of
-from .tritonconfig import parse_config_text
+from .fsutil import mkdir_inside, unsafe_relpath, write_inside
+from .repository import MAX_VERSION, ModelEntry, incomplete_versions, served_versions, versions_of
+from .repository.layout import _io_of
+from .tritonconfig import parse_config_text, validate_config_text
 
 log = logging.getLogger("trtrepo.objectstore")
 
 SINGLE_COPY_LIMIT = 5 * 2**30  # S3's limit for one CopyObject request
+MAX_CONFIG_BYTES = 16 * 2**20  # the most of a config.pbtxt or *.plan.json read from a bucket (they are KiB)
 STAGING_SUFFIX = ".trtrepo-staging"  # PREFIX.trtrepo-staging/<id>/...: a model's first upload, outside the repository
 
 
@@ -159,22 +174,34 @@ def complete_versions(msg: Any | None, versions: Sequence[int]) -> list[int]:
 
 S3_TIMEOUT_ENV = "TRTREPO_S3_TIMEOUT"
 S3_TIMEOUT_S = 20.0  # connect (at most 5 s) and read timeout of each S3 request ...
-S3_ATTEMPTS = 2  # ... and the attempts per request: an endpoint that never answers ends one in about 45 s
+S3_TIMEOUT_MAX_S = 3600.0  # ... at most this (a longer wait is a mistake, and boto's clock overflows at inf)
+S3_ATTEMPTS = 2  # attempts per request, the first included (botocore's total_max_attempts; its
+# max_attempts counts retries only: 2 there made 3 attempts, 61 s): an endpoint that never answers ends
+# a request after S3_ATTEMPTS x the timeout (about 40 s) plus botocore's backoff of at most 0.05 s
 
 
 def s3_timeout() -> float:
     """Seconds each S3 request may wait for the endpoint: ``$TRTREPO_S3_TIMEOUT`` or
-    :data:`S3_TIMEOUT_S`. One setting for every command that reads or writes ``s3://``."""
+    :data:`S3_TIMEOUT_S`. One setting for every command that reads or writes ``s3://``; a value
+    that is not a number of seconds in (0, :data:`S3_TIMEOUT_MAX_S`] (``inf``, ``nan``, ``0``,
+    negative) is a usage error naming the variable."""
     text = os.environ.get(S3_TIMEOUT_ENV)
     if not text:
         return S3_TIMEOUT_S
     try:
         value = float(text)
     except ValueError:
-        value = 0.0
-    if not value > 0:
-        raise UsageError(f"{S3_TIMEOUT_ENV}={text!r}: expected a positive number of seconds")
+        value = math.nan
+    if not 0 < value <= S3_TIMEOUT_MAX_S:  # false for nan too
+        raise UsageError(f"{S3_TIMEOUT_ENV}={text!r}: expected a positive number of seconds, at most "
+                         f"{S3_TIMEOUT_MAX_S:g}")
     return value
+
+
+def s3_wait(timeout: float) -> str:
+    """What a request to an endpoint that never answers costs, in words, from the same constants
+    the client is configured with."""
+    return f"{S3_ATTEMPTS} attempts, about {S3_ATTEMPTS * timeout:g} s in all"
 
 
 class S3Store:
@@ -193,7 +220,7 @@ class S3Store:
         region = os.environ.get("AWS_DEFAULT_REGION") or os.environ.get("AWS_REGION") or "us-east-1"
         self.timeout = s3_timeout()
         self.client = boto3.client("s3", endpoint_url=loc.endpoint, region_name=region,
-                                   config=Config(retries={"max_attempts": S3_ATTEMPTS, "mode": "standard"},
+                                   config=Config(retries={"total_max_attempts": S3_ATTEMPTS, "mode": "standard"},
                                                  connect_timeout=min(self.timeout, 5.0), read_timeout=self.timeout))
 
     def key(self, rel: str) -> str:
@@ -238,7 +265,7 @@ class S3Store:
             return fn(**kw)
         except (ReadTimeoutError, ConnectTimeoutError, ConnectionClosedError):
             raise UsageError(f"{self.loc.url}: {what}: the S3 endpoint {self.loc.endpoint or 'of AWS'} did not answer "
-                             f"within {self.timeout:g} s ({S3_ATTEMPTS} attempts); set {S3_TIMEOUT_ENV}=SECONDS to "
+                             f"within {self.timeout:g} s ({s3_wait(self.timeout)}); set {S3_TIMEOUT_ENV}=SECONDS to "
                              f"wait longer") from None
         except NoCredentialsError:
             raise UsageError(f"{self.loc.url}: no AWS credentials (set AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, "
@@ -278,12 +305,22 @@ class S3Store:
         head = self._call(f"stat {rel}", self.client.head_object, Bucket=self.loc.bucket, Key=self.key(rel))
         return int(head["ContentLength"])
 
-    def read(self, rel: str) -> bytes | None:
-        """The object's bytes, None when there is none."""
+    def read(self, rel: str, limit: int | None = None) -> bytes | None:
+        """The object's bytes, None when there is none. With ``limit``, an object larger than
+        ``limit`` bytes is refused (UsageError naming it) without reading its body: what a bucket
+        holds is not trusted to be small."""
         obj = self._call(f"read {rel}", self.client.get_object, absent_ok=True, Bucket=self.loc.bucket, Key=self.key(rel))
         if obj is None:
             return None
-        body: bytes = obj["Body"].read()
+        size = int(obj.get("ContentLength") or 0)
+        if limit is not None and size > limit:
+            obj["Body"].close()
+            raise UsageError(f"{self.loc.url}/{rel}: {size} bytes; trtrepo reads at most {limit} bytes of a config or "
+                             f"metadata file (a model repository's are a few KiB)")
+        body: bytes = obj["Body"].read() if limit is None else obj["Body"].read(limit + 1)
+        if limit is not None and len(body) > limit:
+            raise UsageError(f"{self.loc.url}/{rel}: more than {limit} bytes; trtrepo reads at most {limit} bytes of a "
+                             f"config or metadata file")
         return body
 
     def put_bytes(self, rel: str, data: bytes) -> None:
@@ -306,15 +343,26 @@ class S3Store:
         return sorted(n for n in self.keys(folders=True) if n and not n.startswith("."))
 
     def versions(self, name: str) -> list[int]:
-        return sorted(int(v) for v in self.keys(name, folders=True) if v.isdigit() and int(v) > 0)
+        return sorted(n for v in self.keys(name, folders=True) if (n := version_number(v)) is not None)
 
     def config(self, name: str) -> tuple[str | None, Any | None]:
         """The model's config.pbtxt text and parsed message (None, None when it has none)."""
-        data = self.read(f"{name}/config.pbtxt")
+        data = self.read(f"{name}/config.pbtxt", MAX_CONFIG_BYTES)
         if data is None:
             return None, None
-        text = data.decode()
+        try:
+            text = data.decode()
+        except UnicodeDecodeError:
+            raise UsageError(f"{self.loc.url}/{name}/config.pbtxt: not UTF-8 text, so not a Triton config") from None
         return text, parse_config_text(text, f"{self.loc.url}/{name}/config.pbtxt")
+
+
+def version_number(segment: str) -> int | None:
+    """A version folder's number (ASCII digits, 1 .. Triton's int64 maximum), None for any other
+    name (``"²".isdigit()`` is true, and ``int("²")`` fails)."""
+    if segment.isascii() and segment.isdigit() and 0 < int(segment) <= MAX_VERSION:
+        return int(segment)
+    return None
 
 
 def open_store(url: str, endpoint: str | None = None) -> S3Store:
@@ -344,17 +392,38 @@ def remote_model(store: S3Store, name: str) -> RemoteModel:
     versions: dict[int, list[str]] = {}
     for k in keys:
         head, _, rest = k.partition("/")
-        if head.isdigit() and int(head) > 0 and rest:
-            versions.setdefault(int(head), []).append(rest)
+        number = version_number(head)
+        if number is not None and rest:
+            versions.setdefault(number, []).append(rest)
     text, msg = store.config(name)
     return RemoteModel(name, text, {v: sorted(f) for v, f in sorted(versions.items())},
                        complete_versions(msg, list(versions)), msg, keys)
 
 
+def checked_keys(store: S3Store) -> list[str]:
+    """Every object key of the repository (relative to its prefix), each a relative path inside
+    it by :func:`trtrepo.fsutil.unsafe_relpath` (a folder marker ``NAME/`` aside): no empty, ``.``
+    or ``..`` segment, no backslash or NUL, not absolute (``PREFIX//etc/x`` is ``/etc/x`` below
+    the prefix). One bad key refuses the whole repository, with one line naming it, before any
+    local path is made from any key: a bucket's contents are not trusted (docs/fleet.md, "What
+    trtrepo trusts in a bucket")."""
+    keys = store.keys()
+    for rel in keys:
+        why = unsafe_relpath(rel[:-1] if rel.endswith("/") else rel) if rel else None
+        if why:
+            raise UsageError(f"{store.loc.url}: object key {store.key(rel)!r}: {rel!r} below the prefix {why}, so it "
+                             f"is no path inside the repository; trtrepo refuses a repository holding it (nothing "
+                             f"written; delete or rename that object)")
+    return keys
+
+
 def list_remote(url: str, endpoint: str | None = None) -> list[ModelEntry]:
     """``trtrepo repo list`` of an s3:// repository (the same entries as a local listing; a model
-    without config, or versions newer than its config names, get a problem line)."""
+    without config, or versions newer than its config names, get a problem line). A repository
+    holding a key that is no path inside it is refused (:func:`checked_keys`): ``trtrepo serve``
+    lists it before tritonserver, which copies the objects to local files, is started on it."""
     store = open_store(url, endpoint)
+    checked_keys(store)
     entries = []
     for name in store.models():
         try:
@@ -408,15 +477,23 @@ def remote_problems(store: S3Store) -> list[tuple[str, str]]:
 
 def snapshot(url: str, dest: Path, *, endpoint: str | None = None) -> Path:
     """The repository's ``config.pbtxt`` and ``*.plan.json`` files (same layout) in ``dest``:
-    enough to read its models, IO and plans' TensorRT versions without the model files."""
+    enough to read its models, IO and plans' TensorRT versions without the model files. Every key
+    is checked first (:func:`checked_keys`: one bad key and nothing is written), then each file is
+    written by :func:`trtrepo.fsutil.write_inside` (no symlink below ``dest`` followed, no file
+    written over)."""
     store = open_store(url, endpoint)
-    for key in store.keys():
+    keys = checked_keys(store)
+    dest.mkdir(parents=True, exist_ok=True)
+    for key in keys:
         if key.endswith(("/config.pbtxt", ".plan.json")):
-            data = store.read(key)
+            data = store.read(key, MAX_CONFIG_BYTES)
             if data is not None:
-                target = dest / key
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(data)
+                try:
+                    data.decode()
+                except UnicodeDecodeError:
+                    raise UsageError(f"{store.loc.url}/{key}: not UTF-8 text, so not a Triton config or plan "
+                                     f"metadata") from None
+                write_inside(dest, key, data, f"{store.loc.url}: object key {store.key(key)!r}")
     return dest
 
 
@@ -427,17 +504,21 @@ def snapshot(url: str, dest: Path, *, endpoint: str | None = None) -> Path:
 def checkout(store: S3Store, dest: Path) -> dict[str, RemoteModel]:
     """A local stand-in of the remote repository in ``dest`` for :mod:`trtrepo.repository`'s
     writers: each model's live config.pbtxt and one empty folder per version number (leftovers
-    included, so a new version gets a number no object uses). Model files are not downloaded."""
+    included, so a new version gets a number no object uses). Model files are not downloaded.
+    Every key is checked first (:func:`checked_keys`), and each folder and file is made by
+    :func:`trtrepo.fsutil.mkdir_inside` / :func:`~trtrepo.fsutil.write_inside`."""
+    checked_keys(store)
     dest.mkdir(parents=True, exist_ok=True)
     models = {}
     for name in store.models():
         m = remote_model(store, name)
         models[name] = m
-        (dest / name).mkdir()
+        what = f"{store.loc.url}: model folder {name!r}"
+        mkdir_inside(dest, name, what)
         if m.config_text is not None:
-            (dest / name / "config.pbtxt").write_text(m.config_text)
+            write_inside(dest, f"{name}/config.pbtxt", m.config_text.encode(), what)
         for v in m.versions:
-            (dest / name / str(v)).mkdir()
+            mkdir_inside(dest, f"{name}/{v}", what)
     return models
 
 
@@ -478,6 +559,8 @@ def _publish(store: S3Store, local_repo: Path, name: str, version: int, *, repla
         if version in remote.complete and replaced:
             retire = [version]
     complete = [v for v in remote.complete if v not in retire]
+    served = served_versions(new_msg, [*complete, target])
+    _check_live_state(store, remote, new_text, new_msg, served, target)  # before any object is written
     if remote.msg is not None and target in served_versions(remote.msg, [*remote.complete, target]):
         now = served_versions(remote.msg, remote.complete)
         if now:  # step 2: the live config would pick up the new number mid-upload: pin what it serves
@@ -512,7 +595,6 @@ def _publish(store: S3Store, local_repo: Path, name: str, version: int, *, repla
             say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB)")
             store.put_file(key, p)
         staged = []
-    served = served_versions(new_msg, [*complete, target])
     pinned = pin_versions(new_text, served)
     parse_config_text(pinned, f"{store.loc.url}/{name}/config.pbtxt")
     store.put_bytes(f"{name}/config.pbtxt", pinned.encode())  # step 4: the commit
@@ -526,9 +608,34 @@ def _publish(store: S3Store, local_repo: Path, name: str, version: int, *, repla
     return Published(name, target, f"{store.loc.url}/{name}/{target}", retire, stale)
 
 
+def _check_live_state(store: S3Store, remote: RemoteModel, new_text: str, new_msg: Any, served: Sequence[int],
+                      target: int) -> None:
+    """The consistency checks of a local write (:mod:`trtrepo.repository.write`), run again under
+    the writer lock against the remote state read there, not the :func:`checkout` taken before
+    it: another writer may have published meanwhile. A config whose IO (names, data types, dims,
+    batching) differs from the live one's while its version policy would serve an older version
+    (``served``, the new ``target`` aside) is refused, as a local write refuses it (Triton could
+    not load that version under it); an ensemble's steps are checked against the live configs of
+    the models it calls. UsageError, one line; nothing has been uploaded."""
+    where = f"{store.loc.url}/{remote.name}"
+    if remote.msg is not None and _io_of(remote.msg) != _io_of(new_msg):
+        old = [v for v in served if v != target]
+        if old:
+            raise UsageError(f"{where}: the new version's IO (input/output names, data types, dims, batching) differs "
+                             f"from the live config.pbtxt's (as read under the writer lock: another writer may have "
+                             f"published since this write began), and its version policy would serve the older "
+                             f"version(s) {', '.join(map(str, old))} under the new config; nothing uploaded; use "
+                             f"another --name, or --version-policy latest:1")
+    if new_msg.platform == "ensemble":
+        steps = {s.model_name for s in new_msg.ensemble_scheduling.step}
+        known = {n: msg for n in sorted(steps) if (msg := store.config(n)[1]) is not None}
+        validate_config_text(new_text, f"{where}/config.pbtxt", model_dir_name=remote.name, known_models=known)
+
+
 LOCK_SUFFIX = ".trtrepo-lock"  # PREFIX.trtrepo-lock: one object beside the repository
 LOCK_LEASE_S = 60.0  # a writer renews its lease every quarter of it; a lease past its time is taken over
 LOCK_WAIT_S = 120.0  # how long a writer waits for another one before it gives up
+LOCK_MAX_BYTES = 64 * 2**10  # the most of the lock object read (a writer's is about 150 bytes)
 
 
 class RepositoryBusy(TrtrepoError):
@@ -575,11 +682,8 @@ def writer_lock(store: S3Store, *, wait: float | None = None, lease: float | Non
         obj = store._call(f"read {where}", store.client.get_object, absent_ok=True, Bucket=store.loc.bucket, Key=key)
         if obj is None:
             continue  # released between our PUT and the read: try again
-        try:
-            holder = json.loads(obj["Body"].read())
-        except ValueError:
-            holder = {}
-        if float(holder.get("lease_until", 0)) < time.time() or _gone(holder, host):  # its writer is gone
+        holder = _lock_holder(obj["Body"].read(LOCK_MAX_BYTES))
+        if holder["lease_until"] < time.time() or _gone(holder, host):  # its writer is gone
             with contextlib.suppress(TrtrepoError):
                 store._call(f"unlock {where}", store.client.delete_object, Bucket=store.loc.bucket, Key=key,
                             IfMatch=obj["ETag"])
@@ -606,13 +710,34 @@ def writer_lock(store: S3Store, *, wait: float | None = None, lease: float | Non
         thread.join()
         with contextlib.suppress(Exception):
             obj = store.client.get_object(Bucket=store.loc.bucket, Key=key)
-            if json.loads(obj["Body"].read()).get("token") == token:
+            if _lock_holder(obj["Body"].read(LOCK_MAX_BYTES)).get("token") == token:
                 store.client.delete_object(Bucket=store.loc.bucket, Key=key, IfMatch=obj["ETag"])
+
+
+def _lock_holder(data: bytes) -> dict[str, Any]:
+    """The lock object's fields as :func:`writer_lock` reads them; a body that is not the JSON
+    object a writer puts there (not trusted: anyone with write access to the bucket) reads as a
+    lock whose lease has ended, like an unreadable one."""
+    try:
+        holder = json.loads(data)
+    except ValueError:
+        holder = None
+    if not isinstance(holder, dict):
+        holder = {}
+    try:
+        lease_until = float(holder.get("lease_until", 0))
+    except (TypeError, ValueError):
+        lease_until = 0.0
+    host = holder.get("host")  # printed in one-line messages: no control characters, bounded
+    host = None if host is None else re.sub(r"[\x00-\x1f\x7f]", "?", str(host))[:200]
+    pid = holder.get("pid") if isinstance(holder.get("pid"), int) else None
+    return {**holder, "lease_until": lease_until, "host": host, "pid": pid}
 
 
 def _gone(holder: dict[str, Any], host: str) -> bool:
     """A lock holder on this host whose process no longer runs (killed: its lease need not end)."""
-    if holder.get("host") != host or not isinstance(holder.get("pid"), int):
+    pid = holder.get("pid")
+    if holder.get("host") != host or not isinstance(pid, int) or not 0 < pid < 2**31:
         return False
     try:
         os.kill(holder["pid"], 0)
@@ -651,7 +776,9 @@ def finish_upload(store: S3Store, name: str, tag: str, keys: Sequence[str]) -> s
 
 def remove_leftovers(store: S3Store) -> list[str]:
     """``repo check --fix``: finish the first uploads killed during their server-side copies,
-    then delete the objects of interrupted uploads; what was done."""
+    then delete the objects of interrupted uploads; what was done. A repository holding a key
+    that is no path inside it is refused first (:func:`checked_keys`)."""
+    checked_keys(store)
     with writer_lock(store):
         done = [finish_upload(store, name, tag, keys) for name, (tag, keys) in finishable_uploads(store).items()]
         for what, keys in remote_leftovers(store):
