@@ -110,6 +110,19 @@ def test_hostile_keys_are_refused_and_nothing_is_written_outside(s3, tmp_path, r
     assert not (tmp_path / "k8s").exists()
 
 
+def test_a_hostile_key_in_the_staging_area_refuses_check(s3, run_cli):  # noqa: F811
+    """Staged keys become repository keys when ``repo check --fix`` finishes an upload: the same
+    rule applies to them."""
+    c = _client(s3)
+    c.put_object(Bucket="models", Key="stg/good/config.pbtxt", Body=_CONFIG.encode())
+    c.put_object(Bucket="models", Key="stg.trtrepo-staging/t1/good/../../../x/config.pbtxt", Body=_CONFIG.encode())
+    for args in (("repo", "check"), ("repo", "check", "--fix")):
+        res = run_cli(*args, f"s3://{s3}/models/stg")
+        assert res.exit_code == 2 and "object key 'stg.trtrepo-staging/t1/good/../../../x/config.pbtxt'" in res.output, \
+            res.output
+    assert _keys(s3, "stg") == [".trtrepo-staging/t1/good/../../../x/config.pbtxt", "/good/config.pbtxt"]  # nothing fixed
+
+
 def test_a_planted_symlink_is_not_followed_by_snapshot_or_checkout(s3, tmp_path):  # noqa: F811
     """The folder a snapshot or checkout writes into holds a symlink (another local user racing
     on a shared temporary folder): before issue 39 both wrote through it into the victim."""

@@ -754,7 +754,7 @@ def finishable_uploads(store: S3Store) -> dict[str, tuple[str, list[str]]]:
     ``{name: (tag, staged keys of the model without the config)}``."""
     if not store.loc.prefix:
         return {}
-    staged = store.staging().keys()
+    staged = checked_keys(store.staging())  # a staged key becomes a key of the repository: the same rule
     out: dict[str, tuple[str, list[str]]] = {}
     for key in staged:
         parts = key.split("/")
