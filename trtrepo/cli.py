@@ -9,6 +9,7 @@ message and exits with its code (1 failure, 2 usage), with a traceback only unde
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import importlib
 import logging
@@ -21,7 +22,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import TrtrepoError, UsageError, printable
+from .errors import TrtrepoError, UsageError, one_line, printable
 from .progress import configure
 
 # name -> (module under trtrepo.commands, short help). Order is the pipeline's.
@@ -79,9 +80,19 @@ class LazyGroup(click.Group):
             if ctx.params.get("debug"):
                 traceback.print_exc()
                 ctx.exit(1)
+            if isinstance(exc, OSError) and exc.filename is not None:  # a file or folder at fault: name it, one line
+                path = f"{exc.filename} -> {exc.filename2}" if exc.filename2 is not None else str(exc.filename)
+                click.echo(f"error: {printable(path)}: {exc.strerror or one_line(exc)}", err=True)
+                ctx.exit(2 if exc.errno in _PATH_ERRNOS else 1)
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             click.echo(f"error: {type(exc).__name__}: {first} (run with --debug for the traceback)", err=True)
             ctx.exit(1)
+
+
+# An OSError no stage turned into a message: these say the path given is at fault (exit 2, as a
+# UsageError); the others (a full disk, an I/O error) are failures (exit 1).
+_PATH_ERRNOS = {errno.ENOENT, errno.ENOTDIR, errno.EISDIR, errno.EEXIST, errno.EACCES, errno.EPERM,
+                errno.ENAMETOOLONG, errno.ELOOP, errno.EROFS, errno.ENXIO}
 
 
 def _with_verbosity(cmd: click.Command) -> click.Command:
@@ -99,13 +110,26 @@ def _with_verbosity(cmd: click.Command) -> click.Command:
 
     @functools.wraps(original)
     def callback(*args: Any, _verbose: int = 0, _quiet: bool = False, **kwargs: Any) -> Any:
-        root = click.get_current_context().find_root().params
+        ctx = click.get_current_context()
+        root = ctx.find_root().params
         _configure(root.get("verbose", 0) + _verbose, bool(root.get("quiet")) or _quiet)
+        _refuse_empty_paths(ctx)
         return original(*args, **kwargs)
 
     cmd.callback = callback
     cmd._trtrepo_verbosity = True  # type: ignore[attr-defined]
     return cmd
+
+
+def _refuse_empty_paths(ctx: click.Context) -> None:
+    """An empty path (``--repo ""``, ``-o "$UNSET"``) is a usage error naming its option: read as
+    the current folder it wrote a repository or a report into wherever the command ran."""
+    for param in ctx.command.params:
+        value = ctx.params.get(param.name or "")
+        values = value if isinstance(value, (tuple, list)) else (value,)
+        if isinstance(param.type, click.Path) and "" in values:
+            label = max(param.opts, key=len) if isinstance(param, click.Option) else param.human_readable_name
+            raise UsageError(f"{label} '': an empty path (give a file or folder name)")
 
 
 def _configure(verbose: int, quiet: bool) -> None:

@@ -18,6 +18,7 @@ sample batch of another batch size before the file is renamed into place.
 from __future__ import annotations
 
 import logging
+import math
 import re
 import shutil
 import warnings
@@ -188,6 +189,11 @@ class InputShape:
     given: str | None = None  # the --input-shape text it came from
 
 
+# values in one sample of an --input-shape: 512 MiB as float32 (a 3x4096x4096 image is 50 M); the
+# export feeds a few random samples of it to the model (MemoryError from numpy before)
+MAX_INPUT_ELEMENTS = 1 << 27
+
+
 def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
     """``3x224x224`` or ``NAME:3x224x224`` -> (name or None, shape)."""
     name, sep, dims = text.rpartition(":")
@@ -199,6 +205,9 @@ def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
         raise UsageError(f"--input-shape '{text}': expected dims like 3x224x224 or NAME:3x224x224") from exc
     if not shape or any(d <= 0 for d in shape):
         raise UsageError(f"--input-shape '{text}': dims must be positive integers")
+    if math.prod(shape) > MAX_INPUT_ELEMENTS:
+        raise UsageError(f"--input-shape '{text}': {math.prod(shape)} values per sample; at most {MAX_INPUT_ELEMENTS} "
+                         f"(the export runs the model on random samples of this shape)")
     return (name or None), shape
 
 

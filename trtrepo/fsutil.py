@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import errno
 import json
 import os
 import shutil
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import TrtrepoError, UsageError
 
 # The files and folders the running command reads (set by trtrepo.commands._inputs): no write may
 # replace one of them or land inside one of the folders (an image folder would gain a file).
@@ -62,13 +63,22 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
     On any exception the temporary file is removed and ``target`` is left as it was. With
     ``force=False`` an existing ``target`` is refused before anything is written.
     """
+    if Path(target).name in ("", ".."):  # "" is "." (os.replace then fails with EBUSY)
+        raise UsageError(f"{str(target)!r}: names a folder, not a file to write")
     target = Path(target)
+    check_name_lengths(target)
     check_not_input(target)
     if target.exists() and not force:
         raise UsageError(f"{target}: already exists (use --force to overwrite)")
     parent = target.parent
-    parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=parent)
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+        # the target's name, shortened where it is long: the temporary name stays within the
+        # filesystem's limit for every target name that is within it
+        short = target.name if len(os.fsencode(target.name)) <= 128 else target.name[:32]
+        fd, tmp_name = tempfile.mkstemp(prefix=f".{short}.", suffix=".tmp", dir=parent)
+    except OSError as exc:
+        raise write_error(target, exc) from exc
     os.close(fd)
     tmp = Path(tmp_name)
     try:
@@ -77,13 +87,65 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
             # mkstemp creates 0600; outputs are shared (a Triton container may run as another user)
             os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as exc:
         with contextlib.suppress(FileNotFoundError):
             if tmp.is_dir():
                 shutil.rmtree(tmp)
             else:
                 tmp.unlink()
+        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS and exc.filename in (None, str(tmp), str(target)):
+            raise write_error(target, exc) from exc  # the write itself failed (a full disk, ...): name the file
         raise
+
+
+# What writing a file can fail with: said as one line naming the file (:func:`write_error`).
+# A full disk or a failing device is a failure (exit 1); the others are the path's (exit 2).
+_WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG, errno.EROFS, errno.EACCES, errno.EPERM,
+                 errno.EISDIR, errno.ENOTDIR, errno.EEXIST, errno.ENAMETOOLONG, errno.ELOOP, errno.EXDEV}
+_FAILURE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.EFBIG}
+
+
+def write_error(target: str | Path, exc: OSError) -> TrtrepoError:
+    """The one-line error for ``exc``, raised while writing ``target`` (or making its folder):
+    it names ``target``, and the part of its path at fault where that is what failed."""
+    target = Path(target)
+    reason = exc.strerror or type(exc).__name__
+    if exc.errno in (errno.EEXIST, errno.ENOTDIR):  # a file where a folder of the path should be
+        blocker = next((a for a in reversed(target.parents) if a.exists() and not a.is_dir()), None)
+        if blocker is not None:
+            return UsageError(f"{target}: cannot write it: {blocker} is a file, not a folder")
+    if exc.errno == errno.EISDIR and target.is_dir():
+        return UsageError(f"{target}: is a folder; give a file name")
+    if exc.errno in _FAILURE_ERRNOS:
+        return TrtrepoError(f"{target}: cannot write it ({reason}); nothing was written there")
+    return UsageError(f"{target}: cannot write it ({reason})")
+
+
+def _name_max(path: Path) -> int:
+    """The longest file name (bytes) the filesystem of ``path`` (or its nearest existing folder) allows."""
+    for folder in (path, *path.parents):
+        with contextlib.suppress(OSError, ValueError):
+            if folder.is_dir():
+                return int(os.pathconf(folder, "PC_NAME_MAX"))
+    return 255
+
+
+def check_name_lengths(path: str | Path, what: str = "", extra: int = 0) -> None:
+    """Refuse ``path`` when one of its names is longer than its filesystem allows (``OSError:
+    [Errno 36]`` otherwise, from wherever it is first used). ``extra``: the bytes trtrepo adds to
+    the last name for a folder beside it (a staging folder). ``what`` (an option) starts the line."""
+    path = Path(path)
+    limit = _name_max(path)
+    parts = path.parts
+    for i, part in enumerate(parts):
+        room = limit - (extra if i == len(parts) - 1 else 0)
+        size = len(os.fsencode(part))
+        if size > room:
+            shown = part if len(part) <= 40 else f"{part[:40]}..."
+            beside = f" ({limit} on this filesystem, less {extra} for the staging folder beside it)" if extra and \
+                i == len(parts) - 1 else ""
+            raise UsageError(f"{what + ' ' if what else ''}{path}: the name '{shown}' is {size} bytes long; "
+                             f"names here are at most {room} bytes{beside}")
 
 
 def _umask() -> int:

@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import UsageError, one_line
 
 # ONNX TensorProto element type -> numpy dtype name. Only what models actually use.
 _ONNX_TO_NUMPY = {
@@ -297,7 +297,7 @@ def load_onnx(path: str | Path, *, load_weights: bool = True) -> Any:
     try:
         return onnx.load(str(p), load_external_data=load_weights)
     except Exception as exc:  # onnx raises DecodeError, OSError, ...
-        raise UsageError(f"{p}: not a readable ONNX model ({type(exc).__name__}: {exc})") from exc
+        raise UsageError(f"{p}: not a readable ONNX model ({one_line(exc)})") from exc
 
 
 def external_data_path(folder: Path, location: str, what: str) -> Path:

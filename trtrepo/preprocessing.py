@@ -183,16 +183,17 @@ class Preprocess:
         p = Path(path)
         if not p.is_file():
             raise UsageError(f"{p}: preprocessing file not found")
-        text = p.read_text()
+        kind = "YAML" if p.suffix.lower() in (".yaml", ".yml") else "JSON"
         try:
-            if p.suffix.lower() in (".yaml", ".yml"):
+            text = p.read_text()
+            if kind == "YAML":
                 import yaml
 
                 data = yaml.safe_load(text)
             else:
                 data = json.loads(text)
-        except Exception as exc:
-            raise UsageError(f"{p}: cannot parse preprocessing file ({type(exc).__name__}: {one_line(exc)})") from exc
+        except Exception as exc:  # not UTF-8, not JSON / YAML, unreadable: one line, no exception name
+            raise UsageError(f"{p}: cannot parse preprocessing file (not {kind}: {one_line(exc)})") from exc
         if not isinstance(data, dict):
             raise UsageError(f"{p}: preprocessing file must hold a mapping of options")
         return cls.from_dict(data, source=str(p))

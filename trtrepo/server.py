@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import functools
 import json
 import logging
@@ -52,6 +53,19 @@ def find_server_binary(explicit: str | Path | None) -> Path | None:
         return Path(found)
     local = local_install_dir() / "bin" / "tritonserver"
     return local if local.is_file() and os.access(local, os.X_OK) else None
+
+
+def runnable_server_binary(explicit: str | Path | None) -> Path | None:
+    """:func:`find_server_binary`, refused (one line naming where it came from: ``--server-binary``
+    or ``$TRTREPO_TRITONSERVER``) when the file found is not executable (``/etc/passwd``)."""
+    binary = find_server_binary(explicit)
+    if binary is None:
+        return None
+    source = ("--server-binary" if explicit else "$TRTREPO_TRITONSERVER" if os.environ.get("TRTREPO_TRITONSERVER")
+              else "tritonserver")
+    if not os.access(binary, os.X_OK):
+        raise UsageError(f"{source} {binary}: not an executable file")
+    return binary
 
 
 def find_python_env() -> Path | None:
@@ -117,6 +131,18 @@ def missing_backend_warning(backend: str) -> str | None:
             f"'trtrepo serve' cannot load this model here; serve the repository with a server that has it")
 
 
+def check_distinct_ports(ports: Mapping[str, int | None]) -> None:
+    """Refuse one port given for two of the server's listeners (``--http-port 8000 --grpc-port
+    8000``): tritonserver itself answers with its whole usage text. 0 or None: a free one, picked later."""
+    seen: dict[int, str] = {}
+    for label, port in ports.items():
+        if port and port in seen:
+            raise UsageError(f"{seen[port]} and {label} are both {port}: each of the server's ports needs its own "
+                             f"(0 picks a free one)")
+        if port:
+            seen[port] = label
+
+
 def busy_ports(host: str, ports: Mapping[str, int]) -> list[tuple[str, int]]:
     """The ``(label, port)`` pairs of ``ports`` that cannot be bound on ``host`` (another process
     listens there). SO_REUSEADDR: a port in TIME_WAIT after a server stopped counts as free."""
@@ -128,7 +154,9 @@ def busy_ports(host: str, ports: Mapping[str, int]) -> list[tuple[str, int]]:
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             try:
                 s.bind((host, port))
-            except OSError:
+            except OSError as exc:
+                if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # not a port's problem: the address's
+                    raise UsageError(f"--host {host}: cannot listen there ({exc.strerror or exc})") from None
                 busy.append((label, port))
     return busy
 
@@ -457,7 +485,7 @@ class TritonServer:
         return self.http_url, self.grpc_url
 
     def command(self, repo: Path | str) -> list[str]:
-        binary = find_server_binary(self.binary)
+        binary = runnable_server_binary(self.binary)
         if binary is None:
             where = self.binary or "PATH, $TRTREPO_TRITONSERVER or .triton/bin"
             raise UsageError(f"tritonserver not found ({where}); run scripts/install_tritonserver.sh or pass --server-binary")
@@ -494,6 +522,7 @@ class TritonServer:
         if not remote and not repo.is_dir():
             raise UsageError(f"{repo}: model repository not found")
         given = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
+        check_distinct_ports(given)
         busy = busy_ports(self.host, {k: v for k, v in given.items() if v})
         if busy:
             label, port = busy[0]
@@ -517,9 +546,13 @@ class TritonServer:
             self.log_path, self._own_log = name, True
         self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
-        self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                     start_new_session=True, env=self.environment(),
-                                     preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid()))
+        try:
+            self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
+                                         start_new_session=True, env=self.environment(),
+                                         preexec_fn=functools.partial(_die_with_parent, _prctl(), os.getpid()))
+        except OSError as exc:  # a file that is not a program (exec format error), ...
+            self.stop()
+            raise UsageError(f"tritonserver {cmd[0]}: cannot be run ({exc.strerror or exc})") from None
         record = {"pid": self.proc.pid, "start_ticks": _start_ticks(self.proc.pid), "owner": os.getpid(),
                   "ports": [self.http_port, self.grpc_port, self.metrics_port], "repo": str(self.repo)}
         staged = Path(self._tmp.name) / f".{_RECORD}"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import signal
 import time
 from pathlib import Path
@@ -45,8 +46,20 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
 
     from ..objectstore import list_remote, parse_url, snapshot  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..repository import list_repository, load_problems  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-    from ..server import ServerError, TritonServer, container_command, find_server_binary, log_errors  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..server import (  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+        ServerError,
+        TritonServer,
+        check_distinct_ports,
+        container_command,
+        find_server_binary,
+        log_errors,
+        runnable_server_binary,
+    )
 
+    if not (timeout > 0 and math.isfinite(timeout)):
+        raise UsageError(f"--timeout {timeout}: a positive number of seconds")
+    if not host.strip():
+        raise UsageError("--host: empty (give an address to listen on, e.g. 127.0.0.1)")
     remote = is_remote(repo)
     names: list[str] = []
     problems: list[tuple[str, str]]  # folders tritonserver would refuse to start on: said before it starts
@@ -63,10 +76,13 @@ def command(repo: str, s3_endpoint: str | None, server_binary: str | None, host:
     for where, why in problems:
         click.echo(f"warning: {where}: {why}; 'trtrepo repo check --fix {repo}' repairs what an interrupted trtrepo "
                    f"write left", err=True)
-    binary = find_server_binary(server_binary)
+    # a file that cannot run is named (with where it came from) unless only the command is printed
+    binary = find_server_binary(server_binary) if print_command else runnable_server_binary(server_binary)
     if print_command or binary is None:
         if binary is None and server_binary:
             raise UsageError(f"--server-binary {server_binary}: not a file")
+        check_distinct_ports({"--http-port": http_port or 8000, "--grpc-port": grpc_port or 8001,
+                              "--metrics-port": metrics_port or 8002})
         with temp_dir("serve") as tmp:
             local = snapshot(repo, Path(tmp) / "repo") if remote else Path(repo)
             cmd, _rel, notes = container_command(local, http_port=http_port or 8000, grpc_port=grpc_port or 8001,

@@ -44,11 +44,13 @@ from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 
 from ..errors import UsageError
+from ..fsutil import check_name_lengths
 from .layout import LOCK_NAME, STAGING_NAME, FileSource, versions_of
 
 log = logging.getLogger(__name__)
 
 LOCK_TIMEOUT_S = 120.0
+_BESIDE = ".{}.trtrepo-staging"  # the staging folder beside the repository REPO (see the steps above)
 
 # Test hook: called with the name of each commit step (COMMIT_STEPS); an exception (or a
 # SIGKILL) there simulates a crash at that point.
@@ -60,6 +62,13 @@ COMMIT_STEPS = ("staging", "staged", "live")  # "swapping" too where the exchang
 def repository_lock(repo: Path, timeout: float = LOCK_TIMEOUT_S) -> Iterator[None]:
     import filelock  # deferred: only writers take the lock; readers (repo list, serve) need not import it
 
+    # the staging folder beside it (_staging_parent) adds to its name: a name the filesystem takes
+    # but the staging folder's it does not is refused here, before anything is made
+    check_name_lengths(repo, "repository", extra=len(_BESIDE.format("")))
+    try:  # the commit records hold the path as text, as configs and reports do
+        str(repo.resolve()).encode()
+    except UnicodeEncodeError:
+        raise UsageError(f"repository {str(repo)!r}: its path is not valid UTF-8; give a UTF-8 name") from None
     try:
         repo.mkdir(parents=True, exist_ok=True)
     except (NotADirectoryError, FileExistsError) as exc:
@@ -95,7 +104,7 @@ def _staging_parent(repo: Path) -> Path | None:
             return None
     except OSError:
         return None
-    return parent / f".{repo.resolve().name}.trtrepo-staging"
+    return parent / _BESIDE.format(repo.resolve().name)
 
 
 def _hook(step: str) -> None:

@@ -135,14 +135,19 @@ class Thresholds:
 
 
 def parse_url(url: str, protocol: str) -> str:
-    """``HOST:PORT`` (a scheme is dropped; an empty URL is the local default port)."""
-    url = (url or "").strip()
+    """``HOST:PORT`` (a scheme is dropped; no URL at all is the local default port). A URL without
+    a host (``http://``, ``/``, blanks) is refused: read as the default, it validated whatever
+    server listens on this machine."""
+    if not url:
+        return f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
+    given = url
+    url = url.strip()
     for scheme in ("http://", "https://", "grpc://"):
         if url.startswith(scheme):
             url = url[len(scheme):]
     url = url.rstrip("/")
     if not url:
-        return f"127.0.0.1:{DEFAULT_PORTS[protocol]}"
+        raise UsageError(f"--url {given!r}: no host; expected HOST:PORT (leave --url out for 127.0.0.1)")
     if "/" in url:
         raise UsageError(f"--url {url!r}: expected HOST:PORT")
     host, sep, port = url.rpartition(":")
