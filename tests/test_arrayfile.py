@@ -23,9 +23,10 @@ def _samples(source) -> list[dict[str, np.ndarray]]:
     return [dict(s.inputs) | ({"label": s.label} if s.label is not None else {}) for s in source]
 
 
+@pytest.mark.parametrize("chunk", [100, 24], ids=["rows per piece", "pieces per row"])
 @pytest.mark.parametrize("limit,seed", [(None, None), (5, None), (5, 3), (40, 0), (1, 7)])
-def test_rows_read_from_files_are_the_subset_of_the_in_memory_rule(tmp_path, monkeypatch, limit, seed):
-    monkeypatch.setattr(arrayfile, "CHUNK_BYTES", 100)  # many small chunks: the chunk edges are exercised
+def test_rows_read_from_files_are_the_subset_of_the_in_memory_rule(tmp_path, monkeypatch, limit, seed, chunk):
+    monkeypatch.setattr(arrayfile, "CHUNK_BYTES", chunk)  # many small pieces: their edges are exercised (rows: 80, 56 B)
     rng = np.random.default_rng(0)
     a = rng.normal(size=(23, 4, 5)).astype(np.float32)
     b = np.asfortranarray(rng.integers(0, 9, size=(23, 7)).astype(np.int64))
@@ -87,7 +88,7 @@ def test_an_npz_bomb_with_limit_8_stays_under_300_mb(tmp_path):
 def test_a_declared_size_beyond_the_bound_is_refused_before_inflating(tmp_path):
     bomb = _bomb(tmp_path / "huge.npz", 10**6, data_rows=1)  # declares 602 GB, holds one row
     with pytest.raises(UsageError, match=r"huge.npz: key 'input': 1000000 samples of shape \[3, 224, 224\] float32 are "
-                                         r"560.8 GiB, more than the 4 GiB"):
+                                         r"560.8 GiB, more than the 2 GiB"):
         open_data(str(bomb))
     assert len(open_data(str(bomb), limit=1)) == 1  # the one row it holds is readable
 

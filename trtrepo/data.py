@@ -23,6 +23,7 @@ import importlib
 import itertools
 import logging
 import os
+import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -31,10 +32,10 @@ from typing import Any
 
 import numpy as np
 
-from .arrayfile import Pick, declared_samples, read_npy, read_npz, subset_rows
+from .arrayfile import ArrayHeader, Pick, data_budget, npy_header, npz_headers, read_npy, read_npz, subset_rows
 from .contracts import builtin
 from .errors import UsageError, one_line
-from .modelio import ModelIO
+from .modelio import ModelIO, TensorSpec
 from .preprocessing import Preprocess
 
 log = logging.getLogger(__name__)
@@ -42,8 +43,8 @@ _SKIP_WARNED: set[tuple[str, str]] = set()
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
-MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit ...
-MAX_ITERABLE_BYTES = 2 * 2**30  # ... and their bytes
+MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit (and arrayfile.data_budget() bytes)
+MAX_LABEL = 2**31 - 1  # the largest class index when the model does not say how many classes it has
 
 # --------------------------------------------------------------------------------------------
 # Preprocessing
@@ -271,16 +272,74 @@ def _first(labels: np.ndarray | None, declared: int, pick: Pick, path: Path) -> 
     return labels if rows is None else labels[rows]
 
 
-def _load_labels(path: str | Path) -> np.ndarray:
+def _class_count(io: ModelIO | None) -> int | None:
+    """How many classes the model tells apart, where its outputs say it unambiguously: its only
+    output is ``[batch, C]`` with a fixed ``C`` of at least 2. None otherwise."""
+    if io is None or len(io.outputs) != 1:
+        return None
+    shape = io.outputs[0].shape
+    return shape[1] if len(shape) == 2 and shape[1] >= 2 else None
+
+
+def _label_error(where: str, value: object, row: int, classes: int | None) -> UsageError:
+    top = classes if classes is not None else MAX_LABEL + 1
+    known = f" (the model's {classes} classes)" if classes is not None else ""
+    return UsageError(f"{where}: label {value} of sample {row} is not a class index: labels are whole numbers "
+                      f"from 0 to {top - 1}{known}")
+
+
+def _checked_labels(values: np.ndarray, where: str, classes: int | None, rows: np.ndarray | None = None) -> np.ndarray:
+    """``values`` as int64 class indices: whole numbers from 0 to ``classes - 1`` (to
+    :data:`MAX_LABEL` when the model does not say). ``rows``: the file's row of each value (for the
+    message), when they are a subset of the file's."""
+    values = np.asarray(values).reshape(-1)
+    top = classes if classes is not None else MAX_LABEL + 1
+    with np.errstate(invalid="ignore"):
+        bad = (values < 0) | (values >= top)
+        if values.dtype.kind == "f":
+            bad |= ~np.isfinite(values) | (np.round(values) != values)
+    if bad.any():
+        i = int(np.argmax(bad))
+        value = values[i].item()
+        shown = int(value) if isinstance(value, float) and value.is_integer() else value
+        raise _label_error(where, shown, i if rows is None else int(rows[i]), classes)
+    return values.astype(np.int64)
+
+
+def _not_regular(path: Path) -> str | None:
+    """What ``path`` is when it exists but is neither a regular file nor a folder, else None."""
+    try:
+        mode = path.stat().st_mode
+    except OSError:
+        return None
+    if stat.S_ISREG(mode) or stat.S_ISDIR(mode):
+        return None
+    if stat.S_ISFIFO(mode):
+        return "a FIFO (named pipe)"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    return "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "a special file"
+
+
+def _load_labels(path: str | Path, classes: int | None) -> np.ndarray:
+    """``--labels``: an ``.npy`` array or a text file of whole numbers, checked as class indices."""
     p = Path(path)
+    kind = _not_regular(p)
+    if kind is not None:
+        raise UsageError(f"{p}: the labels file is {kind}, not a regular file")
     if not p.is_file():
         raise UsageError(f"{p}: labels file not found")
+    if p.suffix == ".npy":
+        return _checked_labels(read_npy(p), str(p), classes)
     try:
-        if p.suffix == ".npy":
-            return read_npy(p).astype(np.int64).reshape(-1)
-        return np.asarray([int(line) for line in p.read_text().split()], dtype=np.int64)
+        ints = [int(line) for line in p.read_text().split()]
     except ValueError as exc:
-        raise UsageError(f"{p}: labels must be integers, one per sample ({exc})") from exc
+        raise UsageError(f"{p}: labels must be integers, one per sample ({one_line(exc)})") from exc
+    top = classes if classes is not None else MAX_LABEL + 1
+    bad = next((i for i, v in enumerate(ints) if not 0 <= v < top), None)
+    if bad is not None:
+        raise _label_error(str(p), ints[bad], bad, classes)
+    return np.asarray(ints, dtype=np.int64)
 
 
 def _import_callable(spec: str) -> Callable[..., Any]:
@@ -342,7 +401,10 @@ def open_data(
 
 def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None,
                limit: int | None = None, skip_non_images: bool = False, seed: int | None = None) -> DataSource:
-    label_array = _load_labels(labels) if labels is not None else None
+    if not spec.strip():
+        raise UsageError("an empty data spec (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
+    classes = _class_count(io)
+    label_array = _load_labels(labels, classes) if labels is not None else None
     found = builtin.data_spec(spec)
     if found is not None:
         plugin, split = found
@@ -358,37 +420,20 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
                 raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
             preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
         return ImageFolderSource(path, preprocess, label_array, skip_non_images)
+    kind = _not_regular(path)
+    if kind is not None:
+        raise UsageError(f"{path}: {kind}, not a regular file or a folder (the data is a folder, .npy, .npz, "
+                         f"'module:callable' or demo:SPLIT)")
     if path.suffix.lower() in (".npy", ".npz"):
         if not path.is_file():
             raise UsageError(f"{path}: data file not found")
+
         def pick(n: int) -> np.ndarray | None:
             return subset_rows(n, limit, seed)
 
         if path.suffix.lower() == ".npy":
-            array = read_npy(path, pick)
-            label_array = _first(label_array, declared_samples(path), pick, path)
-            return ArraySource(str(path), {None: array}, label_array)  # type: ignore[dict-item]
-        arrays, declared = read_npz(path, pick)
-        label_array = _first(label_array, declared, pick, path)
-        file_labels = None
-        for key in LABEL_KEYS:
-            if key in arrays and (io is None or key not in io.input_names):
-                file_labels = arrays.pop(key)
-                break
-        if not arrays:
-            raise UsageError(f"{path}: the npz file holds no input arrays")
-        if label_array is None:
-            label_array = file_labels
-        if len(arrays) == 1 and io is not None and next(iter(arrays)) not in io.input_names and len(io.inputs) == 1:
-            log.warning("%s: key '%s' is not an input name; its array feeds the model's only input '%s'", path,
-                        next(iter(arrays)), io.input_names[0])
-            arrays = {None: next(iter(arrays.values()))}  # type: ignore[dict-item]
-        elif io is not None:
-            unknown = [k for k in arrays if k not in io.input_names]
-            if unknown:
-                raise UsageError(f"{path}: key '{unknown[0]}' is not an input of the model (inputs: "
-                                 f"{', '.join(io.input_names)}; labels go under one of {', '.join(LABEL_KEYS)})")
-        return ArraySource(str(path), arrays, label_array)  # type: ignore[arg-type]
+            return _open_npy(path, io, pick, label_array)
+        return _open_npz(path, io, pick, label_array, classes)
     if _looks_like_entry_point(spec) and not path.exists():
         fn = _import_callable(spec)
         try:
@@ -404,7 +449,7 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
             for item in itertools.islice(result, cap):
                 items.append(_to_sample(item, spec))
                 total += sum(int(np.asarray(v).nbytes) for v in items[-1].inputs.values())
-                if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > MAX_ITERABLE_BYTES):
+                if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > data_budget()):
                     raise UsageError(f"'{spec}': the callable yields more than "
                                      f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
                                      f"({total / 2**30:.1f} GiB so far); give --limit (an iterable is read up to "
@@ -422,6 +467,62 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
     if not path.exists():
         raise UsageError(f"{spec}: data not found (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
     raise UsageError(f"{spec}: unsupported data file type '{path.suffix}' (expected a folder, .npy or .npz)")
+
+
+def _check_rows(h: ArrayHeader, spec: TensorSpec) -> None:
+    """Samples of ``h``'s shape fit ``spec`` (its axes after the first; -1 takes any size): checked
+    on the header, before a byte of the array is read (:meth:`ModelIO.check_feed` checks batches
+    the same way)."""
+    got, want = h.shape[1:], spec.shape[1:]
+    if h.shape and (len(got) != len(want) or any(w != -1 and g != w for g, w in zip(got, want, strict=True))):
+        raise UsageError(f"{h.where}: samples of shape {list(got)} do not fit input '{spec.name}' of the model, "
+                         f"whose samples are {list(want)} (-1: any size)")
+
+
+def _open_npy(path: Path, io: ModelIO | None, pick: Pick, labels: np.ndarray | None) -> ArraySource:
+    """One array, the samples of the model's only input."""
+    header = npy_header(path)
+    if io is not None and len(io.inputs) == 1:
+        _check_rows(header, io.inputs[0])
+    array = read_npy(path, pick)
+    labels = _first(labels, header.samples or 0, pick, path)
+    return ArraySource(str(path), {None: array}, labels)  # type: ignore[dict-item]
+
+
+def _npz_keys(path: Path, headers: Mapping[str, ArrayHeader], io: ModelIO | None) -> tuple[dict[str, str | None], str | None]:
+    """Which model input each key of an npz feeds (None: the only input, bound later) and its
+    labels key; decided on the headers, so a key that feeds nothing is refused before it is inflated."""
+    label_key = next((k for k in LABEL_KEYS if k in headers and (io is None or k not in io.input_names)), None)
+    keys = [k for k in headers if k != label_key]
+    if not keys:
+        raise UsageError(f"{path}: the npz file holds no input arrays")
+    if io is None:
+        return {k: k for k in keys}, label_key
+    if len(keys) == 1 and keys[0] not in io.input_names and len(io.inputs) == 1:
+        log.warning("%s: key '%s' is not an input name; its array feeds the model's only input '%s'", path, keys[0],
+                    io.input_names[0])
+        _check_rows(headers[keys[0]], io.inputs[0])
+        return {keys[0]: None}, label_key
+    unknown = [k for k in keys if k not in io.input_names]
+    if unknown:
+        raise UsageError(f"{path}: key '{unknown[0]}' is not an input of the model (inputs: "
+                         f"{', '.join(io.input_names)}; labels go under one of {', '.join(LABEL_KEYS)})")
+    for k in keys:
+        _check_rows(headers[k], io.input(k))
+    return {k: k for k in keys}, label_key
+
+
+def _open_npz(path: Path, io: ModelIO | None, pick: Pick, labels: np.ndarray | None,
+              classes: int | None) -> ArraySource:
+    """One array per input (keys named after the inputs) and labels under one of :data:`LABEL_KEYS`."""
+    headers = npz_headers(path)
+    inputs, label_key = _npz_keys(path, headers, io)
+    keys = [*inputs, *([label_key] if label_key is not None and labels is None else [])]
+    arrays, declared = read_npz(path, pick, keys)
+    labels = _first(labels, declared, pick, path)
+    if labels is None and label_key is not None:
+        labels = _checked_labels(arrays[label_key], headers[label_key].where, classes, pick(declared))
+    return ArraySource(str(path), {name: arrays[k] for k, name in inputs.items()}, labels)  # type: ignore[misc]
 
 
 class _BoundSource(DataSource):
@@ -476,6 +577,9 @@ def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None =
     def flush() -> Batch:
         inputs = {name: np.stack([s.inputs[name] for s in pending]) for name in pending[0].inputs}
         for name, arr in inputs.items():  # Inf/NaN would turn into NaN ranges far downstream
+            if arr.dtype.kind not in "biuf":  # a complex cast to the model's dtype would drop its imaginary part
+                raise UsageError(f"input '{name}' of sample {indices[0]}: the data is of dtype {arr.dtype}, not "
+                                 f"real numbers (bool, integer or floating point)")
             if arr.dtype.kind == "f" and not np.isfinite(arr).all():
                 bad = int(np.argwhere(~np.isfinite(arr).reshape(len(arr), -1).all(axis=1))[0][0])
                 raise UsageError(f"input '{name}' of sample {indices[bad]}: holds Inf or NaN values")

@@ -10,12 +10,19 @@ import click
 F = TypeVar("F", bound=Callable[..., Any])
 
 
+def not_empty(ctx: click.Context, param: click.Parameter, value: str | None) -> str | None:
+    """A data spec given as ``''`` is refused (a path of ``''`` would read as the working folder)."""
+    if value is not None and not value.strip():
+        raise click.BadParameter("an empty value (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
+    return value
+
+
 def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F]:
     """``--data --preprocess --labels --limit --seed --batch-size --skip-non-images``."""
 
     def deco(f: F) -> F:
         opts = [
-            click.option("--data", "data_spec", required=required, metavar="SPEC",
+            click.option("--data", "data_spec", required=required, metavar="SPEC", callback=not_empty,
                          help="Data: demo:calib|demo:val, an image folder, .npy/.npz, or package.module:callable."),
             click.option("--preprocess", "preprocess", type=click.Path(dir_okay=False), default=None,
                          help="Preprocessing spec (JSON/YAML, see 'trtrepo preprocess'); required for image folders."),
