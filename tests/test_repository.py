@@ -127,7 +127,16 @@ def test_model_without_batch_axis_gets_max_batch_size_zero_and_full_dims(tmp_pat
     assert cfg.max_batch_size == 0 and cfg.inputs[0].dims == (3,) and cfg.dynamic_batching is None
     with pytest.raises(UsageError, match="has no dynamic batch axis"):
         config_from_io("m", io, BACKENDS["onnxruntime_onnx"], ModelOptions(max_batch_size=8))
-    res = add_model(tmp_path / "repo", cfg, {"model.onnx": b"x"}, io=io)
+    import numpy as np
+    from onnx import TensorProto, helper, numpy_helper
+
+    w = numpy_helper.from_array(np.ones((3, 2), np.float32), "w")
+    graph = helper.make_graph([helper.make_node("MatMul", ["x", "w"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])], initializer=[w])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 13)])
+    model.ir_version = 8  # a model ONNX Runtime loads: add_model tries it before writing
+    res = add_model(tmp_path / "repo", cfg, {"model.onnx": model.SerializeToString()}, io=io)
     assert "max_batch_size: 0" in res.config_text
 
 

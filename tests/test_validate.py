@@ -279,10 +279,9 @@ def models(tmp_path_factory, demo_onnx):
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory, models, triton_server):
-    from trtrepo.contracts.backends import BACKENDS
-    from trtrepo.repository import add_model, add_onnx_model
+    from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
-    from trtrepo.tritonconfig import ModelOptions, config_from_io, template_file
+    from trtrepo.tritonconfig import ModelOptions
 
     env = find_python_env()
     if env is None:
@@ -292,10 +291,10 @@ def server(tmp_path_factory, models, triton_server):
     add_onnx_model(repo, "demo", models["fp32"], backend="python", options=opts)
     add_onnx_model(repo, "demo_int8", models["int8"], backend="python", options=opts)
     add_onnx_model(repo, "demo_text", models["text"], backend="python", options=opts)
-    # A model that cannot load: its model.onnx is not an ONNX file.
-    io = ModelIO.from_onnx(models["fp32"])
-    add_model(repo, config_from_io("broken", io, BACKENDS["python_onnx"], opts),
-              {"model.onnx": b"not an onnx model", "model.py": template_file("python_onnx_model.py")})
+    # A model that cannot load: its model.onnx is not an ONNX file (written by hand: trtrepo refuses
+    # to add a model its runtime does not load).
+    add_onnx_model(repo, "broken", models["fp32"], backend="python", options=opts)
+    (repo / "broken" / "1" / "model.onnx").write_bytes(b"not an onnx model")
     return triton_server(repo, extra_args=("--exit-on-error=false", "--strict-readiness=false"))
 
 

@@ -36,7 +36,7 @@ from .objectstore import checkout, open_store, publish
 from .progress import status
 from .quantize import QDQ_TARGETS, NothingToQuantize, QuantizeOptions, qdq_target, target_names
 from .quantsummary import QuantizeSummary
-from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model
+from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model, check_file_loads, type_problem
 from .server import local_backends, missing_backend_warning
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name, execution_env_warning
 
@@ -384,6 +384,25 @@ def build_options(opts: DeployOptions, io: ModelIO, source: Any = None) -> Any:
     return BuildOptions(profile=batch_profile(opts, io, source))
 
 
+def _check_serving(opts: DeployOptions, spec: backends.BackendSpec, onnx_path: Path, io: ModelIO,
+                   report: DeployReport) -> None:
+    """Before any work: the model's tensor types fit the backend (and the Python variant's), and
+    the runtime that will serve it loads it (the repository step checks again what it writes);
+    the message names the source."""
+    tensors = [("input", t.name, t.triton_dtype) for t in io.inputs] + [("output", t.name, t.triton_dtype) for t in io.outputs]
+    served = [(spec, "")]
+    if opts.python_variant and spec is not backends.PYTHON:
+        served.append((backends.PYTHON, " (its Python-backend copy, --python-backend)"))
+    for s, which in served:
+        problem = type_problem(s, tensors)
+        if problem:
+            raise UsageError(f"{opts.source}{which}: {problem}; nothing deployed")
+    gpu = opts.model.instance_kind.upper().removeprefix("KIND_") == "GPU"
+    for s, which in served:
+        report.warnings.extend(check_file_loads(onnx_path, s, gpu=gpu and s is spec, shown=f"{opts.source}{which}",
+                                                what="nothing deployed"))
+
+
 def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, report: DeployReport,
                 io: ModelIO | None = None, calibration: CalibrationData | None = None) -> Path | None:
     """The single call point of the TensorRT build. Returns the plan, or None when not built."""
@@ -456,6 +475,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
         onnx_path, io = _export_step(opts, work, report)
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
+        _check_serving(opts, spec, onnx_path, io, report)
         if opts.shapes:  # a mistyped or misfitting --shape is an error whatever the backend
             batch_profile(opts, io).check_shapes(io)
             if not spec.engine:

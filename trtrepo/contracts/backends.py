@@ -47,7 +47,14 @@ class BackendSpec:
       ``tune`` varies; None: not a knob), ``threads_unset``: the threads a config without that
       parameter runs with (None: the runtime's own default, which ``tune`` leaves alone);
     * ``template_dir``: the folder holding ``template`` when it is not one of trtrepo's (a
-      plug-in's package); a ``--template-dir`` still comes first.
+      plug-in's package); a ``--template-dir`` still comes first;
+    * ``runtime``: what loads its model file when Triton loads the model (``onnxruntime``: an
+      ONNX Runtime session, ``tensorrt``: a plan deserialised; None: nothing trtrepo can try), which
+      ``repository.loads`` tries before the model lands (``repo add``, ``deploy``, ``tune --apply``)
+      and ``repo check`` tries again;
+    * ``unsupported_types``: Triton data types its model cannot carry at all (refused when the
+      model is added, naming the tensor): the Python backend converts every tensor to numpy
+      (``pb_utils.triton_string_to_numpy``), which has no bfloat16.
     """
 
     kind: str
@@ -68,6 +75,8 @@ class BackendSpec:
     threads_parameter: str | None = None
     threads_unset: int | None = None
     template_dir: str | None = None
+    runtime: str | None = None
+    unsupported_types: tuple[str, ...] = ()
 
     @property
     def display(self) -> str:
@@ -145,14 +154,16 @@ def _python_onnx_parameters(options: Any) -> dict[str, str]:
 
 TENSORRT = register(BackendSpec("tensorrt_plan", "tensorrt_plan.pbtxt.j2", platform="tensorrt_plan", model_file="model.plan",
                      option="tensorrt", source="plan", instance_kind="KIND_GPU", quantize_target="tensorrt",
-                     engine=True, server_backend="tensorrt"))
+                     engine=True, server_backend="tensorrt", runtime="tensorrt"))
 ONNXRUNTIME = register(BackendSpec("onnxruntime_onnx", "onnxruntime.pbtxt.j2", platform="onnxruntime_onnx",
                                    model_file="model.onnx", option="onnxruntime", source="onnx",
-                                   server_backend="onnxruntime", threads_parameter="intra_op_thread_count"))
+                                   server_backend="onnxruntime", threads_parameter="intra_op_thread_count",
+                                   runtime="onnxruntime"))
 PYTHON = register(BackendSpec("python_onnx", "python_onnx.pbtxt.j2", backend="python", model_file="model.py", option="python",
                      source="onnx", extra_files=(("model.py", "python_onnx_model.py"),), instance_kind="KIND_CPU",
                      runs_python=True, parameters=_python_onnx_parameters, server_backend="python",
-                     label="python (onnxruntime)", threads_parameter="intra_op_threads", threads_unset=1))
+                     label="python (onnxruntime)", threads_parameter="intra_op_threads", threads_unset=1,
+                     runtime="onnxruntime", unsupported_types=("TYPE_BF16",)))
 PYTHON_PREPROCESS = register(BackendSpec("python_preprocess", "python_preprocess.pbtxt.j2", backend="python", model_file="model.py",
                      instance_kind="KIND_CPU", runs_python=True, server_backend="python"))
 ENSEMBLE = register(BackendSpec("ensemble", "ensemble.pbtxt.j2", platform="ensemble"))

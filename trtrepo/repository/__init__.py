@@ -15,6 +15,8 @@ The modules, top to bottom (the layers contract in ``pyproject.toml``):
 - ``commit``: the commit protocol, its lock (:func:`repository_lock`) and recovery
   (:func:`recover`, :func:`leftovers`);
   ``check``: portability (:func:`host_specific`, ``trtrepo repo check``);
+  ``loads``: the model file tried with the runtime that will serve it, in a child process
+  (:func:`check_model_loads` before a write, :func:`runtime_problems` for ``repo check``);
 - ``layout``: the layout read back (:func:`versions_of`, :func:`read_config`,
   :func:`list_repository`) and what Triton needs to load a model folder (:func:`load_problems`).
 """
@@ -40,6 +42,7 @@ from .layout import (
     served_versions,
     versions_of,
 )
+from .loads import LoadCheck, LoadResult, check_file_loads, check_model_loads, runtime_problems, try_load, type_problem
 from .models import (
     add_image_ensemble,
     add_onnx_model,
@@ -54,6 +57,8 @@ __all__ = [
     "COMMIT_STEPS",
     "LOCK_NAME",
     "LOCK_TIMEOUT_S",
+    "LoadCheck",
+    "LoadResult",
     "MAX_VERSION",
     "STAGING_NAME",
     "FileSource",
@@ -65,6 +70,8 @@ __all__ = [
     "add_onnx_model",
     "add_plan_model",
     "PlanTarget",
+    "check_file_loads",
+    "check_model_loads",
     "check_plan_target",
     "external_data_files",
     "files_needed",
@@ -80,6 +87,9 @@ __all__ = [
     "recover",
     "replace_config",
     "repository_lock",
+    "runtime_problems",
     "served_versions",
+    "try_load",
+    "type_problem",
     "versions_of",
 ]

@@ -25,6 +25,7 @@ from ..modelio import ModelIO
 from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
 from .commit import _write, recover, repository_lock
 from .layout import MAX_VERSION, FileSource, WriteResult, _check_relpath, _io_of, read_config, served_versions, versions_of
+from .loads import check_model_loads
 
 log = logging.getLogger(__name__)
 
@@ -53,7 +54,8 @@ def add_model(
     template_dir: str | Path | None = None,
     warnings: Sequence[str] = (),
 ) -> WriteResult:
-    """Render, validate and write one model. Nothing is written when anything fails."""
+    """Render, validate, try loading (:func:`~trtrepo.repository.loads.check_model_loads`) and
+    write one model. Nothing is written when anything fails."""
     repo = Path(repo)
     name = check_model_name(config.name)
     if version is not None and version < 1:
@@ -79,6 +81,7 @@ def add_model(
     msg = validate_config_text(text, where, io=io, plan=plan, model_dir_name=name, known_models=known,
                                model_files=sorted(model_files))
     check_rendered(msg, config, where, template_dir)
+    warnings = [*warnings, *check_model_loads(msg, version_files, plan=plan, what=f"model '{name}' not written")]
 
     with repository_lock(repo):
         recover(repo)
@@ -135,6 +138,11 @@ def replace_config(repo: str | Path, name: str, text: str, *, started_from: str 
         existing = versions_of(model_dir)
         if existing:
             _check_kept_versions(model_dir, text, existing, max(existing))
+        for v in served_versions(msg, existing):  # each served model file loads under the new config
+            vdir = model_dir / str(v)
+            files = {str(p.relative_to(vdir)): p for p in vdir.rglob("*") if p.is_file()}
+            for w in check_model_loads(msg, files, what="the new config is not written"):
+                log.warning("%s: %s", name, w)
         return Path(atomic_write_text(model_dir / "config.pbtxt", text))
 
 
