@@ -144,7 +144,9 @@ def test_options_name_the_option_at_fault():
     from trtrepo.tune import TuneOptions
 
     for kw, name in ((dict(objective="fast"), "--objective"), (dict(concurrency=0), "--concurrency"),
-                     (dict(max_p99_ms=0), "--max-p99-ms"), (dict(budget_s=0), "--budget-s")):
+                     (dict(max_p99_ms=0), "--max-p99-ms"), (dict(budget_s=0), "--budget-s"),
+                     (dict(stability_pct=float("nan")), "--stability-percentage"),
+                     (dict(interval_s=float("nan")), "--measurement-interval")):
         with pytest.raises(UsageError, match=name):
             TuneOptions(model="m", **kw)
 

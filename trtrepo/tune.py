@@ -320,6 +320,7 @@ class TuneOptions:
             raise UsageError(f"--max-p99-ms {self.max_p99_ms}: must be > 0")
         if not self.budget_s > 0:
             raise UsageError(f"--budget-s {self.budget_s}: must be > 0")
+        self.stability()  # its own checks (NaN included) before any server starts
 
     def stability(self) -> Any:
         return Stability(interval_s=self.interval_s, pct=self.stability_pct, max_trials=self.max_trials)
