@@ -32,6 +32,21 @@ def _non_utf8_key(tmp_path):
     return ["--data", path], [f"{path}: not a readable .npz file", "inp\\xfft.npy", "not valid UTF-8"]
 
 
+def _non_utf8_tensor_name(tmp_path):
+    """A model whose input is named ``inp\xfft`` (protobuf hands the name over as bytes; before: a
+    TypeError from joining the input names into the message about the npz's key)."""
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Relu", ["inpZt"], ["out"])], "g",
+                              [helper.make_tensor_value_info("inpZt", TensorProto.FLOAT, ["N", 4])],
+                              [helper.make_tensor_value_info("out", TensorProto.FLOAT, ["N", 4])])
+    model = tmp_path / "names.onnx"
+    model.write_bytes(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]).SerializeToString()
+                      .replace(b"inpZt", b"inp\xfft"))
+    np.savez(tmp_path / "d.npz", x=np.zeros((4, 4), np.float32), y2=np.zeros((4, 4), np.float32))
+    return ["--data", tmp_path / "d.npz"], [f"{model}: the tensor name 'inp\\xfft' is not valid UTF-8"], model
+
+
 def _fifo(tmp_path, name):
     path = tmp_path / name
     os.mkfifo(path)
@@ -71,6 +86,7 @@ def _labels_fifo(tmp_path):
 
 CASES = {
     "non-UTF-8 key": _non_utf8_key,
+    "non-UTF-8 tensor name": _non_utf8_tensor_name,
     "FIFO .npz": lambda t: _fifo(t, "data.npz"),
     "FIFO without suffix": lambda t: _fifo(t, "data"),
     "string array": lambda t: _array(t, np.array(["a", "b", "c", "d"]), "strings (dtype <U1)"),
@@ -89,8 +105,8 @@ CASES = {
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_bad_data_is_one_line_naming_it(run_cli, demo_onnx, tmp_path, case):
-    args, fragments = CASES[case](tmp_path)
-    r = run_cli("calibrate", demo_onnx, *args, "--method", "minmax", "--num-bins", "128", "--cache", tmp_path / "c.bin")
+    args, fragments, *model = CASES[case](tmp_path)
+    r = run_cli("calibrate", model[0] if model else demo_onnx, *args, "--method", "minmax", "--num-bins", "128", "--cache", tmp_path / "c.bin")
     lines = r.stderr.strip().splitlines()
     assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: "), r.output
     assert all(f in lines[0] for f in fragments), (fragments, lines[0])

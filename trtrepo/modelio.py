@@ -254,6 +254,10 @@ class ModelIO:
             for vi in values:
                 if vi.name in initializer_names:
                     continue
+                if isinstance(vi.name, bytes):  # protobuf hands over a name that is not UTF-8 as bytes
+                    shown = vi.name.decode("utf-8", "backslashreplace")
+                    raise UsageError(f"{source or 'model'}: the tensor name '{shown}' is not valid UTF-8 (data, "
+                                     f"configs and requests name tensors in UTF-8)")
                 ttype = vi.type.tensor_type
                 if not vi.type.HasField("tensor_type"):
                     raise UsageError(f"{source or 'model'}: tensor '{vi.name}' is not a plain tensor")
