@@ -100,6 +100,8 @@ CASES = {
     "--labels 1.5 (.npy)": lambda t: _labels_file(t, "labels.npy", [0, 1.5, 2, 3], "1.5"),
     "--labels -1 (text)": lambda t: _labels_file(t, "labels.txt", "0\n-1\n2\n3\n", "-1"),
     "--labels FIFO": _labels_fifo,
+    "--seed -5": lambda t: (["--data", "demo:calib", "--limit", "8", "--seed", "-5"],
+                            ["Invalid value for '--seed': -5 is not in the range x>=0"]),
 }
 
 
@@ -112,3 +114,10 @@ def test_bad_data_is_one_line_naming_it(run_cli, demo_onnx, tmp_path, case):
     assert all(f in lines[0] for f in fragments), (fragments, lines[0])
     assert not _EXCEPTION.search(lines[0]), lines[0]
     assert not (tmp_path / "c.bin").exists()
+
+
+def test_an_empty_eval_data_is_refused_naming_the_option(run_cli, demo_onnx, tmp_path):
+    r = run_cli("quantize", demo_onnx, "--data", "demo:calib", "--eval-data", "", "-o", tmp_path / "q.onnx")
+    lines = r.stderr.strip().splitlines()
+    assert r.exit_code == 2 and len(lines) == 1 and "Invalid value for '--eval-data': an empty value" in lines[0], r.output
+    assert not (tmp_path / "q.onnx").exists()

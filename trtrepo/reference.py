@@ -41,7 +41,7 @@ import numpy as np
 from . import __version__, export
 from .contracts import builtin
 from .data import DataSource, iter_batches
-from .errors import UsageError, one_line
+from .errors import TrtrepoError, UsageError, one_line
 from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, export_onnx, load_torch_model, resolve_source
 from .fsutil import atomic_path, atomic_write_text, temp_dir
 from .modelio import ModelIO
@@ -365,7 +365,7 @@ def export_reference(source: ModelSource, *, inputs: Sequence[InputShape] | None
             return ExportedReference(result.io, list(result.notes))
         try:
             _store(result.path, entry, meta, {"key": keyed[0], "parts": keyed[1], "notes": result.notes})
-        except OSError as exc:
+        except (OSError, TrtrepoError) as exc:  # atomic writes name the file in a TrtrepoError; the cache is best effort
             log.warning("%s: cannot write the reference cache (%s); the export is not kept", cache_dir(), one_line(exc))
             return ExportedReference(result.io, list(result.notes))
     _prune(entry.parent, prefix, keep=entry.stem)

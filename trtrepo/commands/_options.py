@@ -29,7 +29,7 @@ def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F
             click.option("--labels", type=click.Path(dir_okay=False), default=None,
                          help="Integer labels (.npy or text, one per sample)."),
             click.option("--limit", type=click.IntRange(min=1), default=None, help="Use N samples (a deterministic subset)."),
-            click.option("--seed", type=int, default=0, show_default=True, help="Seed of the --limit subset."),
+            click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the --limit subset."),
             click.option("--batch-size", type=click.IntRange(min=1), default=batch_size, show_default=True),
             click.option("--skip-non-images", is_flag=True,
                          help="Skip files of an image folder whose extension is not an image's (named in a warning); "

@@ -16,7 +16,7 @@ from ..quantize import target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
-from ._options import data_options, s3_endpoint_option
+from ._options import data_options, not_empty, s3_endpoint_option
 from ._output import json_option, summary_output
 
 
@@ -75,7 +75,7 @@ from ._output import json_option, summary_output
 @click.option("--weight-rounding", type=click.Choice(("auto",) + ROUNDING_STEPS), default="auto", show_default=True,
               help="How Conv/Gemm weights are rounded to INT8 (as in trtrepo quantize): auto keeps the best of bias "
                    "correction, AdaRound and nearest rounding on held-out data; nearest is the fastest.")
-@click.option("--eval-data", default=None, metavar="SPEC",
+@click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
               help="Evaluation data for the INT8 choices and the check against FP32, opened like --data (default: "
                    "a fifth of --data held out). Give a few hundred samples for a settled verdict.")
 @click.option("--accept-accuracy-loss", is_flag=True,

@@ -10,7 +10,7 @@ from .. import histogram as H
 from ..quantize import QDQ_TARGETS, QuantizeOptions, target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
-from ._options import data_options
+from ._options import data_options, not_empty
 from ._output import json_option, summary_output
 
 METHODS = H.method_names(auto=True)
@@ -39,7 +39,7 @@ METHODS = H.method_names(auto=True)
               help="Leave nodes whose name matches (exact or full-match regex) in float (repeatable).")
 @click.option("--accuracy-target", default=None, metavar="KIND=VALUE",
               help="top1-drop=POINTS, top1=PERCENT or cosine=MIN: leave the most sensitive layers in float until it holds.")
-@click.option("--eval-data", default=None, metavar="SPEC",
+@click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
               help="Held-out evaluation data (default: a --holdout part of --data that calibration does not use).")
 @click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2, show_default=True,
               help="Fraction of --data held out for --method auto / --accuracy-target when --eval-data is not given.")
