@@ -81,8 +81,7 @@ from typing import Any
 from .contracts.location import StorageLocation, parse_endpoint, parse_storage_url
 from .errors import TrtrepoError, UsageError
 from .fsutil import mkdir_inside, unsafe_relpath, write_inside
-from .repository import MAX_VERSION, ModelEntry, incomplete_versions, served_versions, versions_of
-from .repository.layout import _io_of
+from .repository import MAX_VERSION, ModelEntry, config_io, incomplete_versions, served_versions, versions_of
 from .tritonconfig import parse_config_text, validate_config_text
 
 log = logging.getLogger("trtrepo.objectstore")
@@ -618,7 +617,7 @@ def _check_live_state(store: S3Store, remote: RemoteModel, new_text: str, new_ms
     not load that version under it); an ensemble's steps are checked against the live configs of
     the models it calls. UsageError, one line; nothing has been uploaded."""
     where = f"{store.loc.url}/{remote.name}"
-    if remote.msg is not None and _io_of(remote.msg) != _io_of(new_msg):
+    if remote.msg is not None and config_io(remote.msg) != config_io(new_msg):
         old = [v for v in served if v != target]
         if old:
             raise UsageError(f"{where}: the new version's IO (input/output names, data types, dims, batching) differs "

@@ -108,7 +108,10 @@ def _check_relpath(rel: str, what: str) -> str:
     return rel
 
 
-def _io_of(msg: Any) -> tuple[Any, ...]:
+def config_io(msg: Any) -> tuple[Any, ...]:
+    """What a config says of the model's IO (tensor names, data types, dims, batching on/off):
+    two configs with different ``config_io`` cannot serve the same model file."""
+
     def tensors(ts: Any) -> tuple[tuple[str, int, tuple[int, ...]], ...]:
         return tuple(sorted((t.name, int(t.data_type), tuple(int(d) for d in t.dims)) for t in ts))
 

@@ -24,7 +24,7 @@ from ..fsutil import atomic_write_text
 from ..modelio import ModelIO
 from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
 from .commit import _write, recover, repository_lock
-from .layout import MAX_VERSION, FileSource, WriteResult, _check_relpath, _io_of, read_config, served_versions, versions_of
+from .layout import MAX_VERSION, FileSource, WriteResult, _check_relpath, config_io, read_config, served_versions, versions_of
 from .loads import check_model_loads
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,7 @@ def replace_config(repo: str | Path, name: str, text: str, *, started_from: str 
             text = rebase(live_text)
         live = read_config(model_dir)
         msg = validate_config_text(text, where, model_dir_name=name)
-        if _io_of(msg) != _io_of(live):
+        if config_io(msg) != config_io(live):
             raise UsageError(f"{model_dir / 'config.pbtxt'}: the new config changes the model's inputs or outputs; "
                              f"not written")
         existing = versions_of(model_dir)
@@ -154,7 +154,7 @@ def _check_kept_versions(model_dir: Path, text: str, existing: Sequence[int], ve
     except UsageError:
         return  # no readable live config: nothing is served from this folder now
     new = parse_config_text(text, f"{model_dir.name}/config.pbtxt")
-    if _io_of(live) == _io_of(new):
+    if config_io(live) == config_io(new):
         return
     old = [v for v in served_versions(new, sorted({*existing, version})) if v != version]
     if old:
