@@ -43,10 +43,12 @@ CONVENTIONS = """\
   too, `-q` leaves only results and errors. `-v` and `-q` together are a usage error.
 - `--json` on `calibrate`, `quantize`, `evaluate`, `deploy` and `validate` prints one JSON object on
   stdout (the human lines go to stderr): `calibrate` {samples, written, amax per tensor},
-  `quantize` {output, target, method, layers, activations, weights, accuracy_check, methods},
-  `evaluate` {outputs (per-output metrics), thresholds, passed}, `deploy` {precision, steps,
-  models, notes, warnings}, `validate` {the whole report: contract, accuracy with per_sample rows,
-  latency, thresholds, passed}. Example: `trtrepo deploy m.onnx --data imgs/ --preprocess pre.json --json | jq .precision`.
+  `quantize` {output, target, method, layers, activations, weights, accuracy_check, methods,
+  warnings}, `evaluate` {outputs (per-output metrics), thresholds, passed}, `deploy` {precision,
+  steps, models, notes, warnings}, `validate` {the whole report: contract, accuracy with per_sample
+  rows, latency, thresholds, passed}. Each of `warnings` is an object with `cause` and `message`
+  (the line printed); a warning that would repeat per layer (`int32_bias`, `unit_without_range`)
+  is one object per cause with `counts`, `shipped` and `details` (one per layer or tensor). Example: `trtrepo deploy m.onnx --data imgs/ --preprocess pre.json --json | jq .precision`.
 - `validate --csv lat.csv` writes the latency table with perf_analyzer's `-f` columns (times in
   microseconds, one row per concurrency; `Client Send`/`Client Recv` empty, `Network+Server Send/Recv`
   = client mean minus the server's request time). `--report DIR` is optional.

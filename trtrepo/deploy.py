@@ -39,6 +39,7 @@ from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model, check_file_loads, type_problem
 from .server import local_backends, missing_backend_warning
 from .tritonconfig import ModelConfig, ModelOptions, check_model_name, execution_env_warning
+from .warngroups import WarningGroup, collecting
 
 log = logging.getLogger(__name__)
 
@@ -129,6 +130,15 @@ class DeployReport:
     warnings: list[str] = field(default_factory=list)  # printed on stderr (a backend the local server lacks, ...)
     repo: Path | str = Path("model_repository")  # a local folder, or an s3:// URL
     accuracy: QuantizeSummary | None = None  # what INT8 cost, measured on held-out data (None: not quantized here)
+    # the INT8 step's warnings that repeat per layer, by cause (trtrepo.warngroups): one logged line
+    # each, the details in --json's warnings
+    quantize_warnings: tuple[WarningGroup, ...] = ()
+
+    def warnings_json(self) -> list[dict[str, Any]]:
+        """``warnings`` of ``deploy --json``: one object per warning, ``cause`` and ``message``
+        always; the grouped ones add their counts, whether their model was shipped and the details."""
+        return [*({"cause": "deploy", "message": w} for w in self.warnings),
+                *(g.to_dict() for g in self.quantize_warnings)]
 
     def summary_lines(self) -> list[str]:
         lines = [f"{'step':<11} {'status':<9} {'time':>7}  detail"]
@@ -266,7 +276,14 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             return onnx_path, "fp32"
         calibration = calibration or CalibrationData(opts, io)
         try:
-            return _quantize(opts, onnx_path, target, work, report, step, calibration)
+            # one line per warning cause for the whole step (not per candidate the step tries);
+            # those of an INT8 model that is not shipped say so
+            with collecting(log, where="deploy --json's warnings") as run:
+                path, precision = _quantize(opts, onnx_path, target, work, report, step, calibration)
+                if precision != "int8":
+                    run.not_shipped("the FP32 model was deployed")
+                report.quantize_warnings = run.groups()
+            return path, precision
         except NothingToQuantize as exc:  # a model INT8 cannot speed up: FP32, saying why
             if opts.precision == "int8":
                 raise UsageError(f"--precision int8: {exc.message}") from exc

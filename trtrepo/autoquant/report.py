@@ -34,6 +34,7 @@ from ..quantize import (
     insert_qdq,
 )
 from ..quantsummary import OutputFigures, QuantizeSummary
+from ..warngroups import WarningGroup, group
 from .fallback import FallbackResult, FallbackStep
 from .gate import AccuracyCheck
 from .select import SMOOTHED_RANGE_RULE, Candidate, RoundingChoice, SmoothChoice
@@ -123,6 +124,8 @@ class QuantizeReport:
     accuracy_check: HeldOutCheck | None  # None: the run had no check
     integer_kernels: Mapping[str, Any] | None = None  # onnxruntime target only (absent from the JSON otherwise)
     input_methods: Mapping[str, str] | None = None  # calibrated here only (absent from the JSON otherwise)
+    # the shipped model's warnings that repeat per layer, by cause (trtrepo.warngroups), with their details
+    warnings: tuple[WarningGroup, ...] = ()
     report_dir: Path | None = field(default=None, compare=False)  # where quantize.json/.md went; not in the JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -148,6 +151,7 @@ class QuantizeReport:
             d["integer_kernels"] = self.integer_kernels
         if self.input_methods is not None:
             d["input_methods"] = dict(self.input_methods)
+        d["warnings"] = [g.to_dict() for g in self.warnings]
         return d
 
     def accuracy_summary(self, shipped: str = "int8") -> QuantizeSummary:
@@ -322,7 +326,8 @@ def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection
         speed=held_out.speed, weight_rounding=selection.rounding.to_dict(), equalization=calibration.equalization,
         quantize_attention=options.quantize_attention, reduce_range=options.reduce_range,
         smooth_quant=calibration.smooth_quant, accuracy_check=held_out.check,
-        integer_kernels=integer_kernels, input_methods=calibration.input_methods)
+        integer_kernels=integer_kernels, input_methods=calibration.input_methods,
+        warnings=group(chosen.warnings))
 
 
 @dataclass(kw_only=True)
@@ -408,4 +413,18 @@ def report_markdown(report: QuantizeReport) -> str:
         lines += ["", "Layers left in float: " + (", ".join(f"`{n}`" for n in report.layers_in_float) or "none")]
     if report.metrics:
         lines += ["", "## Result vs FP32", "", metrics_table(dict(report.metrics))]
+    lines += _warnings_markdown(report.warnings)
     return "\n".join(lines) + "\n"
+
+
+def _warnings_markdown(groups: Sequence[WarningGroup]) -> list[str]:
+    """``## Warnings``: per cause, its console line and one row per layer (or tensor)."""
+    lines = ["", "## Warnings"] if groups else []
+    for g in groups:
+        counted = g.cause.counted.replace("_", " ") if g.cause.counted else None
+        head = [g.cause.subject, *([counted] if counted else []), "detail"]
+        lines += ["", f"{g.line()}:", "", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        for d in g.details:
+            cells = [", ".join(f"`{s}`" for s in d.subjects), *([str(d.count)] if counted else []), d.message]
+            lines.append("| " + " | ".join(cells) + " |")
+    return lines

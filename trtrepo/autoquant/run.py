@@ -36,6 +36,7 @@ from ..quantize import (
     save_model,
 )
 from ..smoothquant import parse_alpha, smooth_candidates
+from ..warngroups import collecting
 from .fallback import check_reachable, fallback
 from .gate import AccuracyCheck, AccuracyLoss, _fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
@@ -155,7 +156,18 @@ def run_quantize(onnx_path: str | Path, out_path: str | Path, *, data: Any = Non
 
 def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     """Quantize ``req.model`` into ``req.output`` (see :class:`QuantizeRequest`). Nothing is
-    written when anything fails."""
+    written when anything fails.
+
+    The warnings that repeat per layer and per candidate tried are grouped by cause
+    (:mod:`trtrepo.warngroups`): those of the shipped model are ``report.warnings`` and one line
+    per cause is logged when the run ends (by the caller's run when it is collecting too: deploy)."""
+    with collecting(log, where="the quantize report") as run:
+        result = _quantize_request(req)
+        run.keep(d for g in result.report.warnings for d in g.details)
+    return result
+
+
+def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     options, method, check = req.options, req.resolved_method, req.check
     onnx_path = Path(req.model)
     model = fp32_model = load_model(onnx_path)

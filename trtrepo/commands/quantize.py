@@ -123,4 +123,4 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
               "float_tensors": list(result.float_tensors), "smooth_quant": report.smooth_quant.alpha,
               "accuracy_check": None if check is None else check.to_dict(),
               "accuracy": report.accuracy_summary().to_dict(), "methods": list(report.methods),
-              "seconds": took})
+              "warnings": [g.to_dict() for g in report.warnings], "seconds": took})

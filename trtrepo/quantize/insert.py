@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrtrepoError, UsageError
+from ..warngroups import Cause, Detail, in_run
 from .graph import GraphView, _drop_unused_initializers, prepare_model, weights_as_inputs
 from .options import (
     _INT8_MAX,
@@ -29,6 +30,13 @@ from .plan import NothingToQuantize, QdqPlan, _why_nothing, plan_qdq
 from .rules import REQUIRED_RULES
 
 log = logging.getLogger(__name__)
+
+# The warnings that repeat per layer and per candidate model (trtrepo.warngroups): a quantize run
+# prints one line per cause, the details go to its report.
+INT32_BIAS = Cause("int32_bias", "int32 bias: raised {count} weight scale(s) in {subjects} layer(s), near-dead channels "
+                   "(tiny weights, large bias)", subject="layer", counted="weight_scales")
+UNIT_WITHOUT_RANGE = Cause("unit_without_range", "no range for {subjects} tensor(s) of ONNX Runtime node units: those "
+                           "units run in float", subject="tensor")
 # --------------------------------------------------------------------------------------------
 # Quantization parameters
 
@@ -92,6 +100,7 @@ class QuantizedModel:
     model: Any  # onnx.ModelProto
     plan: QdqPlan
     activation_qparams: dict[str, QParams]
+    warnings: tuple[Detail, ...] = ()  # per layer or tensor (trtrepo.warngroups): int32 biases, units without a range
 
 
 @dataclass(frozen=True)
@@ -172,17 +181,20 @@ def _bias_scale_floors(view: GraphView, biases: Sequence[_Int32Bias], act_q: Map
     return floors
 
 
-def _raise_scale(qp: QParams, floor: np.ndarray, weight: str, nodes: Sequence[str]) -> QParams:
-    """``qp`` with its scales raised to ``floor`` where they are below it, with a warning."""
+def _raise_scale(qp: QParams, floor: np.ndarray, weight: str, nodes: Sequence[str]) -> tuple[QParams, Detail | None]:
+    """``qp`` with its scales raised to ``floor`` where they are below it, and the warning saying
+    so (None: nothing raised)."""
     low = qp.scale.astype(np.float64) < floor
     if not np.any(low):
-        return qp
+        return qp, None
     scale = np.maximum(qp.scale.astype(np.float64), floor).astype(np.float32).reshape(qp.scale.shape)
-    log.warning("%s: the int32 bias does not fit at scale s_x * s_w for %d of %d weight scale(s) of '%s' "
-                "(near-dead channels: tiny weights, large bias); raised those scales so that it fits (clipped, the "
-                "bias would lose its value; left float, ONNX Runtime would quantize it itself and overflow)",
-                ", ".join(f"'{n}'" for n in nodes), int(np.count_nonzero(low)), int(low.size), weight)
-    return replace(qp, scale=scale)
+    raised = int(np.count_nonzero(low))
+    named = ", ".join(f"'{n}'" for n in nodes)
+    message = (f"{named}: the int32 bias does not fit at scale s_x * s_w for {raised} of "
+               f"{int(low.size)} weight scale(s) of '{weight}' (near-dead channels: tiny weights, large bias); raised "
+               "those scales so that it fits (clipped, the bias would lose its value; left float, ONNX Runtime would "
+               "quantize it itself and overflow)")
+    return replace(qp, scale=scale), Detail(INT32_BIAS, tuple(nodes), raised, message)
 
 
 def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOptions | None = None,
@@ -191,19 +203,28 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
 
     ``ranges`` maps activation tensor names to an amax (float) or an :class:`ActivationRange`.
     Every activation the plan quantizes must be covered; otherwise a :class:`UsageError` names
-    the first missing tensor. Raises when the model has no quantizable operator."""
+    the first missing tensor. Raises when the model has no quantizable operator.
+
+    The warnings that repeat per layer (int32 biases that needed a larger weight scale, ONNX
+    Runtime node units without a range) are the result's ``warnings``; they are logged here one
+    per case only outside a run that groups them (:mod:`trtrepo.warngroups`), which reports those
+    of the model it ships."""
     import onnx
 
     options = options or QuantizeOptions()
     work = prepare_model(model)
     view = GraphView(work)
-    plan = _covered_plan(work, view, ranges, options, source, warn)
+    plan, found = _covered_plan(work, view, ranges, options, source, warn)
     writer = _QdqWriter(work, view)
     act_q = writer.activations(plan, ranges, options)
     qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
     biases = _int32_biases(view, plan, act_q, writer.rewires)
     floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
-    weight_dq = writer.weights(plan, floors, options.target, qmax)
+    weight_dq, raised = writer.weights(plan, floors, options.target, qmax)
+    found += raised
+    if not in_run():
+        for detail in found:
+            log.warning("%s", detail.message)
     writer.biases(biases, weight_dq, act_q, qmax)
     writer.rebuild()
     # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
@@ -215,12 +236,13 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     except onnx.checker.ValidationError as exc:
         first = str(exc).strip().splitlines()[0]
         raise TrtrepoError(f"the Q/DQ model fails onnx.checker: {first}") from exc
-    return QuantizedModel(work, plan, act_q)
+    return QuantizedModel(work, plan, act_q, tuple(found))
 
 
 def _covered_plan(work: Any, view: GraphView, ranges: Mapping[str, RangeLike], options: QuantizeOptions,
-                  source: str, warn: bool) -> QdqPlan:
-    """The target's plan for ``work``, its activation points reduced to those ``ranges`` cover.
+                  source: str, warn: bool) -> tuple[QdqPlan, list[Detail]]:
+    """The target's plan for ``work``, its activation points reduced to those ``ranges`` cover,
+    and the warning about the dropped ones.
 
     Inputs of the weighted ops and TensorRT's residual inputs must have ranges; the extra tensors
     of ONNX Runtime node units (Add/Mul/pool inputs, op outputs) are dropped with a warning when
@@ -239,11 +261,13 @@ def _covered_plan(work: Any, view: GraphView, ranges: Mapping[str, RangeLike], o
         raise UsageError(f"{source} do not cover the model: no range for tensor '{missing[0]}'{more}; "
                          "were they calibrated on another model?")
     optional_missing = [t for t in plan.activation_tensors() if t not in ranges]
+    found: list[Detail] = []
     if optional_missing:
-        log.warning("%s have no range for %d tensor(s) of ONNX Runtime node units (e.g. '%s'); those units run in float",
-                    source, len(optional_missing), optional_missing[0])
+        found.append(Detail(UNIT_WITHOUT_RANGE, tuple(optional_missing), len(optional_missing),
+                            f"{source} have no range for {len(optional_missing)} tensor(s) of ONNX Runtime node units "
+                            f"(e.g. '{optional_missing[0]}'); those units run in float"))
         plan.points = [p for p in plan.points if not (p.kind == "activation" and p.tensor in optional_missing)]
-    return plan
+    return plan, found
 
 
 class _QdqWriter:
@@ -311,11 +335,12 @@ class _QdqWriter:
         return act_q
 
     def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: str,
-                qmax: float) -> dict[tuple[str, int | None], tuple[str, QParams]]:
+                qmax: float) -> tuple[dict[tuple[str, int | None], tuple[str, QParams]], list[Detail]]:
         """Per-channel (or per-tensor) symmetric weights, by the target's ``weights`` form: ``qdq``:
         FP32 behind Q -> DQ (TensorRT quantizes them at build time); ``int8``: int8 initializers
-        behind a DQ (ONNX Runtime)."""
+        behind a DQ (ONNX Runtime). Also the warnings of the scales raised for an int32 bias."""
         weight_dq: dict[tuple[str, int | None], tuple[str, QParams]] = {}
+        raised: list[Detail] = []
         for p in plan.points:
             if p.kind != "weight":
                 continue
@@ -324,7 +349,8 @@ class _QdqWriter:
                 w = self.view.constant_array(p.tensor).astype(np.float32)
                 qp = weight_qparams(w, p.axis, qmax)
                 if key in floors:
-                    qp = _raise_scale(qp, floors[key][0], p.tensor, floors[key][1])
+                    qp, detail = _raise_scale(qp, floors[key][0], p.tensor, floors[key][1])
+                    raised += [detail] if detail is not None else []
                 s = self.add_init(f"{p.tensor}_scale", qp.scale)
                 z = self.add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
@@ -339,7 +365,7 @@ class _QdqWriter:
                 self.inserted_after[self.anchor(p.tensor)] += nodes
                 weight_dq[key] = (dq_out, qp)
             self.rewires[(p.consumer, p.input_index)] = weight_dq[key][0]  # type: ignore[index]
-        return weight_dq
+        return weight_dq, raised
 
     def biases(self, biases: Sequence[Any], weight_dq: Mapping[tuple[str, int | None], tuple[str, QParams]],
                act_q: Mapping[str, QParams], qmax: float) -> None:
