@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -12,18 +13,24 @@ import pytest
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import (
     AccuracyTarget,
+    ExpectedDrop,
     accuracy,
     better,
     classification_outputs,
     compare_outputs,
     cosine_similarity,
+    expected_drop_interval,
+    expected_drop_terms,
+    expected_drop_upper,
     label_output,
     max_abs_error,
     mean_abs_error,
+    samples_to_decide,
     score,
     top1_differs,
     top_k,
     top_k_agreement,
+    unseen_flip_cost,
 )
 
 REF = np.array([
@@ -39,6 +46,9 @@ CAND = np.array([
     [0.3, 0.2, 0.1, 0.6, 0.0, 0.0],   # identical
 ])
 LABELS = np.array([1, 0, 4, 2])
+# the expected-drop terms of REF -> CAND by hand: softmax(REF row)[REF's top-1] - [CAND's top-1]
+FLIPS = [(math.e**2 - math.e) / (math.e**2 + math.e + math.e**0.5 + 3),  # row 1: class 0 -> 1
+         (math.e**0.2 - 1) / (4 + math.e**0.2 + math.e**0.1)]  # row 2: class 4 -> 0
 
 
 def test_top_k_orders_best_first():
@@ -95,9 +105,10 @@ def test_compare_outputs_classification_and_embedding():
     assert e.cosine_mean == pytest.approx((1 + 1 / math.sqrt(2)) / 2) and e.cosine_min == pytest.approx(1 / math.sqrt(2))
     d = lg.to_dict()
     assert d["accuracy_drop_points"] == pytest.approx(50.0)
-    # without labels, top1-drop is the disagreement with the reference
+    # without labels, top1-drop is the expected drop under the reference's softmax (rows 1 and 2 flip)
     nolab = compare_outputs({"logits": REF}, {"logits": CAND})["logits"]
-    assert nolab.reference_accuracy is None and nolab.top1_drop_points == pytest.approx(50.0)
+    assert nolab.reference_accuracy is None and nolab.top1_drop_points == pytest.approx(100 * sum(FLIPS) / 4)
+    assert nolab.to_dict()["expected_drop"]["changed"] == 2
     # a 1-D output has no top-k metrics
     flat = compare_outputs({"y": np.array([1.0, 2.0])}, {"y": np.array([1.0, 2.5])})["y"]
     assert flat.top1_agreement is None and flat.max_abs_error == 0.5
@@ -138,6 +149,82 @@ def test_accuracy_target_parse_and_met():
     emb = compare_outputs({"y": np.ones(3)}, {"y": np.ones(3)})
     with pytest.raises(UsageError, match="not a classification output"):
         AccuracyTarget.parse("top1-drop=1").met(emb)
+
+
+def test_expected_drop_terms_hand_computed():
+    np.testing.assert_allclose(expected_drop_terms(REF, CAND), [0.0, FLIPS[0], FLIPS[1], 0.0])
+    assert np.all(expected_drop_terms(REF, REF) == 0)
+    # rows that already are probabilities are used as they are
+    p = np.array([[0.7, 0.2, 0.1], [0.5, 0.45, 0.05], [0.9, 0.05, 0.05]])
+    q = np.array([[0.1, 0.8, 0.1], [0.4, 0.55, 0.05], [0.9, 0.05, 0.05]])
+    np.testing.assert_allclose(expected_drop_terms(p, q), [0.5, 0.05, 0.0])
+    # the cost of an unseen flip: the mean margin of the confident rows (0.5 and 0.85; 0.05 is not)
+    assert unseen_flip_cost(p) == pytest.approx((0.5 + 0.85) / 2)
+    assert unseen_flip_cost(np.array([[0.5, 0.48, 0.02]])) == pytest.approx(0.02)  # none confident: all rows
+    assert unseen_flip_cost(np.zeros((0, 3))) == 1.0
+
+
+def _normal_upper(x):
+    return float(np.mean(x) + 1.96 * np.std(x, ddof=1) / math.sqrt(len(x)))
+
+
+def test_expected_drop_interval_hand_computed():
+    # several flips: the normal interval (the unseen flip, cost 0.1, changes nothing)
+    terms = np.array([0.0] * 6 + [0.4, 0.2, 0.3, 0.1])
+    est, lo, hi = expected_drop_interval(terms, 0.1)
+    half = 1.96 * np.std(terms, ddof=1) / math.sqrt(10)
+    assert est == pytest.approx(0.1) and lo == pytest.approx(max(0.0, 0.1 - half)) and hi == pytest.approx(0.1 + half)
+    # every term 0: not 0..0 but the upper end of the same sample with one flip of the unseen cost
+    est, lo, hi = expected_drop_interval(np.zeros(5), 0.9)
+    assert (est, lo) == (0.0, 0.0) and hi == pytest.approx(_normal_upper([0.0] * 5 + [0.9])) and hi > 0.4
+    # one flip: the larger of the plain bound and the one with the unseen flip added
+    one = np.array([0.0] * 9 + [0.5])
+    assert expected_drop_interval(one, 0.5)[2] == pytest.approx(_normal_upper(np.append(one, 0.5)))
+    assert expected_drop_interval(one, 0.0)[2] == pytest.approx(_normal_upper(one))
+    assert expected_drop_interval(one, 0.5)[2] > expected_drop_interval(one, 0.0)[2]
+    assert expected_drop_interval(np.zeros(0), 0.5)[1:] == (0.0, 1.0)
+    assert expected_drop_interval(np.ones(3), 1.0)[2] == 1.0  # never above 1
+    # the same figures from the summaries alone
+    assert expected_drop_upper(10, 0.05, float(np.std(one, ddof=1)), 0.5) == pytest.approx(expected_drop_interval(one, 0.5)[2])
+
+
+def test_samples_to_decide_is_the_first_size_whose_bound_is_under_the_limit():
+    for est, sd, cost, limit in ((0.0, 0.0, 0.99, 1.0), (0.002, 0.03, 0.8, 1.0), (0.004, 0.06, 0.5, 0.5)):
+        n = samples_to_decide(est, sd, cost, limit)
+        assert n is not None and expected_drop_upper(n, est, sd, cost) < limit / 100
+        assert expected_drop_upper(n - 1, est, sd, cost) >= limit / 100
+    assert 280 < samples_to_decide(0.0, 0.0, 0.99, 1.0) < 300  # rule of three: about 3 x 0.99 / 1 %
+    assert samples_to_decide(0.01, 0.05, 0.5, 1.0) is None  # the estimate is at the limit: no size passes
+    assert samples_to_decide(0.02, 0.05, 0.5, 1.0) is None
+    ed = ExpectedDrop.of(np.zeros(51), 0.99)
+    assert ed.verdict(1.0) == "undecided" and ed.samples_to_decide(1.0) == samples_to_decide(0.0, 0.0, 0.99, 1.0)
+    assert ExpectedDrop.of(np.zeros(400), 0.99).verdict(1.0) == "pass"
+    assert ExpectedDrop.of(np.array([0.9] * 20 + [0.0] * 80), 0.99).verdict(1.0) == "fail"
+    assert ExpectedDrop.from_dict(dataclasses.asdict(ed)) == ed
+
+
+def _draws(rng, n, rare, trials):
+    """``trials`` samples of ``n`` terms: 10 % near-tie flips costing U(0, 0.05), ``rare``
+    confident flips costing U(0.3, 1); their true mean."""
+    u = rng.random((trials, n))
+    d = np.zeros((trials, n))
+    near = u < 0.10
+    d[near] = rng.uniform(0, 0.05, near.sum())
+    big = (u >= 0.10) & (u < 0.10 + rare)
+    d[big] = rng.uniform(0.3, 1.0, big.sum())
+    return d, 0.10 * 0.025 + rare * 0.65
+
+
+@pytest.mark.parametrize("n,rare", [(51, 0.01), (100, 0.005), (300, 0.01), (300, 0.02)])
+def test_the_upper_bound_covers_the_true_drop_on_synthetic_draws(n, rare):
+    """Seeded draws with rare costly flips, the case a small sample misses: the upper end
+    (unseen flip of cost 0.65, the confident flips' mean) lies above the true expected drop in
+    at least 95 % of samples, where the plain normal bound (no unseen flip) does not."""
+    rng = np.random.default_rng(n + int(1000 * rare))
+    draws, mu = _draws(rng, n, rare, 400)
+    covered = np.mean([expected_drop_interval(d, 0.65)[2] >= mu for d in draws])
+    plain = np.mean([expected_drop_interval(d, 0.0)[2] >= mu for d in draws])
+    assert covered >= 0.95 and plain < 0.93, (covered, plain)
 
 
 def test_score_prefers_accuracy_then_cosine():

@@ -667,19 +667,38 @@ def test_shared_memory_is_compared_with_none_and_a_slower_one_is_named(server, m
     assert any("shared memory made it slower" in w for w in lat["warnings"]) == slower
 
 
-def test_max_top1_drop_without_labels_judges_the_confident_samples_like_quantize():
-    """quantize's rule (issue 26): without labels the drop is the disagreement on the samples whose
-    reference top-1 is confident; 10 points of near-tie flips over all samples do not fail a
-    model whose confident samples all agree, and one confident flip in 50 does."""
-    def report(conf_agree):
-        return {"accuracy": {"label_output": "logits", "outputs": {"logits": {
-            "top1_drop_points": 10.0, "accuracy_drop_points": None, "cosine_mean": 0.999,
-            "confident_samples": 50, "confident_agreement": conf_agree}}}, "latency": None}
+@pytest.mark.parametrize("terms,verdict", [
+    ([0.05] * 60 + [0.0] * 940, "pass"),  # 6 % near-tie flips cost 0.3 points: under 1 with 95 % confidence
+    ([0.9] * 20 + [0.0] * 980, "fail"),  # 2 % confident flips: 1.8 points
+    ([0.0] * 51, "undecided"),  # no flip in 51: an unseen confident flip could still cost 1.8 points
+])
+def test_max_top1_drop_without_labels_is_quantizes_expected_drop(terms, verdict):
+    """Issue 40: without labels ``--max-top1-drop`` judges the expected top-1 drop under the
+    reference's softmax exactly as quantize's gate does (one implementation): the value is the
+    upper end of its 95 % interval; too few samples to decide fail and say how many would."""
+    import dataclasses
 
-    (ok,) = check_thresholds(report(1.0), Thresholds(max_top1_drop=1.0))
-    assert ok.passed and ok.value == 0.0 and "50 confident samples" in ok.detail
-    (bad,) = check_thresholds(report(49 / 50), Thresholds(max_top1_drop=1.0))
-    assert not bad.passed and abs(bad.value - 2.0) < 1e-9
+    from trtrepo.autoquant import AccuracyCheck
+    from trtrepo.evaluate import ExpectedDrop, OutputMetrics
+
+    ed = ExpectedDrop.of(np.asarray(terms), 0.9)
+    m = OutputMetrics("logits", len(terms), 0.1, 0.01, 0.999, 0.99, top1_agreement=0.9, expected_drop=ed)
+    report = {"accuracy": {"label_output": "logits", "outputs": {"logits": {
+        **m.to_dict(), "top1_drop_points": m.top1_drop_points}}}, "latency": None}
+    (res,) = check_thresholds(report, Thresholds(max_top1_drop=1.0))
+    gate = AccuracyCheck().judge(m)
+    assert res.passed == gate["ok"] == (verdict == "pass") and ed.verdict(1.0) == verdict
+    assert res.value == pytest.approx(100 * ed.upper) and "expected top-1 drop" in res.detail
+    assert ExpectedDrop.from_dict(dataclasses.asdict(ed)) == ed
+    if verdict == "undecided":
+        assert f"cannot decide on 51 samples, about {gate['samples_to_decide']} would decide" in res.detail
+
+
+def test_max_top1_drop_on_metrics_without_the_expected_drop_is_the_disagreement():
+    report = {"accuracy": {"label_output": "logits", "outputs": {"logits": {
+        "top1_drop_points": 2.0, "accuracy_drop_points": None, "cosine_mean": 0.999}}}, "latency": None}
+    (res,) = check_thresholds(report, Thresholds(max_top1_drop=1.0))
+    assert not res.passed and res.value == 2.0 and "disagreement" in res.detail
 
 
 @pytest.mark.parametrize("protocol", ["grpc", "http"])

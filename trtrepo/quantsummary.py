@@ -1,7 +1,7 @@
 """What a quantization shipped and what it cost, in one object: the held-out figures per output
-(label accuracy, top-1 agreement overall and on confident samples, cosine), the gate's verdict and
-the FP16 noise floor beside it, the method and the steps chosen, the layers kept in float and why,
-and the INT8/FP32 speed ratio on the held-out data.
+(label accuracy, top-1 agreement overall and on confident samples, the expected top-1 drop, cosine),
+the gate's verdict and the FP16 noise floor beside it, the method and the steps chosen, the layers
+kept in float and why, and the INT8/FP32 speed ratio on the held-out data.
 
 ``trtrepo quantize`` and ``trtrepo deploy`` print :meth:`QuantizeSummary.summary_lines` and put
 :meth:`QuantizeSummary.to_dict` under ``accuracy`` in ``--json``. It is built from the quantize
@@ -28,6 +28,7 @@ class OutputFigures:
     confident_samples: int | None = None
     fp32_accuracy: float | None = None
     int8_accuracy: float | None = None
+    expected_drop_points: float | None = None  # the expected top-1 drop under FP32's softmax
 
     def line(self) -> str:
         bits = []
@@ -37,6 +38,8 @@ class OutputFigures:
             bits.append(f"top-1 agreement {100 * self.top1_agreement:.1f}%")
         if self.confident_agreement is not None:
             bits.append(f"{100 * self.confident_agreement:.1f}% on {self.confident_samples} confident")
+        if self.expected_drop_points is not None:
+            bits.append(f"expected top-1 drop {self.expected_drop_points:.2f} points")
         bits.append(f"cosine {self.cosine_mean:.5f}")
         return f"'{self.output}' ({self.samples} held-out samples): " + ", ".join(bits)
 
@@ -65,8 +68,8 @@ class QuantizeSummary:
         lines = []
         if self.gate and self.gate.get("measured") is not False and self.gate.get("passed") is not None:
             word = "passed" if self.gate["passed"] else "FAILED"
-            if self.gate.get("inconclusive"):
-                word += " (inconclusive)"
+            if self.gate.get("inconclusive"):  # too few samples to decide: not passed either
+                word = "NOT PASSED (too few samples to decide)" if not self.gate["passed"] else word + " (inconclusive)"
             lines.append(f"gate {word}: {self.gate.get('message') or ''}".rstrip())
         elif self.gate is not None or not self.outputs:
             lines.append("gate: accuracy vs FP32 NOT measured (no held-out data)")
@@ -76,7 +79,10 @@ class QuantizeSummary:
         if floor.get("top1_agreement") is not None:
             conf = (f", {100 * floor['confident_agreement']:.1f}% on the confident ones"
                     if floor.get("confident_agreement") is not None else "")
-            lines.append(f"FP16 noise floor on the same samples: top-1 agreement {100 * floor['top1_agreement']:.1f}%{conf}")
+            ed = floor.get("expected_drop")
+            drop = (f", expected top-1 drop {ed['estimate']:.2f} points (95% interval {ed['lower']:.2f}-{ed['upper']:.2f})"
+                    if ed else "")
+            lines.append(f"FP16 noise floor on the same samples: top-1 agreement {100 * floor['top1_agreement']:.1f}%{conf}{drop}")
         steps = [f"method {self.method}"]
         if self.steps.get("smooth_quant") is not None:
             steps.append(f"smooth-quant alpha {self.steps['smooth_quant']}")

@@ -19,7 +19,7 @@
 from __future__ import annotations
 
 from .fallback import FallbackResult, FallbackStep, check_reachable, fallback, layer_blocks, layer_roles
-from .gate import MIN_CONFIDENT_AGREEMENT, AccuracyCheck, AccuracyLoss
+from .gate import EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss
 from .ranges import AUTO_MIN_SAMPLES, CACHE_BYTES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
 from .report import HeldOutCheck, QuantizeReport, QuantizeRunResult, SmoothQuantReport, report_markdown
 from .run import QuantizeRequest, quantize_for_deploy, quantize_request, run_quantize
@@ -50,12 +50,12 @@ __all__ = [
     "Candidate",
     "DEFAULT_ALPHA",
     "DEFAULT_HOLDOUT",
+    "EXPECTED_DROP_RULE",
     "Evaluator",
     "FallbackResult",
     "FallbackStep",
     "HeldOutCheck",
     "MAX_TOP1_DROP_POINTS",
-    "MIN_CONFIDENT_AGREEMENT",
     "MIN_COSINE",
     "QuantizeReport",
     "QuantizeRequest",

@@ -50,7 +50,6 @@ class HeldOutCheck:
     failures: tuple[str, ...]
     max_top1_drop_points: float
     min_cosine: float
-    min_confident_agreement: float
     output: str  # the gated output
     ungated_below_floor: tuple[str, ...]  # other outputs below the floor: named, not gated
     verdict: Mapping[str, Any] | None  # AccuracyCheck.judge's verdict, with fp16_noise_floor when measured
@@ -61,14 +60,12 @@ class HeldOutCheck:
         """``failures`` None: not measured."""
         return cls(measured=failures is not None, ok=failures == [] if failures is not None else None,
                    failures=tuple(failures or ()), max_top1_drop_points=check.max_top1_drop, min_cosine=check.min_cosine,
-                   min_confident_agreement=check.min_confident_agreement, output=output,
-                   ungated_below_floor=tuple(ungated), verdict=verdict)
+                   output=output, ungated_below_floor=tuple(ungated), verdict=verdict)
 
     def to_dict(self) -> dict[str, Any]:
         return {"measured": self.measured, "ok": self.ok, "failures": list(self.failures),
                 "max_top1_drop_points": self.max_top1_drop_points, "min_cosine": self.min_cosine,
-                "min_confident_agreement": self.min_confident_agreement, "output": self.output,
-                "ungated_below_floor": list(self.ungated_below_floor), "verdict": self.verdict}
+                "output": self.output, "ungated_below_floor": list(self.ungated_below_floor), "verdict": self.verdict}
 
 
 @dataclass(frozen=True)
@@ -159,7 +156,8 @@ class QuantizeReport:
         outputs = tuple(OutputFigures(
             output=name, samples=m.samples, cosine_mean=m.cosine_mean, top1_agreement=m.top1_agreement,
             confident_agreement=m.confident_agreement, confident_samples=m.confident_samples,
-            fp32_accuracy=m.reference_accuracy, int8_accuracy=m.candidate_accuracy)
+            fp32_accuracy=m.reference_accuracy, int8_accuracy=m.candidate_accuracy,
+            expected_drop_points=m.expected_drop_points)
             for name, m in (self.metrics or {}).items())
         check = self.accuracy_check
         verdict = (check.verdict if check is not None else None) or {}
@@ -372,8 +370,10 @@ def report_markdown(report: QuantizeReport) -> str:
     check = report.accuracy_check
     if check:
         if check.ok is True:
+            message = (check.verdict or {}).get("message")
             lines.append(f"- held-out check vs FP32 on `{check.output}`: **passed** (top-1 drop <= "
-                         f"{check.max_top1_drop_points:g} points, cosine >= {check.min_cosine:g})")
+                         f"{check.max_top1_drop_points:g} points, cosine >= {check.min_cosine:g})"
+                         + (f": {message}" if message else ""))
         elif check.ok is False:
             lines.append("- held-out check vs FP32: **FAILED**: " + "; ".join(check.failures))
         else:

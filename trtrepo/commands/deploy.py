@@ -79,10 +79,10 @@ from ._output import json_option, summary_output
               help="Evaluation data for the INT8 choices and the check against FP32, opened like --data (default: "
                    "a fifth of --data held out). Give a few hundred samples for a settled verdict.")
 @click.option("--accept-accuracy-loss", is_flag=True,
-              help="Ship the INT8 model even when the held-out check against FP32 fails (the rule of 'trtrepo "
-                   "quantize': label accuracy drop <= 1 point with labels; else top-1 agreement >= 99 % on the "
-                   "samples FP32 is confident on; cosine >= 0.99 for embeddings); without it the FP32 model is "
-                   "deployed instead.")
+              help="Ship the INT8 model even when the held-out check against FP32 fails or cannot decide (the rule "
+                   "of 'trtrepo quantize': label accuracy drop <= 1 point with labels; else the expected top-1 drop "
+                   "under FP32's softmax, the upper end of its 95 % interval < 1 point; cosine >= 0.99 for "
+                   "embeddings); without it the FP32 model is deployed instead.")
 @click.option("--tune", "tune_after", is_flag=True,
               help="Then search the model's serving config on a local tritonserver and write the best one "
                    "('trtrepo tune --apply' with --data, concurrency 8; the report in REPO/../tune-NAME).")

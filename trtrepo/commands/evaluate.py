@@ -24,8 +24,8 @@ from ._output import json_option, summary_output
               help="The classification output: top-1/top-5 and accuracy are reported for it (default: the first [N, C] output).")
 @json_option
 @click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
-              help="Fail (exit 1) when the label output's top-1 accuracy drop (vs labels, else disagreement with "
-                   "REFERENCE) exceeds this, like 'trtrepo validate'.")
+              help="Fail (exit 1) when the label output's top-1 accuracy drop (vs labels, else the expected top-1 "
+                   "drop under REFERENCE's softmax, with 95 % confidence) exceeds this, like 'trtrepo validate'.")
 @click.option("--min-cosine", type=float, default=None,
               help="Fail (exit 1) when an output's mean cosine similarity is lower.")
 @io_paths({"reference": "REFERENCE", "candidate": "CANDIDATE", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
@@ -62,10 +62,9 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
             click.echo(f"wrote {j} and {m}")
         summary = report.to_dict()
         outputs = summary["outputs"]
-        for o in outputs.values():  # validate's key: the drop vs labels, else the disagreement, in points
+        for name, o in outputs.items():  # validate's key: the drop vs labels, else the expected drop, in points
             if o.get("top1_agreement") is not None and "top1_drop_points" not in o:
-                o["top1_drop_points"] = (o["accuracy_drop_points"] if o.get("accuracy_drop_points") is not None
-                                         else 100.0 * (1.0 - o["top1_agreement"]))
+                o["top1_drop_points"] = report.outputs[name].top1_drop_points
         label = summary.get("label_output") or next((n for n, o in outputs.items() if o.get("top1_agreement") is not None),
                                                     None)
         results = check_thresholds({"accuracy": {"outputs": outputs, "label_output": label}},
@@ -75,4 +74,5 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
         failed = [t for t in results if not t.passed]
         emit({"command": "evaluate", **summary, "thresholds": [t.to_dict() for t in results], "passed": not failed})
     if failed:
-        raise TrtrepoError("evaluation failed: " + "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g}" for t in failed))
+        raise TrtrepoError("evaluation failed: " + "; ".join(f"{t.name} = {t.value:.4g}, limit {t.limit:g} ({t.detail})"
+                                                            for t in failed))

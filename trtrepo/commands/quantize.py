@@ -63,8 +63,8 @@ METHODS = H.method_names(auto=True)
               help="Activation equalization of Conv -> ReLU/ReLU6 -> depthwise Conv chains before calibration (kept only "
                    "when the FP32 outputs stay within 1e-4 of their range).")
 @click.option("--accept-accuracy-loss", is_flag=True,
-              help="Write the model even when the held-out check against FP32 fails (exit 0); without it such a run "
-                   "writes nothing and exits 1.")
+              help="Write the model even when the held-out check against FP32 fails or cannot decide (exit 0); "
+                   "without it such a run writes nothing and exits 1.")
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
 @click.option("--progress/--no-progress", default=True, show_default=True, help="Show a progress bar (on a terminal).")
 @json_option

@@ -61,8 +61,8 @@ from ._output import json_option, summary_output
               help="Pass tensors through shared memory (cuda: GPU machines only).")
 @click.option("--max-top1-drop", type=float, default=None, metavar="POINTS",
               help="Fail when the top-1 accuracy drop exceeds this: vs labels when there are labels, else the "
-                   "disagreement with the reference on the samples whose reference top-1/top-2 probability margin is "
-                   ">= 0.10 (quantize's rule).")
+                   "expected top-1 drop under the reference's softmax, which must lie under it with 95 % confidence "
+                   "(quantize's rule; too few samples to decide fail, naming how many would).")
 @click.option("--min-cosine", type=float, default=None, help="Fail when an output's mean cosine similarity is lower.")
 @click.option("--min-embedding-cosine", type=float, default=0.99, show_default=True,
               help="Fail when an output without classes (an embedding) has a lower mean cosine similarity: on by "

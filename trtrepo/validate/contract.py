@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TrtrepoError, UsageError
+from ..evaluate import ExpectedDrop
 from ..modelio import ModelIO, TensorSpec
 from .options import Thresholds
 
@@ -161,6 +162,29 @@ class ThresholdResult:
         return {"name": self.name, "limit": self.limit, "value": self.value, "passed": self.passed, "detail": self.detail}
 
 
+def _top1_drop_result(name: str, m: Mapping[str, Any], limit: float) -> ThresholdResult:
+    """quantize's rule (:class:`trtrepo.autoquant.AccuracyCheck`): with labels the accuracy drop;
+    without, the expected top-1 drop under the reference's softmax
+    (:meth:`trtrepo.evaluate.ExpectedDrop.verdict`): the value is the upper end of its 95 %
+    interval, which passes under the limit; an estimate under the limit whose interval reaches
+    it cannot decide on these samples and fails, naming the samples that would decide. Metrics
+    without the expected drop: the top-1 disagreement."""
+    if m.get("accuracy_drop_points") is None and m.get("expected_drop"):
+        ed = ExpectedDrop.from_dict(m["expected_drop"])
+        verdict = ed.verdict(limit)
+        detail = f"{ed.describe()} under the reference's softmax on {ed.samples} samples; the upper end is judged"
+        if verdict == "fail":
+            detail += ": the estimate itself is over the limit"
+        elif verdict == "undecided":
+            need = ed.samples_to_decide(limit)
+            detail += (f": cannot decide on {ed.samples} samples, about {need} would decide" if need is not None
+                       else f": cannot decide on {ed.samples} samples, the estimate is at the limit")
+        return ThresholdResult(f"top1_drop[{name}]", limit, 100.0 * ed.upper, verdict == "pass", detail + ", points")
+    v = float(m["top1_drop_points"])
+    what = "accuracy drop vs labels" if m.get("accuracy_drop_points") is not None else "top-1 disagreement"
+    return ThresholdResult(f"top1_drop[{name}]", limit, v, v <= limit + 1e-9, f"{what}, points")
+
+
 def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[ThresholdResult]:
     """Evaluate the limits on a report dict (``ValidationReport.to_dict()``); one result per
     checked value, named ``top1_drop[OUTPUT]`` (the label output only: the first ``[N, C]``
@@ -176,16 +200,7 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
         if not checked:
             raise UsageError("--max-top1-drop: no classification output ([N, C] logits); use --min-cosine")
         for name, m in checked:
-            # quantize's rule (autoquant.AccuracyCheck): labels -> the accuracy drop; no labels -> the
-            # disagreement on the samples whose reference top-1 is confident (near-ties flip under any
-            # change of arithmetic, FP16 included); no confident sample -> the disagreement on all
-            v = float(m["top1_drop_points"])
-            what = "accuracy drop vs labels" if m.get("accuracy_drop_points") is not None else "top-1 disagreement"
-            if m.get("accuracy_drop_points") is None and m.get("confident_agreement") is not None and m.get("confident_samples"):
-                v = 100.0 * (1.0 - float(m["confident_agreement"]))
-                what = f"top-1 disagreement on the {m['confident_samples']} confident samples (reference margin >= 0.10)"
-            results.append(ThresholdResult(f"top1_drop[{name}]", thresholds.max_top1_drop, v,
-                                           v <= thresholds.max_top1_drop + 1e-9, f"{what}, points"))
+            results.append(_top1_drop_result(name, m, thresholds.max_top1_drop))
     if thresholds.min_cosine is not None:
         if not acc:
             raise UsageError("--min-cosine needs the accuracy phase (drop --no-accuracy)")

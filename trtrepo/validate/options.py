@@ -116,7 +116,7 @@ DEFAULT_MIN_EMBEDDING_COSINE = 0.99  # the same floor as the held-out check of q
 class Thresholds:
     """Deployment-gate limits; ``None`` disables one."""
 
-    max_top1_drop: float | None = None  # percentage points (accuracy drop vs labels, else disagreement)
+    max_top1_drop: float | None = None  # percentage points (accuracy drop vs labels, else the expected top-1 drop)
     max_p99_ms: float | None = None  # at every concurrency level
     min_cosine: float | None = None  # mean cosine similarity, every output
     # mean cosine of every output without classes (embeddings, pooled features): on by default so a

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
+from ..evaluate import ExpectedDrop
 from ..fsutil import atomic_path, atomic_write_bytes, atomic_write_text, report_json, write_report
 from ..speed import plot_speed, speed_console_lines, speed_markdown
 from .contract import ThresholdResult
@@ -170,7 +171,7 @@ class ValidationReport:
 
 def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[str]:
     """Per output: label accuracy (reference -> served) when the data has labels, top-1
-    agreement, cosine and the largest error; then the ``worst`` samples of each output by cosine,
+    agreement, the expected top-1 drop without labels, cosine and the largest error; then the ``worst`` samples of each output by cosine,
     named by file when the data has files."""
     lines = []
     for name, m in accuracy["outputs"].items():
@@ -180,6 +181,8 @@ def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[
                         f"{100 * m['candidate_accuracy']:.2f}% (served)")
         if m.get("top1_agreement") is not None:
             bits.append(f"top-1 agreement {100 * m['top1_agreement']:.2f}%")
+        if m.get("candidate_accuracy") is None and m.get("expected_drop"):
+            bits.append(ExpectedDrop.from_dict(m["expected_drop"]).describe())
         bits.append(f"cosine {m['cosine_mean']:.6f}")
         bits.append(f"max abs err {m['max_abs_error']:.3g}")
         lines.append(f"{name}: " + ", ".join(bits))
