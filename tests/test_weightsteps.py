@@ -176,3 +176,37 @@ def test_equalization_keeps_the_function_and_narrows_the_activation_range(tmp_pa
         ranges.append(per_channel.min() / per_channel.max())
     assert ranges[1] > 5 * ranges[0]  # the smallest channel's range relative to the largest grew
     onnx.checker.check_model(eq.model)
+
+
+def test_adaround_keeps_to_its_wall_time_budget(demo_parts):
+    """Issue 40 item 4: the budget is wall time, measured as the layers run, not an iteration
+    count: a budget that runs out leaves the remaining layers at nearest rounding (named in the
+    report), and the iterations' time stays near the budget; a budget of 0 learns nothing."""
+    from trtrepo import weightsteps as WS
+
+    model, options, ranges, layers, moments = demo_parts
+    ample = WS.round_weights(model, layers, moments, "adaround", options, budget_s=30)
+    assert ample.budget_cut == 0 and sum(r.adaround == "learned" for r in ample.layers) >= len(layers) // 2
+    per_layer = [r.iterations for r in ample.layers if r.iterations]
+    assert per_layer and max(per_layer) <= WS.ADAROUND_ITERATIONS
+    none = WS.round_weights(model, layers, moments, "adaround", options, budget_s=0)
+    assert none.budget_cut == len([la for la in layers if moments[la.node].count >= 2 * la.k]) > 0
+    assert all(r.adaround.startswith("nearest") and r.iterations == 0 for r in none.layers)
+    # a budget of a small part of what the ample run spent: some layers learn, the rest are cut
+    spent = sum(r.iterations for r in ample.layers)
+    tight = WS.round_weights(model, layers, moments, "adaround", options, budget_s=ample.seconds / 8)
+    assert 0 < sum(r.iterations for r in tight.layers) < spent
+    assert tight.budget_cut > 0 and any(r.adaround == "nearest (time budget spent)" for r in tight.layers)
+
+
+def test_the_budget_shares_the_time_left_by_cost_at_the_measured_speed():
+    from trtrepo import weightsteps as WS
+
+    small = WS.Layer("a", "Conv", "x", "w", None, 1, (8, 8, 1, 1))
+    big = WS.Layer("b", "Conv", "y", "v", None, 1, (64, 64, 3, 3))
+    budget = WS.AdaRoundBudget([small, big], budget_s=1.0, cap=10**9)
+    first = budget.iterations(small)
+    assert first >= WS.MIN_ITERATIONS  # the first layer measures the speed
+    # it ran at 1e9 cost units a second: the 1 s budget is spent after it, the big layer is cut
+    budget.done(small, first, WS._cost(small) * first / 1e9 + 1.0)
+    assert budget.iterations(big) == 0 and budget.cut == 1

@@ -99,7 +99,7 @@ def channel_maxima(model: Any, chains: Sequence[Chain], batches: Sequence[Any], 
     """Each chain tensor's per-channel maximum over ``batches`` (one FP32 pass)."""
 
     names = [c.tensor for c in chains]
-    session = make_session(with_outputs(model, names), threads=threads, arena=False)
+    session = make_session(with_outputs(model, names), threads=threads, arena=False, spin=False)
     out: dict[str, np.ndarray] = {}
     for batch in batches:
         for name, x in zip(names, session.run(names, batch.inputs), strict=True):

@@ -584,13 +584,16 @@ def better(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], outpu
 
 def make_session(model: Any, *, threads: int | None = None, optimization: str = "all",
                  optimized_path: str | Path | None = None, config: Mapping[str, str] | None = None,
-                 arena: bool = True) -> Any:
+                 arena: bool = True, spin: bool = True) -> Any:
     """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto. ``config``:
     extra session config entries (they override trtrepo's own). ``arena=False``: no CPU memory
     arena (memory goes back after each run; for sessions that fetch many large tensors).
     ``threads=None``: ONNX Runtime's default, except where this process may run on fewer cores than
     the machine has (a container's cpuset, ``taskset``): then one thread per core it may use, since
-    ONNX Runtime sizes its pool to the machine and its spinning threads would fight over them."""
+    ONNX Runtime sizes its pool to the machine and its spinning threads would fight over them.
+    ``spin=False``: ONNX Runtime's threads sleep instead of spinning between runs (sessions run
+    many short pieces between numpy work, as the weight steps do: spinning threads take the cores
+    that numpy and other processes need on a busy machine)."""
 
     import onnxruntime as ort
 
@@ -609,6 +612,9 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if not spin:
+        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     # Exact INT8 on x86 CPUs without VNNI (set only there: it is slow elsewhere): see trtrepo.cpu.
     for key, value in {**quant_session_entries(), **(config or {})}.items():
         so.add_session_config_entry(key, value)

@@ -22,25 +22,34 @@ Decisions:
   piece by piece over :data:`SEQUENTIAL_BATCHES` batches (each node once per batch), the FP32 one
   once per group of layers whose input patches fit :data:`FP32_PATCH_BYTES`. Bias correction stays local for both
   targets: its sequential form over-corrects (measured in docs/benchmarks.md, "Issue 26").
-* AdaRound's iterations fit a time budget: each layer gets a share proportional to its cost per
-  iteration, at most :data:`ADAROUND_ITERATIONS` and at least :data:`MIN_ITERATIONS`. The
-  gradients are exact (full batch, from the moments), so a few hundred Adam steps suffice: the
-  trained MobileNetV2's layers get the floor of 200 within the default budget, and the cap of 300
-  keeps a small model from spending most of its quantize time here (the demo CNN: 1000
-  iterations cost 6.7 of its 14 s quantize step and changed none of its held-out figures).
+* AdaRound's iterations fit a **wall-time** budget (:class:`AdaRoundBudget`), not an iteration
+  count: before each layer the budget's seconds not yet spent are shared over the remaining
+  layers by their cost, at the speed measured on the layers done so far; at most
+  :data:`ADAROUND_ITERATIONS` a layer, and a layer whose share is under :data:`MIN_ITERATIONS`
+  keeps nearest rounding (plus the bias correction). So the iterations end near their budget on a
+  busy machine too, where an iteration count had taken 16x its quiet time (issue 40). The gradients are exact (full batch, from the
+  moments), so a few hundred Adam steps suffice, and the cap keeps a small model from spending most
+  of its quantize time here (the demo CNN: 1000 iterations cost 6.7 of its 14 s quantize step and
+  changed none of its held-out figures).
+* AdaRound's numpy runs with one BLAS thread (:func:`_one_blas_thread`): its matrices are small
+  (a layer's ``K x K`` Gram matrix), and OpenBLAS's second thread waits by spinning, which on a
+  machine shared with other work made each iteration about 3x slower than one thread
+  (docs/benchmarks.md, "Issue 40: AdaRound on a busy machine").
 * A layer whose patch sample is smaller than twice its input width (a classifier on few images)
   keeps nearest rounding: its moments cannot pin ``K`` roundings down.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
+from threadpoolctl import threadpool_limits
 
 from . import weightopt as W
 from .data import iter_batches
@@ -63,11 +72,12 @@ log = logging.getLogger(__name__)
 STEPS = W.ROUNDING_STEPS
 ROWS_PER_LAYER = 4096  # input patches sampled per layer
 ADAROUND_ITERATIONS = 300
-MIN_ITERATIONS = 200
-DEFAULT_BUDGET_S = 60.0  # AdaRound's time for the whole model
+MIN_ITERATIONS = 50  # a layer whose share of the budget is fewer Adam steps keeps nearest rounding
+DEFAULT_BUDGET_S = 30.0  # wall time of AdaRound's iterations over the whole model
 BATCH_SIZE = 16  # samples per collection batch
 MAX_SAMPLES = 512  # calibration samples the statistics pass reads
-ITERATION_RATE = 2.5e9  # multiply-adds per second assumed for AdaRound's budget
+ITERATION_RATE = 3e10  # cost units (multiply-adds) a second assumed before the first layer is measured
+ITERATION_OVERHEAD = 5e6  # ... and an iteration's fixed cost in those units (~0.15 ms of numpy calls)
 SEQUENTIAL_BATCHES = 4  # batches (of BATCH_SIZE) a sequential step passes through the network per layer
 FP32_PATCH_BYTES = 256 << 20  # FP32 input patches a sequential step holds ahead of the layers that use them
 
@@ -212,7 +222,7 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     reduced to :class:`~trtrepo.weightopt.InputMoments`."""
 
     names = list(dict.fromkeys(la.input for la in layers))
-    session = make_session(with_outputs(model, names), threads=threads, arena=False)
+    session = make_session(with_outputs(model, names), threads=threads, arena=False, spin=False)
     n_images = max(sum(_count(b) for b in batches), 1)
     moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
     for i, batch in enumerate(batches):
@@ -222,7 +232,8 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
             p = la.patches(x, _rows(la, x, rows_per_layer, _count(batch), n_images), np.random.default_rng((seed, i, j)))
             p = p.astype(np.float32, copy=False)
             qp = act_qparams.get(la.input)
-            moments[la.node].add(p, fake_quantize(p, qp) if qp is not None else p)
+            with _one_blas_thread():
+                moments[la.node].add(p, fake_quantize(p, qp) if qp is not None else p)
         del got
     return moments
 
@@ -269,15 +280,17 @@ class WeightStepResult:
     model: Any
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
+    budget_cut: int = 0  # layers that kept nearest rounding because AdaRound's time budget was spent
 
 
 def _cost(layer: Layer) -> float:
+    """One AdaRound iteration's cost: its multiply-adds plus the fixed cost of its ~20 numpy calls."""
     og = layer.outputs // layer.groups
-    return float(layer.groups * og * layer.k * (layer.k + 8))
+    return float(layer.groups * og * layer.k * (layer.k + 8)) + ITERATION_OVERHEAD
 
 
 def _round_layer(layer: Layer, w: np.ndarray, m: W.InputMoments, step: str, qmax: float,
-                 n_iter: int) -> tuple[np.ndarray, np.ndarray, LayerReport]:
+                 budget: AdaRoundBudget | None) -> tuple[np.ndarray, np.ndarray, LayerReport]:
     """One layer: its rounded weights (ONNX layout), the bias shift to subtract and its report."""
     g = layer.grouped(w)
     qp = weight_qparams(w, layer.axis, qmax)  # the writer's own scales
@@ -285,11 +298,19 @@ def _round_layer(layer: Layer, w: np.ndarray, m: W.InputMoments, step: str, qmax
     rep = LayerReport(layer.node, layer.op, layer.k, layer.groups, m.count, "-")
     q = W.round_nearest(g, scale, qmax)
     rep.loss_nearest = float(W.reconstruction_loss(g, q * scale[..., None], m).sum())
-    if step == "adaround":
+    if step == "adaround" and budget is not None:
+        n_iter = budget.iterations(layer) if m.count >= 2 * layer.k else 0
         if m.count < 2 * layer.k:
             rep.adaround = "nearest (too few patches)"
+            budget.done(layer, 0, 0.0)
+        elif n_iter == 0:
+            rep.adaround = "nearest (time budget spent)"
+            budget.done(layer, 0, 0.0)
         else:
-            res = W.adaround(g, scale, m, qmax=qmax, iterations=n_iter)
+            t0 = time.perf_counter()
+            with _one_blas_thread():
+                res = W.adaround(g, scale, m, qmax=qmax, iterations=n_iter)
+            budget.done(layer, n_iter, time.perf_counter() - t0)
             rep.iterations = res.iterations
             rep.adaround = "nearest kept (no gain)" if res.kept_nearest else "learned"
             q = res.q
@@ -300,10 +321,64 @@ def _round_layer(layer: Layer, w: np.ndarray, m: W.InputMoments, step: str, qmax
     return layer.ungrouped(ws).astype(np.float32), shift, rep
 
 
-def _iterations(layers: Sequence[Layer], counts: Mapping[str, int], budget_s: float, iterations: int) -> int:
-    eligible = [la for la in layers if counts[la.node] >= 2 * la.k]
-    total_cost = sum(_cost(la) for la in eligible) or 1.0
-    return int(min(iterations, max(MIN_ITERATIONS, budget_s * ITERATION_RATE / total_cost)))
+@contextlib.contextmanager
+def _one_blas_thread() -> Iterator[None]:
+    """numpy's BLAS limited to one thread inside the block (threadpoolctl)."""
+    with threadpool_limits(limits=1, user_api="blas"):
+        yield
+
+
+class AdaRoundBudget:
+    """AdaRound's wall-time budget over one weight step's layers (see the module docstring).
+
+    ``iterations(layer)`` before a layer's AdaRound, ``done(layer, iterations, seconds)`` after it:
+    the budget's seconds not yet spent in AdaRound's iterations are shared over the remaining
+    layers' cost at the speed measured so far (cost units a second over the layers done,
+    :data:`ITERATION_RATE` before the first). The budget counts AdaRound's own iterations, the
+    part that grows with it; the sequential form's probe runs and the moments are the same work
+    whatever the budget (``other(seconds)`` records them for the report). ``cut`` counts the
+    layers that kept nearest rounding for lack of time."""
+
+    def __init__(self, layers: Sequence[Layer], budget_s: float, cap: int = ADAROUND_ITERATIONS) -> None:
+        self.start = time.perf_counter()
+        self.deadline = self.start + budget_s
+        self.cap = cap
+        self.remaining = {la.node: _cost(la) for la in layers}
+        self.work_done = 0.0  # cost x iterations of the layers done ...
+        self.work_seconds = 0.0  # ... and the seconds they took
+        self.other_seconds = 0.0
+        self.other_layers = 0
+        self.cut = 0
+
+    @property
+    def rate(self) -> float:
+        return self.work_done / self.work_seconds if self.work_seconds > 0 else ITERATION_RATE
+
+    def iterations(self, layer: Layer) -> int:
+        left = self.deadline - self.start - self.work_seconds
+        total = sum(self.remaining.values()) or 1.0
+        n = min(self.cap, int(max(left, 0.0) * self.rate / total))
+        if self.work_seconds == 0.0 and left > 0:  # the first layer runs at least the floor: it measures the speed
+            n = max(n, MIN_ITERATIONS)
+        if n < MIN_ITERATIONS:
+            self.cut += 1
+            return 0
+        return n
+
+    def done(self, layer: Layer, iterations: int, seconds: float) -> None:
+        cost = self.remaining.pop(layer.node, _cost(layer))
+        if iterations:
+            self.work_done += cost * iterations
+            self.work_seconds += seconds
+
+    def other(self, seconds: float) -> None:
+        self.other_seconds += seconds
+        self.other_layers += 1
+
+    def note(self) -> str:
+        cut = f"; {self.cut} layer(s) kept nearest rounding for lack of time" if self.cut else ""
+        other = f" (besides {self.other_seconds:.1f}s for the layers' inputs)" if self.other_layers else ""
+        return f"AdaRound iterations {self.work_seconds:.1f}s of their {self.deadline - self.start:.0f}s budget{other}{cut}"
 
 
 def _write(model: Any, layers: Sequence[Layer], weights: Mapping[str, np.ndarray], shifts: Mapping[str, np.ndarray],
@@ -346,14 +421,16 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
     t0 = time.perf_counter()
     qmax = 64.0 if options.reduce_range else 127.0
     inits = {t.name: t for t in model.graph.initializer}
-    n_iter = _iterations(layers, {la.node: moments[la.node].count for la in layers}, budget_s, iterations)
+    budget = AdaRoundBudget([la for la in layers if moments[la.node].count >= 2 * la.k], budget_s, iterations)
     weights, shifts, reports = {}, {}, []
     for layer in layers:
         w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
-        weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, n_iter)
+        weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, budget)
         reports.append(rep)
     out = _write(model, layers, weights, shifts, reports)
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0)
+    if step == "adaround":
+        log.info("%s", budget.note())
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if step == "adaround" else 0)
 
 
 def _drop_dead(model: Any) -> None:
@@ -449,7 +526,7 @@ class QuantizedProbe:
             [onnx.helper.make_tensor_value_info(o, self.types.get(o) or onnx.TensorProto.FLOAT, None) for o in outs],
             [self.inits[x] for x in dict.fromkeys(x for k in order for x in self.nodes[k].input) if x in self.inits])
         piece = onnx.helper.make_model(graph, opset_imports=self.model.opset_import, ir_version=self.model.ir_version)
-        session = make_session(piece, threads=self.threads, arena=False) if order else None
+        session = make_session(piece, threads=self.threads, arena=False, spin=False) if order else None
         return session, ins, outs, order
 
     def run(self, layer: Layer, batch: int, feeds: Mapping[str, np.ndarray], weights: Mapping[str, np.ndarray],
@@ -509,16 +586,16 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     inits = {t.name: t for t in model.graph.initializer}
     probe = QuantizedProbe(model, layers, ranges, options, threads=threads)
     fp_names = list(dict.fromkeys(la.input for la in layers))
-    fp_sess = make_session(with_outputs(model, fp_names), threads=threads, arena=False)
+    fp_sess = make_session(with_outputs(model, fp_names), threads=threads, arena=False, spin=False)
     weights = {la.node: numpy_helper.to_array(inits[la.weight]).astype(np.float32) for la in layers}
     biases = {la.node: (numpy_helper.to_array(inits[la.bias]).astype(np.float32) if la.bias is not None
                         else np.zeros(la.outputs, np.float32)) for la in layers}
     n_images = max(sum(_count(b) for b in batches), 1)
-    counts = {la.node: rows_per_layer for la in layers}
-    n_iter = _iterations(layers, counts, budget_s, iterations)
+    budget = AdaRoundBudget(layers, budget_s, iterations)
     new_w, shifts, reports = {}, {}, []
     fp_patches: dict[tuple[int, int], np.ndarray] = {}
     for j, layer in enumerate(layers):
+        t_layer = time.perf_counter()
         if (j, 0) not in fp_patches:
             fp_patches = _fp32_patches(fp_sess, layers, j, batches, rows_per_layer, n_images, seed)
         m = W.InputMoments(layer.groups, layer.k)
@@ -527,14 +604,18 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
             xq = probe.run(layer, i, batch.inputs, weights, biases)
             rows = _rows(layer, xq, rows_per_layer, _count(batch), n_images)
             pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
-            m.add(p, pq)
-        ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, n_iter)
+            with _one_blas_thread():
+                m.add(p, pq)
+        budget.other(time.perf_counter() - t_layer)  # this layer's inputs: what each layer costs besides AdaRound
+        ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, budget)
         new_w[layer.node], shifts[layer.node] = ws, shift
         weights[layer.node] = ws
         biases[layer.node] = (biases[layer.node] - shift).astype(np.float32)
         reports.append(rep)
     out = _write(model, layers, new_w, shifts, reports)
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0)
+    if step == "adaround":
+        log.info("%s", budget.note())
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if step == "adaround" else 0)
 
 
 def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Sequence[Any], rows_per_layer: int,

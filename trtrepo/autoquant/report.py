@@ -220,6 +220,8 @@ class QuantizeReport:
                 agree = "" if mm.get("top1_agreement") is None else f"top-1 agreement {100 * mm['top1_agreement']:.2f}%, "
                 mark = "  <- chosen" if row["step"] == wr["chosen"] else ""
                 took_s = f" ({row['seconds']:.1f}s)" if "seconds" in row else ""
+                if row.get("budget_cut"):
+                    took_s += f" ({row['budget_cut']} layer(s) left at nearest: the {row['budget_s']:g}s budget was spent)"
                 lines.append(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{mark}")
             if wr.get("note"):
                 lines.append(f"  weights: {wr['note']}")
