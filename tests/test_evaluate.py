@@ -12,6 +12,7 @@ import pytest
 
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import (
+    MIN_PLAIN_SAMPLES,
     AccuracyTarget,
     ExpectedDrop,
     accuracy,
@@ -193,12 +194,13 @@ def test_samples_to_decide_is_the_first_size_whose_bound_is_under_the_limit():
         n = samples_to_decide(est, sd, cost, limit)
         assert n is not None and expected_drop_upper(n, est, sd, cost) < limit / 100
         assert expected_drop_upper(n - 1, est, sd, cost) >= limit / 100
-    assert 280 < samples_to_decide(0.0, 0.0, 0.99, 1.0) < 300  # rule of three: about 3 x 0.99 / 1 %
+    # no flip: below MIN_PLAIN_SAMPLES one unseen flip is counted, from there on the plain bound is 0
+    assert samples_to_decide(0.0, 0.0, 0.99, 1.0) == MIN_PLAIN_SAMPLES
     assert samples_to_decide(0.01, 0.05, 0.5, 1.0) is None  # the estimate is at the limit: no size passes
     assert samples_to_decide(0.02, 0.05, 0.5, 1.0) is None
-    ed = ExpectedDrop.of(np.zeros(51), 0.99)
-    assert ed.verdict(1.0) == "undecided" and ed.samples_to_decide(1.0) == samples_to_decide(0.0, 0.0, 0.99, 1.0)
-    assert ExpectedDrop.of(np.zeros(400), 0.99).verdict(1.0) == "pass"
+    ed = ExpectedDrop.of(np.zeros(MIN_PLAIN_SAMPLES - 1), 0.99)
+    assert ed.verdict(1.0) == "undecided" and ed.samples_to_decide(1.0) == MIN_PLAIN_SAMPLES
+    assert ExpectedDrop.of(np.zeros(51), 0.99).verdict(1.0) == "pass"
     assert ExpectedDrop.of(np.array([0.9] * 20 + [0.0] * 80), 0.99).verdict(1.0) == "fail"
     assert ExpectedDrop.from_dict(dataclasses.asdict(ed)) == ed
 
@@ -215,16 +217,25 @@ def _draws(rng, n, rare, trials):
     return d, 0.10 * 0.025 + rare * 0.65
 
 
-@pytest.mark.parametrize("n,rare", [(51, 0.01), (100, 0.005), (300, 0.01), (300, 0.02)])
-def test_the_upper_bound_covers_the_true_drop_on_synthetic_draws(n, rare):
-    """Seeded draws with rare costly flips, the case a small sample misses: the upper end
-    (unseen flip of cost 0.65, the confident flips' mean) lies above the true expected drop in
-    at least 95 % of samples, where the plain normal bound (no unseen flip) does not."""
-    rng = np.random.default_rng(n + int(1000 * rare))
-    draws, mu = _draws(rng, n, rare, 400)
+@pytest.mark.parametrize("n", [300, 1000])
+def test_the_upper_bound_covers_the_true_drop_on_synthetic_draws(n):
+    """Seeded draws of 10 % near-tie flips and 3 % costly ones: on a few hundred samples the upper
+    end lies above the true expected drop in at least 90 % of samples (the normal bound's nominal
+    97.5 %, less its error on skewed terms: measured 92.5 % at 300, 96.5 % at 1000)."""
+    rng = np.random.default_rng(n)
+    draws, mu = _draws(rng, n, 0.03, 400)
     covered = np.mean([expected_drop_interval(d, 0.65)[2] >= mu for d in draws])
-    plain = np.mean([expected_drop_interval(d, 0.0)[2] >= mu for d in draws])
-    assert covered >= 0.95 and plain < 0.93, (covered, plain)
+    assert covered >= 0.90, covered
+
+
+def test_rare_costly_flips_are_the_blind_spot_of_a_small_sample():
+    """The documented price of the plain bound: with confident flips on 1 % of the inputs (a
+    0.9-point drop), 51 samples miss them more often than not, and the bound then lies under the
+    true drop (what ``--eval-data`` with a few hundred samples narrows)."""
+    rng = np.random.default_rng(7)
+    draws, mu = _draws(rng, 51, 0.01, 400)
+    covered = np.mean([expected_drop_interval(d, 0.65)[2] >= mu for d in draws])
+    assert 0.3 < covered < 0.93, covered
 
 
 def test_score_prefers_accuracy_then_cosine():
