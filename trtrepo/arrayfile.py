@@ -223,8 +223,8 @@ def _read(f: IO[bytes], h: ArrayHeader, rows: np.ndarray | None, progress: _Prog
     if h.fortran or rows is None:
         whole = np.empty(h.shape[0] * h.row_bytes, np.uint8)
         _fill(f, whole, h.where, progress)
-        arr = whole.view(h.dtype)
-        arr = arr.reshape(h.shape[::-1]).transpose() if h.fortran else arr.reshape(h.shape)
+        flat_arr: np.ndarray = whole.view(h.dtype)
+        arr: np.ndarray = flat_arr.reshape(h.shape[::-1]).transpose() if h.fortran else flat_arr.reshape(h.shape)
         return arr if rows is None else arr[rows]
     n, size = len(rows), h.row_bytes
     out = np.empty((n, *h.shape[1:]), h.dtype)
