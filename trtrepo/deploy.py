@@ -21,6 +21,7 @@ from typing import Any
 
 from . import autoquant
 from .autoquant import QuantizeRequest, QuantizeRunResult, quantize_request
+from .autoquant.front import FrontOptions, QualityFront
 from .contracts import backends, builtin
 from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
@@ -133,6 +134,8 @@ class DeployReport:
     # the INT8 step's warnings that repeat per layer, by cause (trtrepo.warngroups): one logged line
     # each, the details in --json's warnings
     quantize_warnings: tuple[WarningGroup, ...] = ()
+    front: QualityFront | None = None  # INT8 everywhere failed the check: the accuracy/speed front searched
+
 
     def warnings_json(self) -> list[dict[str, Any]]:
         """``warnings`` of ``deploy --json``: one object per warning, ``cause`` and ``message``
@@ -152,6 +155,9 @@ class DeployReport:
             lines.append("")
             lines.append(f"INT8 vs FP32 ({self.accuracy.target} target; shipped {self.accuracy.shipped.upper()}):")
             lines.extend(f"  {line}" for line in self.accuracy.summary_lines())
+        if self.front is not None:
+            lines.append("")
+            lines.extend(self.front.summary_lines())
         lines.extend(f"note: {n}" for n in self.notes)
         return lines
 
@@ -321,7 +327,8 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
         options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=tuple(opts.exclude_ops),
                                 exclude_nodes=tuple(opts.exclude_nodes)),
         batch_size=opts.batch_size, metric_output=opts.metric_output or None, smooth_quant=opts.smooth_quant,
-        accuracy_target=accuracy_target, weight_rounding=opts.weight_rounding, eval_data=calibration.eval_source()))
+        accuracy_target=accuracy_target, weight_rounding=opts.weight_rounding, eval_data=calibration.eval_source(),
+        front=front_options(opts, target)))
     method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
     alpha = result.report.smooth_quant.alpha
     if alpha is not None:
@@ -330,11 +337,37 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
     return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
 
 
+def front_options(opts: DeployOptions, target: str) -> FrontOptions | None:
+    """The accuracy/speed front searched when INT8 everywhere fails the check (not with
+    --accept-accuracy-loss, which ships all-INT8, nor with --accuracy-target, which chooses the
+    layers itself): timed on the CPU for a target whose runtime is ONNX Runtime's integer kernels
+    (TensorRT's speed is the engine's to measure); ``front.png`` and ``quantize.json`` go to
+    --workdir, else to ``deploy-NAME`` beside a local repository (``trtrepo tune``'s
+    ``tune-NAME`` convention), else to ``deploy-NAME`` in the current folder."""
+    if opts.accept_accuracy_loss or opts.accuracy_target:
+        return None
+    name = opts.name or default_name(opts.source)
+    folder = Path(opts.workdir) if opts.workdir else (
+        Path.cwd() if is_remote(opts.repo) else Path(opts.repo).resolve().parent) / f"deploy-{name}"
+    return FrontOptions(measure_speed=qdq_target(target).integer_kernels, report_dir=folder)
+
+
 def _ship_or_fall_back(result: QuantizeRunResult, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,
                        unmeasured: str) -> tuple[Path, str]:
     """The INT8 model, or the FP32 one when the check against FP32 failed (unless
-    --accept-accuracy-loss); ``unmeasured`` says why when there was no check."""
+    --accept-accuracy-loss); ``unmeasured`` says why when there was no check. When INT8
+    everywhere failed, the front (``result.report.front``) decided: its candidate ships, or FP32
+    with its reason."""
     check = result.report.accuracy_check
+    front = report.front = result.report.front
+    if front is not None:
+        where = f"; the front: {front.plot}" if front.plot is not None else ""
+        if front.shipped is not None:
+            step.detail += (f"; INT8 everywhere FAILED the held-out check vs FP32: {front.reason}{where}")
+            report.notes.append(f"INT8 with {front.shipped.k} layer(s) in float: {front.reason}")
+        else:
+            step.detail += f"; {front.reason}"
+            report.notes.append(f"{front.reason}{where}")
     failed = check is not None and check.ok is False
     report.accuracy = result.report.accuracy_summary(shipped="fp32" if failed and not opts.accept_accuracy_loss else "int8")
     if check is not None and failed:
@@ -370,7 +403,7 @@ def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: P
         eval_data=calibration.eval_source(),
         options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=opts.exclude_ops,
                                 exclude_nodes=opts.exclude_nodes),
-        metric_output=opts.metric_output, batch_size=opts.batch_size))
+        metric_output=opts.metric_output, batch_size=opts.batch_size, front=front_options(opts, target)))
     step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
     return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{given} without --data")
 

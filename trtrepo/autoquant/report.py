@@ -36,6 +36,7 @@ from ..quantize import (
 from ..quantsummary import OutputFigures, QuantizeSummary
 from ..warngroups import WarningGroup, group
 from .fallback import FallbackResult, FallbackStep
+from .front import QualityFront
 from .gate import AccuracyCheck
 from .select import SMOOTHED_RANGE_RULE, Candidate, RoundingChoice, SmoothChoice
 
@@ -123,6 +124,7 @@ class QuantizeReport:
     input_methods: Mapping[str, str] | None = None  # calibrated here only (absent from the JSON otherwise)
     # the shipped model's warnings that repeat per layer, by cause (trtrepo.warngroups), with their details
     warnings: tuple[WarningGroup, ...] = ()
+    front: QualityFront | None = None  # all-INT8 failed the check: the front searched (absent from the JSON otherwise)
     report_dir: Path | None = field(default=None, compare=False)  # where quantize.json/.md went; not in the JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -149,6 +151,8 @@ class QuantizeReport:
         if self.input_methods is not None:
             d["input_methods"] = dict(self.input_methods)
         d["warnings"] = [g.to_dict() for g in self.warnings]
+        if self.front is not None:
+            d["front"] = self.front.to_dict()
         return d
 
     def accuracy_summary(self, shipped: str = "int8") -> QuantizeSummary:
@@ -175,6 +179,9 @@ class QuantizeReport:
         kept += [{"name": n, "reason": why} for n, why in self.kept_float.items()]
         kept += [{"name": n, "reason": f"accuracy target {self.accuracy_target}"} for n in self.layers_in_float]
         kept += [{"name": n, "reason": "excluded by the user"} for n in self.excluded]
+        row = None if self.front is None else self.front.shipped
+        kept += [{"name": n, "reason": "sensitive: INT8 everywhere failed the gate (the accuracy/speed front)"}
+                 for n in (row.layers_in_float if row is not None else ())]
         return QuantizeSummary(target=self.target, method=self.method, shipped=shipped, outputs=outputs, gate=gate,
                                fp16_noise_floor=verdict.get("fp16_noise_floor"), steps=steps, kept_float=tuple(kept),
                                speed=self.speed, held_out=self.evaluation_data)
@@ -358,6 +365,10 @@ def report_markdown(report: QuantizeReport) -> str:
         if report.kept_float:
             lines += ["| node | reason |", "|---|---|"]
             lines += [f"| `{n}` | {why} |" for n, why in report.kept_float.items()]
+    if report.front is not None:
+        lines += ["", "## Accuracy/speed front", "", "```", *report.front.summary_lines(), "```"]
+        if report.front.plot is not None:
+            lines += ["", f"![front]({Path(report.front.plot).name})"]
     kr = report.integer_kernels
     if kr:
         ks = kr["kernels"]

@@ -38,6 +38,8 @@ from ..quantize import (
 from ..smoothquant import parse_alpha, smooth_candidates
 from ..warngroups import collecting
 from .fallback import check_reachable, fallback
+from .front import FrontOptions, QualityFront, search_front
+from .front import write_plot as write_front_plot
 from .gate import EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
 from .report import (
@@ -79,7 +81,11 @@ class QuantizeRequest:
     or a cache, which were computed without it) or None. ``check``: the held-out accuracy check
     against FP32 the run ends with (result in ``report.accuracy_check``, a warning when it fails;
     None skips it); when it fails and ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is
-    raised and nothing is written. ``weight_rounding``: see :func:`choose_weight_rounding`."""
+    raised and nothing is written. ``weight_rounding``: see :func:`choose_weight_rounding`.
+    ``front``: when the check fails on all-INT8 (and no accuracy target chose the layers), search
+    the accuracy/speed front (:mod:`trtrepo.autoquant.front`): the fastest candidate with the most
+    sensitive layers in float that passes becomes the model, else ``report.front`` says why
+    nothing did; ``front.png`` and the report go to ``report_dir``, else ``front.report_dir``."""
 
     model: str | Path
     output: str | Path
@@ -105,6 +111,7 @@ class QuantizeRequest:
     rounding_budget_s: float | None = None
     accept_accuracy_loss: bool = True
     equalize: bool = True
+    front: FrontOptions | None = None  # all-INT8 fails the check: search the accuracy/speed front (deploy)
 
     def __post_init__(self) -> None:
         given = self.given
@@ -201,6 +208,10 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     c = _choose(req, model, stats, per_method, evaluator, sq_request, accuracy_target, calib_src, timings)
     gated = metric_output or outputs[0]
     metrics, held_out = _held_out_check(req, c.metrics, c.chosen, model, evaluator, gated, eval_src, onnx_path)
+    front = None
+    if req.front is not None and held_out is not None and held_out.ok is False and evaluator is not None and c.fb is None:
+        front, c, metrics, held_out = _front(req, c, (model, fp32_model), evaluator, gated, (eval_src, onnx_path),
+                                             held_out)
 
     speed = evaluator.time_ratio(fp32_model, c.chosen.model) if evaluator is not None else None
     path = save_model(c.chosen.model, req.output, force=req.force)
@@ -216,9 +227,14 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
         seconds=timings,
         integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
                          if options.qdq.integer_kernels else None))
-    if req.report_dir is not None:
-        write_report(req.report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))
-        report = replace(report, report_dir=Path(req.report_dir))
+    report_dir = req.report_dir if req.report_dir is not None or front is None else req.front.report_dir  # type: ignore[union-attr]
+    if front is not None:
+        if report_dir is not None:
+            front = replace(front, plot=write_front_plot(front, Path(report_dir) / "front.png"))
+        report = replace(report, front=front)
+    if report_dir is not None:
+        write_report(report_dir, "quantize", report_json(report.to_dict()), report_markdown(report))
+        report = replace(report, report_dir=Path(report_dir))
     return QuantizeRunResult(**{f.name: getattr(base, f.name) for f in fields(base)}, report=report)
 
 
@@ -348,6 +364,22 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
             raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(failures)}; "
                                f"nothing written to {req.output} (accept the loss to write it anyway)")
     return metrics, HeldOutCheck.of(check, gated, failures, ungated, verdict)
+def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], evaluator: Evaluator, gated: str,
+           where: tuple[DataSource | None, Path], failed: HeldOutCheck) -> tuple[QualityFront, Selection, Any, HeldOutCheck | None]:
+    """All-INT8 failed the gate: the front (:func:`~trtrepo.autoquant.front.search_front`) and,
+    when a candidate on it ships, the selection and held-out check of that candidate. ``models``:
+    (the model the check's FP16 floor is measured on, the FP32 model the speed is timed against)."""
+    assert req.front is not None and req.check is not None
+    start_metrics = c.metrics if c.metrics is not None else evaluator(c.chosen.model)
+    front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
+                                (c.chosen, start_metrics), models[1], req.front)
+    if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
+        return front, c, start_metrics, failed
+    c = replace(c, chosen=qm, metrics=m)
+    metrics, held_out = _held_out_check(req, m, qm, models[0], evaluator, gated, *where)
+    return front, c, metrics, held_out
+
+
 def quantize_for_deploy(req: QuantizeRequest) -> QuantizeRunResult:
     """What ``trtrepo deploy`` calls: :func:`quantize_request` on ``req`` (one collection pass on
     ``req.data``, a data spec or :class:`~trtrepo.data.DataSource`), except that ``auto`` without

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -26,6 +27,7 @@ from ..evaluate import (
     pick_output,
     run_onnx,
 )
+from ..measure import STABLE_WINDOWS, Stability, deviation, is_stable
 from ..modelio import ModelIO
 from ..quantize import (
     ActivationRange,
@@ -41,6 +43,8 @@ from ..weightsteps import cached_batches
 from .ranges import CACHE_BYTES
 
 log = logging.getLogger(__name__)
+# how a candidate is timed against FP32 (Evaluator.stable_ratio): windows of >= 0.5 s per model, within 10 %
+SPEED_STABILITY = Stability(interval_s=0.5, pct=10.0, max_trials=10)
 # --------------------------------------------------------------------------------------------
 # Evaluation of candidates
 
@@ -125,6 +129,50 @@ class Evaluator:
                 ratios.append(took[0] / max(took[1], 1e-9))
         return {"int8_vs_fp32": float(np.median(ratios)), "batch_size": self.batch_size,
                 "engine": "ONNX Runtime CPU", "rounds": rounds}
+
+    def stable_ratio(self, fp32_model: Any, model: Any, stability: Stability = SPEED_STABILITY) -> dict[str, Any] | None:
+        """FP32 time over ``model``'s time on the held-out batches, measured in windows by
+        :mod:`trtrepo.measure`'s stability rule: each window runs FP32 then ``model`` over the
+        batches (repeated to at least ``stability.interval_s``), until the last
+        :data:`~trtrepo.measure.STABLE_WINDOWS` windows agree within ``stability.pct`` percent
+        on both models' throughput, or ``stability.max_trials`` windows (``stable`` False: the
+        machine is too busy to tell). ``ratio`` is the last windows' median ratio, ``noise_pct``
+        the largest deviation of their ratios (percent); ``faster`` means ratio > 1 + noise.
+        None when the held-out data is not kept in memory."""
+
+        if not self.batches:
+            return None
+        sessions = [make_session(m, threads=self.threads) for m in (fp32_model, model)]
+        samples = sum(len(next(iter(b.inputs.values()))) for b in self.batches)
+
+        def one_pass(sess: Any) -> float:
+            t0 = time.perf_counter()
+            run_onnx(None, None, batches=self.batches, session=sess, io=False)
+            return time.perf_counter() - t0
+
+        for sess in sessions:  # warm-up
+            one_pass(sess)
+        windows: list[list[dict[str, Any]]] = [[], []]
+        ratios: list[float] = []
+        for _ in range(stability.max_trials):
+            took = []
+            for side, sess in enumerate(sessions):
+                passes, spent = 0, 0.0
+                while spent < stability.interval_s or passes == 0:
+                    spent += one_pass(sess)
+                    passes += 1
+                took.append(spent / passes)
+                windows[side].append({"throughput": samples / (spent / passes), "latency_ms": {"mean": 1000 * spent / passes}})
+            ratios.append(took[0] / max(took[1], 1e-9))
+            if all(is_stable(w, stability.pct) for w in windows):
+                break
+        last = ratios[-STABLE_WINDOWS:]
+        ratio = float(np.median(last))
+        noise = deviation(last) if len(last) > 1 else math.inf
+        stable = all(is_stable(w, stability.pct) for w in windows)
+        return {"ratio": ratio, "noise_pct": noise, "stable": stable, "windows": len(ratios),
+                "faster": stable and ratio > 1.0 + noise / 100.0, "engine": "ONNX Runtime CPU",
+                "batch_size": self.batch_size, "stability_pct": stability.pct}
 
     def __call__(self, model: Any) -> dict[str, OutputMetrics]:
         self.count += 1

@@ -139,6 +139,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
               "precision": report.models[0].precision if report.models else None,
               "steps": [asdict(s) for s in report.steps], "models": [asdict(m) for m in report.models],
               "accuracy": None if report.accuracy is None else report.accuracy.to_dict(),
+              "front": None if report.front is None else report.front.to_dict(),
               "notes": list(report.notes), "warnings": report.warnings_json(),
               "tune": None if tuned is None else tuned.to_dict()})
 

@@ -1,0 +1,120 @@
+"""Issue 40 item 3: when INT8 everywhere fails the gate, deploy searches the accuracy/speed front
+(INT8 with the k most sensitive layers in float) and ships the fastest candidate that passes, or
+FP32 saying why. The failing models are the demo CNN with calibration ranges damaged on purpose:
+one Conv's input range clipped to 5 % (only that Conv in float fixes it), or every range clipped
+(no candidate passes). Real ONNX Runtime, real models."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from trtrepo.autoquant.front import MAX_ROWS, FrontRow, QualityFront
+from trtrepo.cli import cli
+
+DAMAGED_CONV = "/features/features.4/features.4.0/Conv"
+DAMAGED_INPUT = "/features/features.3/relu/Relu_output_0"  # that Conv's only input
+
+
+def _clip(ranges: dict, names: list[str], factor: float = 0.05) -> dict:
+    for name in names:
+        entry = ranges["tensors"][name]
+        for key in ("amax", "max", "min", "scale"):
+            entry[key] *= factor
+        entry.pop("histogram", None)
+    return ranges
+
+
+@pytest.fixture(scope="module")
+def damaged(demo_onnx: Path, tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """(one Conv's input clipped, every activation range clipped): ranges JSON files of the demo."""
+    folder = tmp_path_factory.mktemp("front")
+    good = folder / "ranges.json"
+    res = CliRunner().invoke(cli, ["calibrate", str(demo_onnx), "--data", "demo:calib", "--limit", "128",
+                                   "--method", "minmax", "--ranges", str(good), "-q"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    one, every = folder / "one.json", folder / "every.json"
+    one.write_text(json.dumps(_clip(json.loads(good.read_text()), [DAMAGED_INPUT])))
+    data = json.loads(good.read_text())
+    every.write_text(json.dumps(_clip(data, [n for n in data["tensors"] if n != "input"])))
+    return one, every
+
+
+def test_deploy_ships_int8_with_the_damaged_layer_in_float_and_prints_the_front(demo_onnx, damaged, tmp_path, run_cli):
+    one, _ = damaged
+    res = run_cli("deploy", demo_onnx, "--data", "demo:calib", "--limit", "128", "--ranges", one,
+                  "--backend", "onnxruntime", "--target", "tensorrt", "--repo", tmp_path / "repo", "--name", "d",
+                  "--workdir", tmp_path / "work", "--json")
+    assert res.exit_code == 0, res.output
+    out = json.loads(res.stdout)
+    assert out["precision"] == "int8"
+    front = out["front"]
+    assert front["shipped"] == "int8" and front["shipped_layers_in_float"] == [DAMAGED_CONV]
+    rows = front["rows"]
+    assert rows[0]["label"] == "all INT8" and rows[0]["verdict"] == "fail" and rows[-1]["label"] == "FP32"
+    assert rows[front["chosen"]]["verdict"] == "pass" and rows[front["chosen"]]["upper"] < 1.0
+    assert front["sensitivity"][0]["layer"] == DAMAGED_CONV  # ranked first
+    assert out["accuracy"]["shipped"] == "int8" and out["accuracy"]["gate"]["passed"] is True
+    assert {"name": DAMAGED_CONV, "reason": "sensitive: INT8 everywhere failed the gate (the accuracy/speed front)"} \
+        in out["accuracy"]["kept_float"]
+    # the console: the front with at most 5 rows, the speed left to TensorRT on the tensorrt target
+    console = res.stderr.splitlines()
+    start = next(i for i, line in enumerate(console) if line.startswith("accuracy/speed front"))
+    table = console[start + 2:]
+    table = table[:next(i for i, line in enumerate(table) if not line.strip()[:1].isdigit() and
+                        not line.strip().startswith("all"))]
+    assert 3 <= len(table) <= MAX_ROWS and "<- shipped" in table[1] and "TensorRT's to measure" in table[1]
+    png = tmp_path / "work" / "front.png"
+    assert png.is_file() and png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    report = json.loads((tmp_path / "work" / "quantize.json").read_text())
+    assert report["front"]["rows"] == rows and report["front"]["shipped_layers_in_float"] == [DAMAGED_CONV]
+
+
+def test_deploy_ships_fp32_saying_why_when_no_candidate_passes(demo_onnx, damaged, tmp_path):
+    from trtrepo.deploy import DeployOptions, deploy
+
+    _, every = damaged
+    report = deploy(DeployOptions(source=str(demo_onnx), data="demo:calib", limit=128, ranges=str(every),
+                                  backend="onnxruntime", target="tensorrt", repo=str(tmp_path / "repo"),
+                                  workdir=str(tmp_path / "work")))
+    assert report.models[0].precision == "fp32"
+    front = report.front
+    assert front is not None and front.shipped is None and front.reason.startswith("no candidate passed; best: ")
+    assert all(r.verdict != "pass" for r in front.rows[:-1]) and len(front.rows) >= 4  # k = 1, 2, 4, 8 tried
+    assert any(n.startswith("no candidate passed; best: ") for n in report.notes)
+    step = next(s for s in report.steps if s.step == "int8")
+    assert step.status == "fallback" and "no candidate passed" in step.detail
+    lines = report.summary_lines()
+    start = lines.index(front.summary_lines()[0])
+    assert sum("<- shipped" in line for line in lines[start:]) == 1 and len(front.shown()) <= MAX_ROWS
+    assert (tmp_path / "work" / "front.png").is_file()
+
+
+def test_the_front_prints_at_most_five_rows_keeping_the_chosen_all_int8_and_fp32():
+    rows = [FrontRow(tuple(f"l{i}" for i in range(k)), "fail", "expected top-1 drop", 5.0 - k / 10, 6.0, label=f"{k}")
+            for k in (0, 1, 2, 4, 8, 16)]
+    rows[5] = FrontRow(rows[5].layers_in_float, "pass", "expected top-1 drop", 0.2, 0.6, 1.3, True, 2.0, True, "16")
+    rows.append(FrontRow(tuple(f"l{i}" for i in range(30)), "pass", "expected top-1 drop", 0.0, 0.0, 1.0, True,
+                         label="FP32"))
+    front = QualityFront(tuple(rows), 5, "shipped", True)
+    shown = front.shown()
+    assert len(shown) == MAX_ROWS and {0, 5, 6} <= set(shown)
+    table = front.summary_lines()[2:-1]
+    assert len(table) == MAX_ROWS and "<- shipped" in table[3] and "1.30x +-2%" in table[3]
+
+
+def test_a_model_is_never_told_faster_than_itself(demo_onnx):
+    """The stable-window timing against FP32: the same model on both sides gives a ratio near 1."""
+    from trtrepo.autoquant import Evaluator
+    from trtrepo.data import open_data
+    from trtrepo.measure import Stability
+    from trtrepo.quantize import load_model
+
+    model = load_model(demo_onnx)
+    ev = Evaluator(model, open_data("demo:calib", limit=64), batch_size=32)
+    timed = ev.stable_ratio(model, model, Stability(interval_s=0.1, pct=10.0, max_trials=5))
+    assert timed is not None and 0.5 < timed["ratio"] < 2.0 and 3 <= timed["windows"] <= 5
+    assert isinstance(timed["stable"], bool) and timed["faster"] == (timed["stable"] and timed["ratio"] > 1 + timed["noise_pct"] / 100)

@@ -1,0 +1,342 @@
+"""When INT8 everywhere fails the gate: the accuracy/speed front over INT8 with the ``k`` most
+sensitive weighted layers kept in higher precision, and the fastest candidate on it that passes.
+
+:func:`search_front` ranks the quantized weighted layers (Conv, MatMul, Gemm) by sensitivity:
+one measure per layer on the held-out data, the gated output with that layer alone left in float
+(the calibration is reused, only the Q/DQ placement changes, as in
+:func:`~trtrepo.autoquant.fallback.fallback`); the layers whose float copy leaves the smallest
+drop (then the highest cosine) are the most sensitive. The ranking stops at its time budget
+(the layers not reached keep their graph order after the measured ones). Then a short series of
+candidates, ``k`` in :data:`CANDIDATE_KS` (fewer than the weighted layers), each judged by the
+same :class:`~trtrepo.autoquant.gate.AccuracyCheck` verdict as all-INT8.
+
+Speed: on the onnxruntime target the candidate that passes is timed against FP32 on the held-out
+batches with stable windows (:meth:`~trtrepo.autoquant.select.Evaluator.stable_ratio`); the
+others show their evaluation pass's ratio (one pass, approximate). More layers in float are not
+faster, so the first ``k`` that passes ends the search: it ships when it is faster than FP32
+beyond the measurement's noise; when it is not, no candidate can be, and FP32 ships. When the
+windows never agree (a busy machine) the choice is made on accuracy and the report says the
+speed could not be told. On the tensorrt target a CPU time says nothing about the engine: the
+fewest layers in float that pass wins, and the speed is TensorRT's to measure (the float layers
+are left in the model's float type; the engine builder picks their precision).
+
+FP32 is on the front too (every layer in float, no drop, speed 1.0x). :class:`QualityFront` is
+the report: ``to_dict`` for ``quantize.json``, ``summary_lines`` for the console (at most
+:data:`MAX_ROWS` rows), :func:`write_plot` for ``front.png``."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import UsageError
+from ..evaluate import OutputMetrics
+from ..fsutil import atomic_path
+from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
+from .fallback import layer_roles
+from .gate import AccuracyCheck
+from .select import Evaluator
+
+log = logging.getLogger(__name__)
+
+CANDIDATE_KS = (1, 2, 4, 8, 16, 24)  # layers in higher precision tried, fewest first
+MAX_ROWS = 5  # rows the console prints (FP32 included)
+SENSITIVITY_BUDGET_S = 90.0  # the per-layer ranking stops here (the candidates still run)
+WEIGHTED_ROLES = ("conv", "attention", "mlp_up", "mlp_down", "first_last")
+
+
+@dataclass(frozen=True)
+class FrontOptions:
+    """How the front is searched: ``ks`` the candidates' layer counts, ``budget_s`` the
+    sensitivity ranking's time, ``measure_speed`` False on the tensorrt target (a CPU time says
+    nothing about the engine), ``report_dir`` where ``front.png`` and the quantize report go."""
+
+    ks: tuple[int, ...] = CANDIDATE_KS
+    budget_s: float = SENSITIVITY_BUDGET_S
+    measure_speed: bool = True
+    report_dir: Path | None = None
+
+
+@dataclass(frozen=True)
+class FrontRow:
+    """One point of the front: the layers in higher precision, the gate's verdict on it and its
+    speed against FP32 (None: not measured)."""
+
+    layers_in_float: tuple[str, ...]
+    verdict: str  # pass | fail | cannot decide
+    rule: str
+    drop: float | None  # the expected top-1 drop (points) of a classifier, else the gate's value (the mean cosine)
+    upper: float | None  # the 95 % upper bound of the expected drop (points), when the rule has one
+    speed: float | None = None  # FP32 time / this candidate's time
+    speed_stable: bool | None = None  # None: one evaluation pass (approximate); False: the windows never agreed
+    speed_noise_pct: float | None = None
+    faster: bool | None = None  # beyond the noise (stable windows only)
+    label: str = ""
+
+    @property
+    def k(self) -> int:
+        return len(self.layers_in_float)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"label": self.label, "layers_in_float": list(self.layers_in_float), "k": self.k,
+                "verdict": self.verdict, "rule": self.rule, "drop": self.drop, "upper": self.upper,
+                "speed_vs_fp32": self.speed, "speed_stable": self.speed_stable,
+                "speed_noise_pct": None if self.speed_noise_pct is None or not math.isfinite(self.speed_noise_pct)
+                else self.speed_noise_pct, "faster_than_fp32": self.faster}
+
+    def speed_text(self, measured: bool) -> str:
+        if self.label == "FP32":
+            return "1.00x"
+        if not measured:
+            return "TensorRT's to measure"
+        if self.speed is None:
+            return "-"
+        if self.speed_stable is None:
+            return f"~{self.speed:.2f}x (one pass)"
+        if not self.speed_stable:
+            return f"{self.speed:.2f}x (not stable: busy machine)"
+        return f"{self.speed:.2f}x +-{self.speed_noise_pct:.0f}%"
+
+    def drop_text(self) -> str:
+        if self.drop is None:
+            return "-"
+        if self.rule == "mean cosine":
+            return f"cosine {self.drop:.4f}"
+        bound = f" (<= {self.upper:.2f})" if self.upper is not None else ""
+        return f"{self.drop:.2f}{bound}"
+
+
+@dataclass(frozen=True)
+class QualityFront:
+    """The front searched when all-INT8 failed the gate (module doc): ``rows`` all-INT8 first,
+    then each candidate measured, FP32 last; ``chosen`` the index of the row shipped (None:
+    FP32 ships, ``reason`` says why)."""
+
+    rows: tuple[FrontRow, ...]
+    chosen: int | None
+    reason: str
+    speed_measured: bool
+    sensitivity: tuple[Mapping[str, Any], ...] = ()
+    seconds: float = 0.0
+    limit: float = 1.0  # the gate's limit (points of drop, or the minimum cosine)
+    plot: Path | None = field(default=None, compare=False)
+
+    @property
+    def shipped(self) -> FrontRow | None:
+        return None if self.chosen is None else self.rows[self.chosen]
+
+    def shown(self) -> list[int]:
+        """The indices printed: at most :data:`MAX_ROWS`, FP32 and the chosen row always, then
+        all-INT8 and the rows nearest the chosen one."""
+        last = len(self.rows) - 1
+        keep = {last, 0} | ({self.chosen} if self.chosen is not None else set())
+        centre = self.chosen if self.chosen is not None else last
+        for i in sorted(range(1, last), key=lambda i: (abs(i - centre), -i)):
+            if len(keep) >= MAX_ROWS:
+                break
+            keep.add(i)
+        return sorted(keep)[:MAX_ROWS]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"rows": [r.to_dict() for r in self.rows], "chosen": self.chosen,
+                "shipped": "int8" if self.chosen is not None else "fp32",
+                "shipped_layers_in_float": [] if self.shipped is None else list(self.shipped.layers_in_float),
+                "reason": self.reason, "speed_measured": self.speed_measured,
+                "sensitivity": [dict(s) for s in self.sensitivity], "seconds": self.seconds,
+                "plot": None if self.plot is None else str(self.plot)}
+
+    def summary_lines(self) -> list[str]:
+        """The front as printed: one line per shown row (layers in higher precision, expected
+        drop with its 95 % bound, verdict, speed vs FP32), then the choice."""
+        rule = next((r.rule for r in self.rows if r.rule), "")
+        head = "expected drop (95% bound)" if "drop" in rule else rule or "value"
+        head = head if self.rows[0].upper is not None or "drop" not in rule else f"{rule} (points)"
+        lines = [f"accuracy/speed front (INT8 everywhere failed the gate; {len(self.rows) - 2} candidate(s) measured):",
+                 f"  {'in float':>9}  {head:<26} {'verdict':<14} speed vs FP32"]
+        for i in self.shown():
+            r = self.rows[i]
+            n = "all" if r.label == "FP32" else str(r.k)
+            mark = "  <- shipped" if i == self.chosen or (self.chosen is None and r.label == "FP32") else ""
+            lines.append(f"  {n:>9}  {r.drop_text():<26} {r.verdict:<14} {r.speed_text(self.speed_measured)}{mark}")
+        lines.append(f"  {self.reason}")
+        if self.plot is not None:
+            lines.append(f"  the front: {self.plot}")
+        return lines
+
+
+def _row(check: AccuracyCheck, metrics: Mapping[str, OutputMetrics], gated: str, in_float: Sequence[str],
+         label: str) -> FrontRow:
+    """The gate's verdict on one candidate; its drop is the expected top-1 drop with its 95 % upper
+    bound whenever the output is a classifier (with labels the verdict is the label drop's)."""
+    v = check.judge(metrics[gated])
+    verdict = "pass" if v["ok"] else ("cannot decide" if v.get("inconclusive") else "fail")
+    ed = v.get("expected_drop")
+    drop, upper = (ed["estimate"], ed["upper"]) if ed else (v.get("value"), None)
+    return FrontRow(tuple(in_float), verdict, v.get("rule", ""), drop, upper, label=label)
+
+
+def _sensitivity_key(row: FrontRow, cosine: float) -> tuple[float, float]:
+    """Smaller first: the drop left with this layer alone in float (the layer that removes most)."""
+    value = row.drop if row.drop is not None else math.inf
+    return (-value if row.rule == "mean cosine" else value, -cosine)
+
+
+@dataclass
+class _Ctx:
+    model: Any
+    ranges: Mapping[str, ActivationRange]
+    options: QuantizeOptions
+    evaluator: Evaluator
+    check: AccuracyCheck
+    gated: str
+
+    def quantize(self, in_float: Sequence[str]) -> QuantizedModel | None:
+        try:
+            return insert_qdq(self.model, self.ranges, self.options.with_excluded_nodes(sorted(in_float)), warn=False)
+        except UsageError:  # nothing left to quantize
+            return None
+
+
+def search_front(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, evaluator: Evaluator,
+                 check: AccuracyCheck, gated: str, start: tuple[QuantizedModel, Mapping[str, OutputMetrics]],
+                 fp32_model: Any, front: FrontOptions) -> tuple[QualityFront, QuantizedModel | None,
+                                                                Mapping[str, OutputMetrics] | None]:
+    """(the front, the chosen model, its metrics); the model is None when FP32 ships. ``model``
+    and ``ranges``: what the all-INT8 model ``start`` was made from (module doc)."""
+    t0 = time.perf_counter()
+    ctx = _Ctx(model, ranges, options, evaluator, check, gated)
+    qm0, m0 = start
+    rows = [_row(check, m0, gated, (), "all INT8")]
+    layers = list(qm0.plan.layers)
+    roles = layer_roles(prepare_model(model), layers)
+    weighted = [n for n in layers if roles.get(n) in WEIGHTED_ROLES]
+    ranked, sensitivity = _rank(ctx, weighted, t0 + front.budget_s)
+    chosen: tuple[int, QuantizedModel, Mapping[str, OutputMetrics]] | None = None
+    reason = ""
+    for k in sorted({k for k in front.ks if 0 < k < len(weighted)}):
+        in_float = ranked[:k]
+        qm = ctx.quantize(in_float)
+        if qm is None:
+            break
+        m = evaluator(qm.model)
+        row = _row(check, m, gated, in_float, f"{k} most sensitive")
+        quick = evaluator.speed()
+        row = _with_speed(row, quick, None, None, None) if front.measure_speed else row
+        log.info("front: %d layer(s) in float: %s, %s", k, row.verdict, row.drop_text())
+        if row.verdict != "pass":
+            rows.append(row)
+            continue
+        if not front.measure_speed:
+            rows.append(row)
+            chosen, reason = (len(rows) - 1, qm, m), (f"shipped INT8 with the {k} most sensitive layer(s) in float: "
+                                                      "the fewest that pass (speed: TensorRT's to measure)")
+            break
+        timed = evaluator.stable_ratio(fp32_model, qm.model)
+        if timed is not None:
+            row = _with_speed(row, timed["ratio"], timed["stable"], timed["noise_pct"], timed["faster"])
+        rows.append(row)
+        if timed is None:
+            chosen, reason = (len(rows) - 1, qm, m), (f"shipped INT8 with the {k} most sensitive layer(s) in float: "
+                                                      "the fewest that pass (speed not measured: held-out data not in memory)")
+        elif not timed["stable"]:
+            chosen, reason = (len(rows) - 1, qm, m), (
+                f"shipped INT8 with the {k} most sensitive layer(s) in float: the fewest that pass; its speed vs FP32 "
+                f"could not be told (the timing windows never agreed within 10%: the machine is busy), decided on accuracy")
+        elif timed["faster"]:
+            chosen, reason = (len(rows) - 1, qm, m), (f"shipped INT8 with the {k} most sensitive layer(s) in float: "
+                                                      f"the fewest that pass, {timed['ratio']:.2f}x FP32's speed")
+        else:
+            reason = (f"FP32 shipped: the fewest layers in float that pass ({k}) run at {timed['ratio']:.2f}x FP32 "
+                      f"(+-{timed['noise_pct']:.0f}%), not faster; more layers in float would not be faster")
+        break
+    else:
+        fails = rows[1:] or rows
+        if len(rows) == 1:
+            reason = (f"no candidate passed: {len(weighted)} weighted layer(s), too few to keep some in float beside "
+                      f"INT8 (all INT8: {rows[0].rule} {rows[0].drop_text()}): FP32 shipped")
+        best = min(fails, key=lambda r: (r.drop if r.drop is not None else math.inf)
+                   if r.rule != "mean cosine" else -(r.drop or 0.0))
+        reason = reason or (f"no candidate passed; best: {best.k} layer(s) in float, {best.rule} {best.drop_text()} "
+                  f"({best.verdict}): FP32 shipped")
+    if chosen is None and not reason:
+        reason = "no candidate passed (nothing left to quantize with those layers in float): FP32 shipped"
+    rows.append(FrontRow(tuple(weighted), "pass", rows[0].rule, 0.0 if rows[0].rule != "mean cosine" else 1.0, 0.0,
+                         speed=1.0, speed_stable=True, faster=False, label="FP32"))
+    result = QualityFront(tuple(rows), None if chosen is None else chosen[0], reason, front.measure_speed,
+                          tuple(sensitivity), time.perf_counter() - t0,
+                          check.max_top1_drop if rows[0].rule != "mean cosine" else check.min_cosine)
+    log.info("front: %s", reason)
+    return (result, None, None) if chosen is None else (result, chosen[1], chosen[2])
+
+
+def _with_speed(row: FrontRow, speed: float | None, stable: bool | None, noise: float | None,
+                faster: bool | None) -> FrontRow:
+    return FrontRow(row.layers_in_float, row.verdict, row.rule, row.drop, row.upper, speed, stable, noise, faster, row.label)
+
+
+def _rank(ctx: _Ctx, weighted: Sequence[str], deadline: float) -> tuple[list[str], list[dict[str, Any]]]:
+    """The weighted layers, most sensitive first (module doc), and each one's measure."""
+    scored: list[tuple[tuple[float, float], str, FrontRow]] = []
+    for layer in weighted:
+        if time.perf_counter() > deadline:
+            log.info("front: sensitivity budget spent after %d of %d layers", len(scored), len(weighted))
+            break
+        qm = ctx.quantize([layer])
+        if qm is None:
+            continue
+        m = ctx.evaluator(qm.model)
+        row = _row(ctx.check, m, ctx.gated, [layer], f"only {layer}")
+        scored.append((_sensitivity_key(row, m[ctx.gated].cosine_mean), layer, row))
+    scored.sort(key=lambda item: item[0])
+    measured = [layer for _, layer, _ in scored]
+    ranked = measured + [n for n in weighted if n not in set(measured)]
+    return ranked, [{"layer": layer, "drop": row.drop, "verdict": row.verdict, "cosine": -key[1]}
+                    for key, layer, row in scored]
+
+
+def write_plot(front: QualityFront, path: str | Path) -> Path:
+    """The front: expected drop (with its 95 % bound) against layers in higher precision, the
+    gate's limit, each point's speed vs FP32, the shipped point marked."""
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=100)
+    try:
+        xs = [r.k for r in front.rows]
+        ys = [r.drop if r.drop is not None else float("nan") for r in front.rows]
+        ups = [max((r.upper if r.upper is not None else y) - y, 0.0) if r.drop is not None else 0.0
+               for r, y in zip(front.rows, ys, strict=True)]
+        colors = ["g" if r.verdict == "pass" else ("orange" if r.verdict == "cannot decide" else "r") for r in front.rows]
+        ax.errorbar(xs, ys, yerr=[[0.0] * len(ups), ups], fmt="none", ecolor="0.5", capsize=3)
+        ax.scatter(xs, ys, c=colors, s=30, zorder=3)
+        for r, x, y in zip(front.rows, xs, ys, strict=True):
+            if not front.speed_measured and r.label != "FP32":
+                continue
+            ax.annotate(r.speed_text(front.speed_measured).split(" (")[0], (x, y), textcoords="offset points",
+                        xytext=(4, 6), fontsize=7)
+        shipped = front.shipped or front.rows[-1]
+        ax.plot([shipped.k], [shipped.drop if shipped.drop is not None else 0.0], "b*", markersize=14,
+                label=f"shipped: {'FP32' if front.shipped is None else f'{shipped.k} layer(s) in float'}")
+        if "drop" in front.rows[0].rule:
+            ax.axhline(front.limit, color="r", ls=":", label="gate limit")
+        ax.set_xscale("symlog")
+        ax.set_xlabel("layers in higher precision (most sensitive first; the last point is FP32)")
+        ax.set_ylabel("expected top-1 drop (points; bar: 95% bound)" if front.rows[0].upper is not None
+                      else front.rows[0].rule or "drop")
+        speed = "labels: speed vs FP32" if front.speed_measured else "speed: TensorRT's to measure"
+        ax.set_title(f"trtrepo: INT8 accuracy/speed front ({speed})")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+        fig.tight_layout()
+        with atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png")
+    finally:
+        plt.close(fig)
+    return Path(path)
