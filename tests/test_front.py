@@ -118,3 +118,25 @@ def test_a_model_is_never_told_faster_than_itself(demo_onnx):
     timed = ev.stable_ratio(model, model, Stability(interval_s=0.1, pct=10.0, max_trials=5))
     assert timed is not None and 0.5 < timed["ratio"] < 2.0 and 3 <= timed["windows"] <= 5
     assert isinstance(timed["stable"], bool) and timed["faster"] == (timed["stable"] and timed["ratio"] > 1 + timed["noise_pct"] / 100)
+
+
+@pytest.mark.long
+def test_on_the_onnxruntime_target_every_row_is_timed_and_a_slower_candidate_never_ships(demo_onnx, damaged, tmp_path):
+    """The CPU target: each row timed against FP32 with stable windows; the candidate that passes
+    ships only when faster beyond the noise, or, when the windows never agreed, on accuracy with
+    the speed said to be unknown; otherwise FP32 ships saying it was not faster."""
+    from trtrepo.deploy import DeployOptions, deploy
+
+    one, _ = damaged
+    report = deploy(DeployOptions(source=str(demo_onnx), data="demo:calib", limit=128, ranges=str(one),
+                                  backend="onnxruntime", repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work")))
+    front = report.front
+    assert front is not None and front.speed_measured
+    assert all(r.speed is not None and r.speed_stable is not None for r in front.rows)
+    passing = next(r for r in front.rows if r.verdict == "pass")
+    assert passing.layers_in_float == (DAMAGED_CONV,)
+    if front.shipped is not None:
+        assert report.models[0].precision == "int8"
+        assert front.shipped.faster or (front.shipped.speed_stable is False and "could not be told" in front.reason)
+    else:
+        assert report.models[0].precision == "fp32" and "not faster" in front.reason and passing.speed_stable
