@@ -323,7 +323,8 @@ def write_plot(front: QualityFront, path: str | Path) -> Path:
         for r, x, y in zip(front.rows, xs, ys, strict=True):
             if not front.speed_measured and r.label != "FP32":
                 continue
-            ax.annotate(r.speed_text(front.speed_measured).split(" (")[0], (x, y), textcoords="offset points",
+            text = r.speed_text(front.speed_measured).split(" (")[0] + ("?" if r.speed_stable is False else "")
+            ax.annotate(text, (x, y), textcoords="offset points",
                         xytext=(4, 6), fontsize=7)
         shipped = front.shipped or front.rows[-1]
         ax.plot([shipped.k], [shipped.drop if shipped.drop is not None else 0.0], "b*", markersize=14,
@@ -331,10 +332,11 @@ def write_plot(front: QualityFront, path: str | Path) -> Path:
         if "drop" in front.rows[0].rule:
             ax.axhline(front.limit, color="r", ls=":", label="gate limit")
         ax.set_xscale("symlog")
+        ax.set_xlim(left=-0.3)
         ax.set_xlabel("layers in higher precision (most sensitive first; the last point is FP32)")
         ax.set_ylabel("expected top-1 drop (points; bar: 95% bound)" if front.rows[0].upper is not None
                       else front.rows[0].rule or "drop")
-        speed = "labels: speed vs FP32" if front.speed_measured else "speed: TensorRT's to measure"
+        speed = "labels: speed vs FP32, ? not stable" if front.speed_measured else "speed: TensorRT's to measure"
         ax.set_title(f"trtrepo: INT8 accuracy/speed front ({speed})")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
