@@ -140,26 +140,3 @@ def test_on_the_onnxruntime_target_every_row_is_timed_and_a_slower_candidate_nev
         assert front.shipped.faster or (front.shipped.speed_stable is False and "could not be told" in front.reason)
     else:
         assert report.models[0].precision == "fp32" and "not faster" in front.reason and passing.speed_stable
-
-
-def test_a_candidate_judged_after_others_on_the_same_samples_needs_the_family_wise_bound():
-    """The front's m-th verdict on one hold-out uses z of 2.5 % / m: a candidate whose plain 95 %
-    bound is just under the limit passes as the first look and cannot decide as the fourth."""
-    import math
-
-    import numpy as np
-
-    from trtrepo.autoquant import AccuracyCheck
-    from trtrepo.autoquant.front import _row, family_z
-    from trtrepo.evaluate import ExpectedDrop, OutputMetrics
-
-    terms = np.array([0.30] * 2 + [0.0] * 98)  # 0.6 points; plain bound ~1.42: make it pass at 1.96
-    ed = ExpectedDrop.of(terms, 0.9)
-    limit = 100 * (ed.estimate + 0.5 * (1.96 + family_z(4)) * ed.sd / math.sqrt(ed.samples))  # between the two bounds
-    check = AccuracyCheck(max_top1_drop=limit)
-    m = {"y": OutputMetrics("y", 100, 0.1, 0.01, 0.99, 0.99, top1_agreement=0.98, expected_drop=ed)}
-    first = _row(check, m, "y", ["a"], "1 most sensitive", looks=1)
-    fourth = _row(check, m, "y", ["a"], "4 most sensitive", looks=4)
-    assert first.verdict == "pass" and first.upper < limit
-    assert fourth.verdict == "cannot decide" and fourth.upper > limit
-    assert family_z(1) == pytest.approx(1.96, abs=1e-3) and family_z(7) == pytest.approx(2.69, abs=1e-2)

@@ -20,15 +20,6 @@ speed could not be told. On the tensorrt target a CPU time says nothing about th
 fewest layers in float that pass wins, and the speed is TensorRT's to measure (the float layers
 are left in the model's float type; the engine builder picks their precision).
 
-Several looks at one hold-out: the search judges all-INT8 and up to six candidates on the same
-held-out samples and ships the first that passes, so a pass there is the best of several draws.
-A candidate's expected-drop bound is therefore family-wise (:func:`_row`): the ``m``-th verdict
-on the samples uses ``z`` of a one-sided ``2.5 % / m`` (Bonferroni; 2.24 for the second look,
-2.69 for the seventh) instead of 1.96. Without it, on a damaged MobileNetV2 (entropy ranges,
-round-to-nearest) the front shipped 4 candidates in 10 hold-outs whose expected drop on 500 other
-crops was 1.06-1.29 points (docs/benchmarks.md, "Issue 40: deploy of the trained MobileNetV2
-over ten hold-outs").
-
 FP32 is on the front too (every layer in float, no drop, speed 1.0x). :class:`QualityFront` is
 the report: ``to_dict`` for ``quantize.json``, ``summary_lines`` for the console (at most
 :data:`MAX_ROWS` rows), :func:`write_plot` for ``front.png``."""
@@ -41,16 +32,15 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from statistics import NormalDist
 from typing import Any
 
 from ..errors import UsageError
-from ..evaluate import MIN_PLAIN_SAMPLES, OutputMetrics
+from ..evaluate import OutputMetrics
 from ..fsutil import atomic_path
 from ..measure import Stability
 from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
-from .gate import EXPECTED_DROP_RULE, AccuracyCheck
+from .gate import AccuracyCheck
 from .select import Evaluator
 
 log = logging.getLogger(__name__)
@@ -180,27 +170,14 @@ class QualityFront:
         return lines
 
 
-def family_z(looks: int) -> float:
-    """``z`` of a one-sided 2.5 % shared by ``looks`` verdicts on the same samples (Bonferroni)."""
-    return NormalDist().inv_cdf(1.0 - 0.025 / max(looks, 1))
-
-
 def _row(check: AccuracyCheck, metrics: Mapping[str, OutputMetrics], gated: str, in_float: Sequence[str],
-         label: str, looks: int = 1) -> FrontRow:
+         label: str) -> FrontRow:
     """The gate's verdict on one candidate; its drop is the expected top-1 drop with its 95 % upper
-    bound whenever the output is a classifier (with labels the verdict is the label drop's).
-    ``looks``: the how-manyth verdict on these held-out samples this one is; from the second on, a
-    pass of the expected drop needs the family-wise bound (:func:`family_z`) under the limit, else
-    the candidate cannot decide (module doc)."""
+    bound whenever the output is a classifier (with labels the verdict is the label drop's)."""
     v = check.judge(metrics[gated])
     verdict = "pass" if v["ok"] else ("cannot decide" if v.get("inconclusive") else "fail")
     ed = v.get("expected_drop")
     drop, upper = (ed["estimate"], ed["upper"]) if ed else (v.get("value"), None)
-    e = metrics[gated].expected_drop
-    if (looks > 1 and v.get("rule") == EXPECTED_DROP_RULE and e is not None and e.samples >= MIN_PLAIN_SAMPLES):
-        upper = max(upper or 0.0, 100.0 * (e.estimate + family_z(looks) * e.sd / math.sqrt(e.samples)))
-        if verdict == "pass" and upper >= check.max_top1_drop:
-            verdict = "cannot decide"
     return FrontRow(tuple(in_float), verdict, v.get("rule", ""), drop, upper, label=label)
 
 
@@ -254,7 +231,7 @@ def search_front(model: Any, ranges: Mapping[str, ActivationRange], options: Qua
         if qm is None:
             break
         m = evaluator(qm.model)
-        row = _row(check, m, gated, in_float, f"{k} most sensitive", looks=len(rows) + 1)
+        row = _row(check, m, gated, in_float, f"{k} most sensitive")
         timed = evaluator.stable_ratio(fp32_model, qm.model, FRONT_STABILITY) if front.measure_speed else None
         if timed is not None:
             row = _with_speed(row, timed["ratio"], timed["stable"], timed["noise_pct"], timed["faster"])
