@@ -10,6 +10,8 @@ the subject (``test_server_e2e.py``: ``trtrepo serve`` stops on SIGINT)."""
 from __future__ import annotations
 
 import contextlib
+import socket
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,3 +26,33 @@ def live_server(repo: Any, **kw: Any) -> Iterator[TritonServer]:
     finally:
         server.stop(grace=0)
 
+
+
+@contextlib.contextmanager
+def silent_tcp_server() -> Iterator[tuple[str, list[socket.socket]]]:
+    """``(http://127.0.0.1:PORT, connections)``: a TCP server that accepts every connection
+    (kept in ``connections``, in order) and never sends a byte; closed when the block ends."""
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen(16)
+    srv.settimeout(0.2)
+    held: list[socket.socket] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                held.append(srv.accept()[0])
+            except OSError:
+                continue
+
+    t = threading.Thread(target=accept, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.getsockname()[1]}", held
+    finally:
+        stop.set()
+        t.join(5)
+        for c in held:
+            c.close()
+        srv.close()

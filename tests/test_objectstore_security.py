@@ -15,13 +15,12 @@ Against moto's S3 server on loopback (the fixture of ``tests/test_objectstore.py
 
 from __future__ import annotations
 
-import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
 
 import pytest
+from _servers import silent_tcp_server
 from test_objectstore import _client, _config, _keys, _tiny_onnx, s3  # noqa: F401  # s3: the moto fixture
 
 from trtrepo.errors import UsageError
@@ -264,34 +263,10 @@ def test_the_client_makes_the_attempts_its_message_states(monkeypatch):
     39 botocore's ``max_attempts`` (retries, not attempts) made 3 connections where the message
     said 2."""
     pytest.importorskip("boto3")
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    srv.settimeout(0.2)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
     monkeypatch.setenv("TRTREPO_S3_TIMEOUT", "0.5")
     for k, v in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_DEFAULT_REGION": "us-east-1"}.items():
         monkeypatch.setenv(k, v)
-    endpoint = f"http://127.0.0.1:{srv.getsockname()[1]}"
-    try:
-        with pytest.raises(UsageError) as err:
-            open_store("s3://models/x", endpoint).keys()
-    finally:
-        stop.set()
-        t.join(5)
-        for c in held:
-            c.close()
-        srv.close()
+    with silent_tcp_server() as (endpoint, held), pytest.raises(UsageError) as err:
+        open_store("s3://models/x", endpoint).keys()
     assert len(held) == S3_ATTEMPTS, len(held)
     assert f"did not answer within 0.5 s ({S3_ATTEMPTS} attempts, about {S3_ATTEMPTS * 0.5:g} s in all)" in str(err.value)

@@ -5,13 +5,12 @@ endpoint and the setting that waits longer; a bad setting is a usage error namin
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
+from _servers import silent_tcp_server
 
 pytest.importorskip("boto3")
 
@@ -19,28 +18,8 @@ pytest.importorskip("boto3")
 @pytest.fixture
 def silent_endpoint():
     """A TCP server on 127.0.0.1 that accepts every connection and never sends a byte."""
-    srv = socket.socket()
-    srv.bind(("127.0.0.1", 0))
-    srv.listen(16)
-    held: list[socket.socket] = []
-    stop = threading.Event()
-
-    def accept() -> None:
-        srv.settimeout(0.2)
-        while not stop.is_set():
-            try:
-                held.append(srv.accept()[0])
-            except OSError:
-                continue
-
-    t = threading.Thread(target=accept, daemon=True)
-    t.start()
-    yield f"http://127.0.0.1:{srv.getsockname()[1]}"
-    stop.set()
-    t.join(5)
-    for c in held:
-        c.close()
-    srv.close()
+    with silent_tcp_server() as (url, _):
+        yield url
 
 
 def _repo_list(endpoint: str, timeout: str | None) -> tuple[subprocess.CompletedProcess[str], float]:
