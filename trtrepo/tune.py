@@ -54,6 +54,7 @@ from .measure import Stability
 from .modelio import ModelIO, TensorSpec
 from .repository import read_config, replace_config
 from .server import TritonServer
+from .tritonconfig import parse_config_text
 from .validate import TritonTarget, ValidateOptions, make_payloads
 from .validate.contract import stats_diff
 
@@ -262,13 +263,7 @@ def rebased_config(live_text: str, started: Any, chosen: Candidate, header: str,
     ran (a three-way merge on the tuned fields): the other writer's changes are kept as long as
     they leave the tuned knobs (instance count, threads, dynamic batching, max batch size) as the
     tune found them; a change to one of those knobs is a conflict, refused naming them."""
-    from google.protobuf import text_format
-
-    live = type(started)()
-    try:
-        text_format.Parse(live_text, live)
-    except text_format.ParseError as exc:
-        raise UsageError(f"{where}: changed while tuning and no longer parses ({exc}); the tuned config was not written") from exc
+    live = parse_config_text(live_text, f"{where} (changed while tuning; the tuned config was not written)")
     before, now = start_candidate(started), start_candidate(live)
     if before != now:
         changed = [k for k in asdict(before) if getattr(before, k) != getattr(now, k)]
