@@ -620,9 +620,9 @@ def make_session(model: Any, *, threads: int | None = None, optimization: str = 
     if threads is not None:
         so.intra_op_num_threads = threads
         so.inter_op_num_threads = 1
+    if threads is not None or not spin:
         so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
         so.add_session_config_entry("session.inter_op.allow_spinning", "0")
     # Exact INT8 on x86 CPUs without VNNI (set only there: it is slow elsewhere): see trtrepo.cpu.
     for key, value in {**quant_session_entries(), **(config or {})}.items():
