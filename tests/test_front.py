@@ -57,6 +57,9 @@ def test_deploy_ships_int8_with_the_damaged_layer_in_float_and_prints_the_front(
     assert rows[0]["label"] == "all INT8" and rows[0]["verdict"] == "fail" and rows[-1]["label"] == "FP32"
     assert rows[front["chosen"]]["verdict"] == "pass" and rows[front["chosen"]]["upper"] < 1.0
     assert front["sensitivity"][0]["layer"] == DAMAGED_CONV  # ranked first
+    # the ranges are given: every --data sample is held out, so the ranking had only those (and says so)
+    assert front["ranked_on"] == "held-out"
+    assert any("ranked on the held-out data" in line for line in res.stderr.splitlines())
     assert out["accuracy"]["shipped"] == "int8" and out["accuracy"]["gate"]["passed"] is True
     assert {"name": DAMAGED_CONV, "reason": "sensitive: INT8 everywhere failed the gate (the accuracy/speed front)"} \
         in out["accuracy"]["kept_float"]
@@ -118,6 +121,26 @@ def test_a_model_is_never_told_faster_than_itself(demo_onnx):
     timed = ev.stable_ratio(model, model, Stability(interval_s=0.1, pct=10.0, max_trials=5))
     assert timed is not None and 0.5 < timed["ratio"] < 2.0 and 3 <= timed["windows"] <= 5
     assert isinstance(timed["stable"], bool) and timed["faster"] == (timed["stable"] and timed["ratio"] > 1 + timed["noise_pct"] / 100)
+
+
+def test_the_layers_are_ranked_on_calibration_samples_never_on_the_held_out_ones_that_judge(demo_onnx, tmp_path):
+    """With calibration data the ranking runs on RANK_SAMPLES calibration samples (ranked and judged
+    on the same held-out crops, the front kept in float the layers that repaired those crops). A
+    limit no model can meet (a negative drop) makes every row fail, so the whole front runs."""
+    from trtrepo.autoquant import QuantizeRequest, quantize_request
+    from trtrepo.autoquant.front import RANK_SAMPLES, FrontOptions
+    from trtrepo.autoquant.gate import AccuracyCheck
+    from trtrepo.data import open_data
+
+    req = QuantizeRequest(str(demo_onnx), str(tmp_path / "m.onnx"), data=open_data("demo:calib", limit=200), method="minmax",
+                          check=AccuracyCheck(max_top1_drop=-1.0), accept_accuracy_loss=True,
+                          front=FrontOptions(ks=(1, 2), measure_speed=False))
+    report = quantize_request(req).report.to_dict()
+    front = report["front"]
+    assert front["ranked_on"] == "calibration" and front["ranked_samples"] == min(RANK_SAMPLES, 160)
+    assert front["shipped"] == "fp32" and len(front["sensitivity"]) > 2
+    judged = front["rows"][:-1]  # all INT8, k = 1, 2: judged on the 40 held out
+    assert len(judged) == 3 and all(r["verdict"] != "pass" for r in judged)
 
 
 @pytest.mark.long

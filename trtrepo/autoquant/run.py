@@ -38,7 +38,7 @@ from ..quantize import (
 from ..smoothquant import parse_alpha, smooth_candidates
 from ..warngroups import collecting
 from .fallback import check_reachable, fallback
-from .front import FrontOptions, QualityFront, search_front
+from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
 from .gate import EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
@@ -210,8 +210,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     metrics, held_out = _held_out_check(req, c.metrics, c.chosen, model, evaluator, gated, eval_src, onnx_path)
     front = None
     if req.front is not None and held_out is not None and held_out.ok is False and evaluator is not None and c.fb is None:
-        front, c, metrics, held_out = _front(req, c, (model, fp32_model), evaluator, gated, (eval_src, onnx_path),
-                                             held_out)
+        front, c, metrics, held_out = _front(req, c, (model, fp32_model), (evaluator, calib_src), gated,
+                                             (eval_src, onnx_path), held_out)
 
     speed = evaluator.time_ratio(fp32_model, c.chosen.model) if evaluator is not None else None
     path = save_model(c.chosen.model, req.output, force=req.force)
@@ -364,15 +364,22 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
             raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(failures)}; "
                                f"nothing written to {req.output} (accept the loss to write it anyway)")
     return metrics, HeldOutCheck.of(check, gated, failures, ungated, verdict)
-def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], evaluator: Evaluator, gated: str,
-           where: tuple[DataSource | None, Path], failed: HeldOutCheck) -> tuple[QualityFront, Selection, Any, HeldOutCheck | None]:
+def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tuple[Evaluator, DataSource | None],
+           gated: str, where: tuple[DataSource | None, Path], failed: HeldOutCheck
+           ) -> tuple[QualityFront, Selection, Any, HeldOutCheck | None]:
     """All-INT8 failed the gate: the front (:func:`~trtrepo.autoquant.front.search_front`) and,
     when a candidate on it ships, the selection and held-out check of that candidate. ``models``:
-    (the model the check's FP16 floor is measured on, the FP32 model the speed is timed against)."""
+    (the model the check's FP16 floor is measured on, the FP32 model the speed is timed against);
+    ``data``: (the held-out evaluator that judges, the calibration data the layers are ranked on,
+    :data:`~trtrepo.autoquant.front.RANK_SAMPLES` of it)."""
     assert req.front is not None and req.check is not None
+    evaluator, calib_src = data
     start_metrics = c.metrics if c.metrics is not None else evaluator(c.chosen.model)
+    ranker = None if calib_src is None else Evaluator(
+        models[1], calib_src.subset(RANK_SAMPLES, req.seed), batch_size=req.batch_size, threads=req.threads,
+        label_output=evaluator.label_output)
     front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
-                                (c.chosen, start_metrics), models[1], req.front)
+                                (c.chosen, start_metrics), models[1], req.front, ranker)
     if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
         return front, c, start_metrics, failed
     c = replace(c, chosen=qm, metrics=m)

@@ -74,6 +74,7 @@ class Evaluator:
     def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
                  cache_bytes: int = CACHE_BYTES, label_output: str | None = None) -> None:
         self.source = source
+        self.label_output = label_output
         self.batch_size = batch_size
         self.threads = threads
         # Held-out data is evaluated many times: keep its batches in memory when they are small.
