@@ -34,7 +34,7 @@ from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
 from .objectstore import checkout, open_store, publish
-from .progress import status
+from .progress import status, task
 from .quantize import QDQ_TARGETS, NothingToQuantize, QuantizeOptions, qdq_target, target_names
 from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model, check_file_loads, type_problem
@@ -284,7 +284,8 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
         try:
             # one line per warning cause for the whole step (not per candidate the step tries);
             # those of an INT8 model that is not shipped say so
-            with collecting(log, where="deploy --json's warnings") as run:
+            # one progress task for the step too (trtrepo.progress: the phases of quantize_request)
+            with collecting(log, where="deploy --json's warnings") as run, task("int8"):
                 path, precision = _quantize(opts, onnx_path, target, work, report, step, calibration)
                 if precision != "int8":
                     run.not_shipped("the FP32 model was deployed")

@@ -13,7 +13,14 @@ each detail at INFO (shown with ``-v``). When the run ships nothing from it (``d
 back to FP32), :meth:`Collector.not_shipped` says so on the line instead of dropping it.
 
 Outside a :func:`collecting` block (a library call of ``insert_qdq``) nothing is grouped: the
-stage logs each case itself, as it always did (:func:`in_run` tells it which)."""
+stage logs each case itself, as it always did (:func:`in_run` tells it which).
+
+Every other WARNING a ``trtrepo`` logger writes during the outermost block (the gate's accuracy
+loss, tensors kept in float, too few samples to hold out) is a cause of its own too, its text
+the key (issue 41 item 6): it shows on the console the first time only, a verbatim repeat is
+counted instead of printed (:class:`_LogWatch`), and each lands in the groups (cause ``logged``,
+its count in ``counts["times"]``), so ``--json``'s ``warnings`` holds every warning the console
+showed."""
 
 from __future__ import annotations
 
@@ -75,7 +82,9 @@ class WarningGroup:
         return sum(d.count for d in self.details)
 
     def line(self) -> str:
-        """The one console line: the cause with its counts."""
+        """The one console line: the cause with its counts (a logged warning: its text)."""
+        if self.cause is LOGGED:
+            return self.details[0].message
         text = self.cause.template.format(subjects=self.subjects, count=self.count)
         return text if self.shipped else f"{text} (in a model that was not shipped: {self.note})"
 
@@ -100,14 +109,19 @@ def group(details: Iterable[Detail]) -> tuple[WarningGroup, ...]:
     return tuple(WarningGroup(causes[k], tuple(rows)) for k, rows in by_cause.items())
 
 
+LOGGED = Cause("logged", "{message}", subject="logger", counted="times")  # a WARNING logged during the run
+
+
 @dataclass
 class Collector:
-    """The details a run keeps (see the module doc); ``where`` ends each console line."""
+    """The details a run keeps (see the module doc); ``where`` ends each console line. ``logged``:
+    the WARNING lines logged during the run, by text: [logger names, times]."""
 
     where: str
     kept: list[Detail] = field(default_factory=list)
     shipped: bool = True
     note: str = ""
+    logged: dict[str, list[Any]] = field(default_factory=dict)
 
     def keep(self, details: Iterable[Detail]) -> None:
         self.kept.extend(details)
@@ -117,14 +131,30 @@ class Collector:
         self.shipped, self.note = False, note
 
     def groups(self) -> tuple[WarningGroup, ...]:
-        return tuple(replace(g, shipped=self.shipped, note=self.note) for g in group(self.kept))
+        """The grouped causes (of the shipped model), then the logged warnings (module doc)."""
+        grouped = tuple(replace(g, shipped=self.shipped, note=self.note) for g in group(self.kept))
+        return grouped + tuple(WarningGroup(LOGGED, (Detail(LOGGED, tuple(names), times, text),))
+                               for text, (names, times) in self.logged.items())
 
     def emit(self, log: logging.Logger) -> None:
-        """One WARNING per cause, its details at INFO."""
+        """One WARNING per grouped cause, its details at INFO; a logged warning was shown when it
+        came: its repeats are counted at INFO."""
         for g in self.groups():
+            if g.cause is LOGGED:
+                if g.count > 1:
+                    log.info("the warning '%s' came %d times (shown once)", g.details[0].message, g.count)
+                continue
             log.warning("%s; per-%s details in %s", g.line(), g.cause.subject, self.where)
             for d in g.details:
                 log.info("  %s", d.message)
+
+    def record(self, name: str, text: str) -> int:
+        """One WARNING logged by ``name``; how many times its text has come in this run."""
+        entry = self.logged.setdefault(text, [[], 0])
+        if name not in entry[0]:
+            entry[0].append(name)
+        entry[1] += 1
+        return int(entry[1])
 
 
 _RUN: contextvars.ContextVar[Collector | None] = contextvars.ContextVar("trtrepo_warning_run", default=None)
@@ -141,9 +171,11 @@ def collecting(log: logging.Logger, where: str) -> Iterator[Collector]:
         return
     run = Collector(where)
     token = _RUN.set(run)
+    watch = _LogWatch(run)
     try:
         yield run
     finally:
+        watch.close()
         _RUN.reset(token)
     run.emit(log)
 
@@ -151,3 +183,36 @@ def collecting(log: logging.Logger, where: str) -> Iterator[Collector]:
 def in_run() -> bool:
     """Whether a run is collecting (then a stage attaches its details instead of logging them)."""
     return _RUN.get() is not None
+
+
+class _LogWatch(logging.Handler):
+    """The outermost run's watch over ``trtrepo``'s WARNING records (module doc): as a handler on
+    the ``trtrepo`` logger it records each one in the run; as a filter on the handlers that print
+    (the root logger's) it drops a record whose text came before in the run. A record reaches the
+    ``trtrepo`` logger's handlers before the root's, so it is counted (and a repeat marked) before
+    it is filtered, and every root handler takes the same decision on it."""
+
+    def __init__(self, run: Collector) -> None:
+        super().__init__(logging.WARNING)
+        self.run = run
+        self.logger = logging.getLogger("trtrepo")
+        self.logger.addHandler(self)
+        self.printers = list(logging.getLogger().handlers)
+        for h in self.printers:
+            h.addFilter(self._shown)
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if record.levelno != logging.WARNING:
+            return
+        if self.run.record(record.name, record.getMessage()) > 1:
+            record.trtrepo_repeat = True
+
+    @staticmethod
+    def _shown(record: logging.LogRecord) -> bool:
+        return not getattr(record, "trtrepo_repeat", False)
+
+    def close(self) -> None:
+        self.logger.removeHandler(self)
+        for h in self.printers:
+            h.removeFilter(self._shown)
+        super().close()

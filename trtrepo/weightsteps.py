@@ -55,6 +55,7 @@ from . import weightopt as W
 from .data import iter_batches
 from .evaluate import make_session
 from .modelio import with_outputs, without_weights
+from .progress import phase
 from .quantize import (
     GraphView,
     QParams,
@@ -70,6 +71,7 @@ from .quantize import (
 log = logging.getLogger(__name__)
 
 STEPS = W.ROUNDING_STEPS
+STEP_LABELS = {"nearest": "nearest", "bias_correction": "bias correction", "adaround": "AdaRound"}  # progress lines
 ROWS_PER_LAYER = 4096  # input patches sampled per layer
 ADAROUND_ITERATIONS = 300
 MIN_ITERATIONS = 50  # a layer whose share of the budget is fewer Adam steps keeps nearest rounding
@@ -225,16 +227,18 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     session = make_session(with_outputs(model, names), threads=threads, arena=False, spin=False)
     n_images = max(sum(_count(b) for b in batches), 1)
     moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
-    for i, batch in enumerate(batches):
-        got = dict(zip(names, session.run(names, batch.inputs), strict=True))
-        for j, la in enumerate(layers):
-            x = got[la.input]
-            p = la.patches(x, _rows(la, x, rows_per_layer, _count(batch), n_images), np.random.default_rng((seed, i, j)))
-            p = p.astype(np.float32, copy=False)
-            qp = act_qparams.get(la.input)
-            with _one_blas_thread():
-                moments[la.node].add(p, fake_quantize(p, qp) if qp is not None else p)
-        del got
+    with phase("weight rounding: layer input statistics", len(batches), "batches") as ph:
+        for i, batch in enumerate(batches):
+            got = dict(zip(names, session.run(names, batch.inputs), strict=True))
+            for j, la in enumerate(layers):
+                x = got[la.input]
+                p = la.patches(x, _rows(la, x, rows_per_layer, _count(batch), n_images), np.random.default_rng((seed, i, j)))
+                p = p.astype(np.float32, copy=False)
+                qp = act_qparams.get(la.input)
+                with _one_blas_thread():
+                    moments[la.node].add(p, fake_quantize(p, qp) if qp is not None else p)
+            del got
+            ph.advance()
     return moments
 
 
@@ -423,10 +427,12 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
     inits = {t.name: t for t in model.graph.initializer}
     budget = AdaRoundBudget([la for la in layers if moments[la.node].count >= 2 * la.k], budget_s, iterations)
     weights, shifts, reports = {}, {}, []
-    for layer in layers:
-        w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
-        weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, budget)
-        reports.append(rep)
+    with phase(f"weight rounding: {STEP_LABELS[step]}", len(layers), "layers") as ph:
+        for layer in layers:
+            w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
+            weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, budget)
+            reports.append(rep)
+            ph.advance()
     out = _write(model, layers, weights, shifts, reports)
     if step == "adaround":
         log.info("%s", budget.note())
@@ -594,24 +600,26 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     budget = AdaRoundBudget(layers, budget_s, iterations)
     new_w, shifts, reports = {}, {}, []
     fp_patches: dict[tuple[int, int], np.ndarray] = {}
-    for j, layer in enumerate(layers):
-        t_layer = time.perf_counter()
-        if (j, 0) not in fp_patches:
-            fp_patches = _fp32_patches(fp_sess, layers, j, batches, rows_per_layer, n_images, seed)
-        m = W.InputMoments(layer.groups, layer.k)
-        for i, batch in enumerate(batches):
-            p = fp_patches.pop((j, i))
-            xq = probe.run(layer, i, batch.inputs, weights, biases)
-            rows = _rows(layer, xq, rows_per_layer, _count(batch), n_images)
-            pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
-            with _one_blas_thread():
-                m.add(p, pq)
-        budget.other(time.perf_counter() - t_layer)  # this layer's inputs: what each layer costs besides AdaRound
-        ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, budget)
-        new_w[layer.node], shifts[layer.node] = ws, shift
-        weights[layer.node] = ws
-        biases[layer.node] = (biases[layer.node] - shift).astype(np.float32)
-        reports.append(rep)
+    with phase(f"weight rounding: {STEP_LABELS[step]} (sequential)", len(layers), "layers") as ph:
+        for j, layer in enumerate(layers):
+            t_layer = time.perf_counter()
+            if (j, 0) not in fp_patches:
+                fp_patches = _fp32_patches(fp_sess, layers, j, batches, rows_per_layer, n_images, seed)
+            m = W.InputMoments(layer.groups, layer.k)
+            for i, batch in enumerate(batches):
+                p = fp_patches.pop((j, i))
+                xq = probe.run(layer, i, batch.inputs, weights, biases)
+                rows = _rows(layer, xq, rows_per_layer, _count(batch), n_images)
+                pq = layer.patches(xq, rows, np.random.default_rng((seed, i, j))).astype(np.float32)
+                with _one_blas_thread():
+                    m.add(p, pq)
+            budget.other(time.perf_counter() - t_layer)  # this layer's inputs: what each layer costs besides AdaRound
+            ws, shift, rep = _round_layer(layer, weights[layer.node], m, step, qmax, budget)
+            new_w[layer.node], shifts[layer.node] = ws, shift
+            weights[layer.node] = ws
+            biases[layer.node] = (biases[layer.node] - shift).astype(np.float32)
+            reports.append(rep)
+            ph.advance()
     out = _write(model, layers, new_w, shifts, reports)
     if step == "adaround":
         log.info("%s", budget.note())

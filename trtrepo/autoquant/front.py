@@ -44,6 +44,7 @@ from ..errors import UsageError
 from ..evaluate import OutputMetrics
 from ..fsutil import atomic_path
 from ..measure import Stability
+from ..progress import phase, update
 from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
 from .gate import AccuracyCheck
@@ -241,6 +242,7 @@ def search_front(model: Any, ranges: Mapping[str, ActivationRange], options: Qua
     chosen: tuple[int, QuantizedModel, Mapping[str, OutputMetrics]] | None = None
     reason = ""
     for k in sorted({k for k in front.ks if 0 < k < len(weighted)}):
+        update(f"candidate with the {k} most sensitive layer(s) in float")
         in_float = ranked[:k]
         qm = ctx.quantize(in_float)
         if qm is None:
@@ -305,16 +307,18 @@ def _rank(ctx: _Ctx, ranker: Evaluator, weighted: Sequence[str], deadline: float
     """The weighted layers, most sensitive first, measured by ``ranker`` (module doc), and each
     one's measure."""
     scored: list[tuple[tuple[float, float], str, FrontRow]] = []
-    for layer in weighted:
-        if time.perf_counter() > deadline:
-            log.info("front: sensitivity budget spent after %d of %d layers", len(scored), len(weighted))
-            break
-        qm = ctx.quantize([layer])
-        if qm is None:
-            continue
-        m = ranker(qm.model)
-        row = _row(ctx.check, m, ctx.gated, [layer], f"only {layer}")
-        scored.append((_sensitivity_key(row, m[ctx.gated].cosine_mean), layer, row))
+    with phase("front: layer sensitivity", len(weighted), "layers") as ph:
+        for layer in weighted:
+            if time.perf_counter() > deadline:
+                log.info("front: sensitivity budget spent after %d of %d layers", len(scored), len(weighted))
+                break
+            qm = ctx.quantize([layer])
+            if qm is None:
+                continue
+            m = ranker(qm.model)
+            row = _row(ctx.check, m, ctx.gated, [layer], f"only {layer}")
+            scored.append((_sensitivity_key(row, m[ctx.gated].cosine_mean), layer, row))
+            ph.advance()
     scored.sort(key=lambda item: item[0])
     measured = [layer for _, layer, _ in scored]
     ranked = measured + [n for n in weighted if n not in set(measured)]

@@ -25,6 +25,7 @@ from ..errors import UsageError
 from ..evaluate import AccuracyTarget, OutputMetrics
 from ..fsutil import report_json, write_report
 from ..modelio import ModelIO
+from ..progress import phase, task
 from ..quantize import (
     ActivationRange,
     QuantizedModel,
@@ -167,8 +168,11 @@ def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
 
     The warnings that repeat per layer and per candidate tried are grouped by cause
     (:mod:`trtrepo.warngroups`): those of the shipped model are ``report.warnings`` and one line
-    per cause is logged when the run ends (by the caller's run when it is collecting too: deploy)."""
-    with collecting(log, where="the quantize report") as run:
+    per cause is logged when the run ends (by the caller's run when it is collecting too: deploy).
+
+    The run is one progress task, ``int8`` (:func:`trtrepo.progress.task`; deploy's INT8 step is
+    the same task): each stage below opens a phase, so a long run shows where it is."""
+    with collecting(log, where="the quantize report") as run, task("int8"):
         result = _quantize_request(req)
         run.keep(d for g in result.report.warnings for d in g.details)
     return result
@@ -197,8 +201,10 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
 
     # A top-1 target on --metric-output makes that output a classification output too.
     top1_on = metric_output if accuracy_target is not None and accuracy_target.kind != "cosine" else None
-    evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads,
-                          label_output=top1_on) if eval_src is not None else None
+    evaluator = None
+    if eval_src is not None:
+        with phase("FP32 outputs on the held-out data", note=f"{len(eval_src)} samples"):
+            evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads, label_output=top1_on)
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
@@ -213,8 +219,12 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
         front, c, metrics, held_out = _front(req, c, (model, fp32_model), (evaluator, calib_src), gated,
                                              (eval_src, onnx_path), held_out)
 
-    speed = evaluator.time_ratio(fp32_model, c.chosen.model) if evaluator is not None else None
-    path = save_model(c.chosen.model, req.output, force=req.force)
+    speed = None
+    if evaluator is not None:
+        with phase("speed INT8/FP32", note="ONNX Runtime CPU on the held-out data"):
+            speed = evaluator.time_ratio(fp32_model, c.chosen.model)
+    with phase("writing the model and the report"):
+        path = save_model(c.chosen.model, req.output, force=req.force)
     base = _result(c.chosen, path, options, c.best.label)
     base.layers_in_float = list(c.chosen.plan.excluded)
     timings["total"] = time.perf_counter() - t_start  # calibration (both passes) and total, selection and checks included
@@ -281,7 +291,8 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
         return model, {"cache": activation_ranges(ranges_from_cache(req.cache, model))}, None, dict(_NOT_EQUALIZED)
     # only the input tensor names are used: no prepared (renamed) copy of the weights needed
     channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
-    equalization = _equalize(model, calib_src, evaluator, req.options, req.equalize, req.threads)
+    with phase("equalization"):
+        equalization = _equalize(model, calib_src, evaluator, req.options, req.equalize, req.threads)
     calib_path = onnx_path
     if equalization.get("applied"):
         model = equalization.pop("model")
@@ -331,7 +342,8 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     if accuracy_target is not None:
         if evaluator is None:  # pragma: no cover - eval_src is required above
             raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
-        fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
+        with phase("accuracy target: layers in float", note=str(accuracy_target)):
+            fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
     return Selection(smooth, base_model, per_method, best, candidates, rounding, chosen, metrics, fb)
 
@@ -345,13 +357,15 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
     check = req.check
     if check is None:
         return metrics, None
-    if metrics is None and evaluator is not None:
-        metrics = evaluator(chosen.model)
-    if metrics is None:
-        return metrics, HeldOutCheck.of(check, gated, None, [], None)
-    verdict = check.judge(metrics[gated])
-    if evaluator is not None and verdict["rule"] == EXPECTED_DROP_RULE:
-        verdict = with_fp16_floor(verdict, _fp16_floor(model, evaluator, gated))
+    with phase("held-out gate vs FP32", note=f"output '{gated}'") as ph:
+        if metrics is None and evaluator is not None:
+            metrics = evaluator(chosen.model)
+        if metrics is None:
+            return metrics, HeldOutCheck.of(check, gated, None, [], None)
+        verdict = check.judge(metrics[gated])
+        if evaluator is not None and verdict["rule"] == EXPECTED_DROP_RULE:
+            ph.set_note(f"output '{gated}', FP16 noise floor")
+            verdict = with_fp16_floor(verdict, _fp16_floor(model, evaluator, gated))
     failures = [] if verdict["ok"] else [verdict["message"]]  # the gated output's, with the FP16 figures
     # The other outputs are measured too: one below the floor is named (not gated).
     ungated = check.failures({k: v for k, v in metrics.items() if k != gated})
@@ -378,8 +392,9 @@ def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tu
     ranker = None if calib_src is None else Evaluator(
         models[1], calib_src.subset(RANK_SAMPLES, req.seed), batch_size=req.batch_size, threads=req.threads,
         label_output=evaluator.label_output)
-    front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
-                                (c.chosen, start_metrics), models[1], req.front, ranker)
+    with phase("accuracy/speed front", note="timing all-INT8"):
+        front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
+                                    (c.chosen, start_metrics), models[1], req.front, ranker)
     if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
         return front, c, start_metrics, failed
     c = replace(c, chosen=qm, metrics=m)

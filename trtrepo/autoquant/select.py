@@ -29,6 +29,7 @@ from ..evaluate import (
 )
 from ..measure import STABLE_WINDOWS, Stability, deviation, is_stable
 from ..modelio import ModelIO
+from ..progress import phase
 from ..quantize import (
     ActivationRange,
     QuantizedModel,
@@ -200,29 +201,32 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
     rows: list[Candidate] = []
     seen: dict[tuple[Any, ...], dict[str, OutputMetrics]] = {}
     planned: list[str] | None = None  # the activations the first candidate quantizes
-    for k, (method, ranges) in enumerate(ranges_per_method.items()):
-        key = None if planned is None else tuple((t, repr(ranges.get(t))) for t in planned)
-        if key is not None and key in seen:
-            cand = Candidate(method, None, seen[key])
-        else:
-            qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
-            if planned is None:
-                planned = sorted(qm.activation_qparams)
-                key = tuple((t, repr(ranges.get(t))) for t in planned)
-            cand = Candidate(method, qm, None if evaluator is None else evaluator(qm.model))
-            if cand.metrics is not None:
-                seen[key] = cand.metrics  # type: ignore[index]
-        rows.append(cand)
-        if evaluator is None:
-            best = cand
-            break
-        log.info("method %s: %s", method, _brief(cand.metrics, metric_output))  # type: ignore[arg-type]
-        if best is None or better(cand.metrics, best.metrics, metric_output, metric):  # type: ignore[arg-type]
-            best = cand
-        for c in rows:
-            if c is not best:
-                c.quantized = None
-        gc.collect()
+    with phase("method choice", len(ranges_per_method), "methods") as ph:
+        for k, (method, ranges) in enumerate(ranges_per_method.items()):
+            ph.set_note(method)
+            key = None if planned is None else tuple((t, repr(ranges.get(t))) for t in planned)
+            if key is not None and key in seen:
+                cand = Candidate(method, None, seen[key])
+            else:
+                qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
+                if planned is None:
+                    planned = sorted(qm.activation_qparams)
+                    key = tuple((t, repr(ranges.get(t))) for t in planned)
+                cand = Candidate(method, qm, None if evaluator is None else evaluator(qm.model))
+                if cand.metrics is not None:
+                    seen[key] = cand.metrics  # type: ignore[index]
+            rows.append(cand)
+            if evaluator is None:
+                best = cand
+                break
+            log.info("method %s: %s", method, _brief(cand.metrics, metric_output))  # type: ignore[arg-type]
+            if best is None or better(cand.metrics, best.metrics, metric_output, metric):  # type: ignore[arg-type]
+                best = cand
+            for c in rows:
+                if c is not best:
+                    c.quantized = None
+            gc.collect()
+            ph.advance()
     assert best is not None and best.quantized is not None
     return best, rows
 
@@ -306,24 +310,27 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
         chosen.rows = [{"alpha": alphas[0], "groups": len(chosen.groups)}]
         return chosen
     assert evaluator is not None
-    for alpha in alphas:
-        # one candidate model alive at a time (each is a full copy of the weights): build,
-        # measure, drop; the winner is rebuilt at the end (smoothing is deterministic)
-        choice = build(alpha)
-        if alpha is not None and not choice.groups:
-            return none  # nothing to smooth: no candidates to compare
-        row: dict[str, Any] = {"alpha": alpha, "groups": len(choice.groups)}
-        qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
-        del choice
-        metrics = evaluator(qm.model)
-        del qm
-        gc.collect()
-        row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
-        row["brief"] = _brief(metrics, metric_output)
-        log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
-        if best is None or better(metrics, best[0], metric_output, metric):
-            best = (metrics, alpha)
-        rows.append(row)
+    with phase("SmoothQuant alpha", len(alphas), "candidates") as ph:
+        for alpha in alphas:
+            ph.set_note(f"alpha {alpha}")
+            # one candidate model alive at a time (each is a full copy of the weights): build,
+            # measure, drop; the winner is rebuilt at the end (smoothing is deterministic)
+            choice = build(alpha)
+            if alpha is not None and not choice.groups:
+                return none  # nothing to smooth: no candidates to compare
+            row: dict[str, Any] = {"alpha": alpha, "groups": len(choice.groups)}
+            qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
+            del choice
+            metrics = evaluator(qm.model)
+            del qm
+            gc.collect()
+            row["outputs"] = {k: v.to_dict() for k, v in metrics.items()}
+            row["brief"] = _brief(metrics, metric_output)
+            log.info("smooth-quant alpha %s: %s", alpha, row["brief"])
+            if best is None or better(metrics, best[0], metric_output, metric):
+                best = (metrics, alpha)
+            rows.append(row)
+            ph.advance()
     assert best is not None
     chosen = build(best[1])
     chosen.rows = rows
@@ -401,8 +408,9 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
             res = WS.round_weights(model, layers, moments, step, options, budget_s=budget)
         choice.seconds[step] = res.seconds
         t0 = time.perf_counter()
-        qm = insert_qdq(res.model, ranges, options, source=f"{nearest.label} ranges", warn=False)
-        cand = Candidate(nearest.label, qm, None if evaluator is None else evaluator(qm.model))
+        with phase(f"weight rounding: {WS.STEP_LABELS[step]}, held-out evaluation"):
+            qm = insert_qdq(res.model, ranges, options, source=f"{nearest.label} ranges", warn=False)
+            cand = Candidate(nearest.label, qm, None if evaluator is None else evaluator(qm.model))
         choice.seconds[f"{step}_evaluation"] = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "seconds": round(res.seconds, 3),
                                "adaround_learned": sum(1 for r in res.layers if r.adaround == "learned"),

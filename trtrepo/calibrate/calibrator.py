@@ -35,7 +35,8 @@ from ..data import DataOptions, DataSource, iter_batches, open_data
 from ..errors import TrtrepoError, UsageError, onnxruntime_run_error
 from ..fsutil import temp_dir
 from ..modelio import ModelIO, with_outputs
-from ..progress import bar_disabled
+from ..progress import active as progress_active
+from ..progress import bar_disabled, phase
 from .budget import DEFAULT_MEMORY_BUDGET_MB, Signature, _digest, _elements, _pack, _signature, _take
 from .statistics import Ranges, Statistics, TensorStatistics
 from .tensors import _inferred_types, select_tensors, tensor_names
@@ -342,8 +343,12 @@ class Calibrator:
 
         source = self.source
         groups = [list(self.tensors)] if self._budget is None else self._output_groups()
-        with tqdm(total=len(source) * len(groups), desc=desc, unit="sample", disable=bar_disabled(None if self.progress else False),
-                  leave=False) as bar:
+        total = len(source) * len(groups)
+        # inside a progress task (quantize, deploy) the task's phase lines replace the bar
+        shown = self.progress and not progress_active()
+        with tqdm(total=total, desc=desc, unit="sample", disable=bar_disabled(None if shown else False),
+                  leave=False) as tq, phase(desc.replace("calibrate", "calibration", 1), total, "samples") as ph:
+            bar = _Counter(tq, ph)
             for names in groups:
                 session = self.session if len(groups) == 1 else self._group_session(names)
                 for batch in iter_batches(source, self.batch_size, self.io):
@@ -498,3 +503,14 @@ class Calibrator:
         ranges = Ranges.from_cache(path)
         self.check_ranges(list(ranges), source=str(path))
         return ranges
+
+
+class _Counter:
+    """Samples done, counted on the bar and on the progress phase alike."""
+
+    def __init__(self, bar: Any, ph: Any) -> None:
+        self.bar, self.ph = bar, ph
+
+    def update(self, n: int) -> None:
+        self.bar.update(n)
+        self.ph.advance(n)
