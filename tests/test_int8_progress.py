@@ -79,8 +79,9 @@ def test_deploy_shows_each_int8_phase_with_elapsed_time(run_cli, demo_onnx, tmp_
 
 
 def test_quiet_and_non_terminal_runs_show_no_progress(run_cli, demo_onnx, tmp_path):
-    """The status switch holds for the phases: off under -q, and off a terminal without -v."""
-    for flags in (("-q",), ()):
+    """The status switch holds for the phases: off under -q, off a terminal without -v, and off
+    with quantize --no-progress (no bar, no phases)."""
+    for flags in (("-q",), (), ("-v", "--no-progress")):
         r = run_cli("quantize", demo_onnx, "-o", tmp_path / "q.onnx", "--data", "demo:calib", "--limit", "64",
                     "--method", "minmax", "--weight-rounding", "nearest", "--smooth-quant", "off", *flags)
         assert r.exit_code == 0, r.output

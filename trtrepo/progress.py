@@ -13,12 +13,12 @@ import time
 from collections.abc import Iterator
 
 STATUS = logging.getLogger("trtrepo.status")
-_state = {"quiet": False, "verbose": 0}
+_state = {"quiet": False, "verbose": 0, "phases": True}
 
 
 def configure(verbose: int = 0, quiet: bool = False) -> None:
     """Called by the CLI once per command (group and command flags combined)."""
-    _state["quiet"], _state["verbose"] = quiet, verbose
+    _state["quiet"], _state["verbose"], _state["phases"] = quiet, verbose, True
     shown = not quiet and (verbose > 0 or sys.stderr.isatty())
     STATUS.setLevel(logging.INFO if shown else logging.WARNING)
     STATUS.propagate = False
@@ -92,6 +92,8 @@ class Task:
         return f"{head} {ph.text(now)}"
 
     def write(self, force: bool, now: float | None = None) -> None:
+        if not _state["phases"]:
+            return
         now = time.monotonic() if now is None else now
         with self.lock:
             if not force and now - self.last_line < MIN_GAP_S:
@@ -110,7 +112,7 @@ class Task:
                 self.write(force=True, now=now)
 
     def begin(self) -> None:
-        if STATUS.isEnabledFor(logging.INFO):
+        if STATUS.isEnabledFor(logging.INFO) and _state["phases"]:
             self._thread = threading.Thread(target=self._beat, name=f"trtrepo-progress-{self.name}", daemon=True)
             self._thread.start()
 
@@ -192,6 +194,12 @@ def phase(label: str, total: int | None = None, unit: str = "", note: str = "") 
     finally:
         with t.lock:
             t.stack.remove(ph)
+
+
+def hide_phases() -> None:
+    """No phase lines in this command (``quantize --no-progress``: no bar, no phases); the other
+    status lines keep the switch of :func:`configure`, which shows the phases again."""
+    _state["phases"] = False
 
 
 def active() -> bool:

@@ -7,6 +7,7 @@ import time
 import click
 
 from .. import histogram as H
+from ..progress import hide_phases
 from ..quantize import QDQ_TARGETS, QuantizeOptions, target_names
 from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
@@ -93,6 +94,8 @@ def command(as_json: bool, model: str, output: str, ranges_path: str | None, cac
                               quantize_attention=quantize_attention, reduce_range=reduce_range)
     data = None if data_spec is None else DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit,
                                                        seed=seed, batch_size=batch_size, skip_non_images=skip_non_images)
+    if not progress:
+        hide_phases()  # the INT8 step's phase lines are its progress here (the calibration bar gives way to them)
     started = time.perf_counter()
     with summary_output(as_json) as emit:
         try:
