@@ -61,8 +61,9 @@ def bar_disabled(enabled: bool | None) -> bool | None:
 #   fresh times, so a single long call (one ONNX Runtime pass over the held-out data, one
 #   AdaRound layer) is never a silent stretch of more than about that long.
 #
-# Lines read ``  int8 [41.3 s] AdaRound: 12/53 layers, 18.2 s``: the step's elapsed time, the
-# phase, its count and the phase's own elapsed time. They are status lines (the switch above:
+# Lines read ``  int8 [41.3 s] weight rounding (AdaRound): 12/53 layers, 18.2 s``: the step's
+# elapsed time, the phase (a label without a colon), its count, what it is at, and the phase's own
+# elapsed time. They are status lines (the switch above:
 # on a terminal, with -v in pipes, never under -q); the heartbeat thread runs only when they show.
 # Outside a task (a library call) :func:`phase` hands back a handle that does nothing.
 
@@ -88,7 +89,7 @@ class Task:
         ph = self.stack[-1] if self.stack else None
         head = f"  {self.name} [{now - self.start:.1f} s]"
         if ph is None:
-            return f"{head} working"
+            return f"{head} working: {now - self.start:.1f} s"
         return f"{head} {ph.text(now)}"
 
     def write(self, force: bool, now: float | None = None) -> None:
@@ -134,9 +135,10 @@ class Phase:
         self.start = time.monotonic()
 
     def text(self, now: float) -> str:
-        count = "" if self.total is None else f" {self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
-        note = f" ({self.note})" if self.note else ""
-        return f"{self.label}:{count}{note}, {now - self.start:.1f} s"
+        count = "" if self.total is None else f"{self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
+        note = f"({self.note})" if self.note else ""
+        state = " ".join(p for p in (count, note) if p)
+        return f"{self.label}: {state + ', ' if state else ''}{now - self.start:.1f} s"
 
     def advance(self, n: int = 1, note: str | None = None) -> None:
         """``n`` more done; ``note``: what comes next (kept until the next note)."""

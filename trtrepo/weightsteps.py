@@ -227,7 +227,7 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
     session = make_session(with_outputs(model, names), threads=threads, arena=False, spin=False)
     n_images = max(sum(_count(b) for b in batches), 1)
     moments = {la.node: W.InputMoments(la.groups, la.k) for la in layers}
-    with phase("weight rounding: layer input statistics", len(batches), "batches") as ph:
+    with phase("weight rounding (layer input statistics)", len(batches), "batches") as ph:
         for i, batch in enumerate(batches):
             got = dict(zip(names, session.run(names, batch.inputs), strict=True))
             for j, la in enumerate(layers):
@@ -427,7 +427,7 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
     inits = {t.name: t for t in model.graph.initializer}
     budget = AdaRoundBudget([la for la in layers if moments[la.node].count >= 2 * la.k], budget_s, iterations)
     weights, shifts, reports = {}, {}, []
-    with phase(f"weight rounding: {STEP_LABELS[step]}", len(layers), "layers") as ph:
+    with phase(f"weight rounding ({STEP_LABELS[step]})", len(layers), "layers") as ph:
         for layer in layers:
             w = numpy_helper.to_array(inits[layer.weight]).astype(np.float32)
             weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, budget)
@@ -600,7 +600,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     budget = AdaRoundBudget(layers, budget_s, iterations)
     new_w, shifts, reports = {}, {}, []
     fp_patches: dict[tuple[int, int], np.ndarray] = {}
-    with phase(f"weight rounding: {STEP_LABELS[step]} (sequential)", len(layers), "layers") as ph:
+    with phase(f"weight rounding ({STEP_LABELS[step]}, sequential)", len(layers), "layers") as ph:
         for j, layer in enumerate(layers):
             t_layer = time.perf_counter()
             if (j, 0) not in fp_patches:

@@ -307,7 +307,7 @@ def _rank(ctx: _Ctx, ranker: Evaluator, weighted: Sequence[str], deadline: float
     """The weighted layers, most sensitive first, measured by ``ranker`` (module doc), and each
     one's measure."""
     scored: list[tuple[tuple[float, float], str, FrontRow]] = []
-    with phase("front: layer sensitivity", len(weighted), "layers") as ph:
+    with phase("front (layer sensitivity)", len(weighted), "layers") as ph:
         for layer in weighted:
             if time.perf_counter() > deadline:
                 log.info("front: sensitivity budget spent after %d of %d layers", len(scored), len(weighted))

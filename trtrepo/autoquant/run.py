@@ -342,7 +342,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     if accuracy_target is not None:
         if evaluator is None:  # pragma: no cover - eval_src is required above
             raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
-        with phase("accuracy target: layers in float", note=str(accuracy_target)):
+        with phase("accuracy target (layers in float)", note=str(accuracy_target)):
             fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
     return Selection(smooth, base_model, per_method, best, candidates, rounding, chosen, metrics, fb)

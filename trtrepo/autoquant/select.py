@@ -408,7 +408,7 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
             res = WS.round_weights(model, layers, moments, step, options, budget_s=budget)
         choice.seconds[step] = res.seconds
         t0 = time.perf_counter()
-        with phase(f"weight rounding: {WS.STEP_LABELS[step]}, held-out evaluation"):
+        with phase(f"weight rounding ({WS.STEP_LABELS[step]}, held-out evaluation)"):
             qm = insert_qdq(res.model, ranges, options, source=f"{nearest.label} ranges", warn=False)
             cand = Candidate(nearest.label, qm, None if evaluator is None else evaluator(qm.model))
         choice.seconds[f"{step}_evaluation"] = time.perf_counter() - t0
