@@ -8,6 +8,7 @@ running ONNX Runtime), few iterations each.
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import numpy as np
@@ -26,11 +27,12 @@ from trtrepo.speed import (
 )
 from trtrepo.validate import ValidationReport
 
-SPEED_KEYS = ["compared", "reference", "served", "iterations", "measurement", "warmup", "input_shapes", "samples_of_shape",
-              "samples_total", "distinct_batches", "order", "cpu_count", "load_average", "rows", "skipped_batch_sizes",
-              "accuracy_kept"]
+SPEED_KEYS = ["compared", "sides", "reference", "served", "onnx", "iterations", "measurement", "warmup", "input_shapes",
+              "samples_of_shape", "samples_total", "distinct_batches", "order", "cpu_count", "load_average", "machine",
+              "warnings", "budget", "rows", "skipped_batch_sizes", "accuracy_kept", "first_call"]
 SUMMARY_KEYS = ["iterations", "median_ms", "p99_ms", "mean_ms", "min_ms", "max_ms", "throughput"]
-ROW_KEYS = ["batch_size", "reference", "served", "speedup_median", "speedup_p99", "throughput_ratio"]
+ROW_KEYS = ["batch_size", "reference", "served", "speedup_median", "speedup_p99", "throughput_ratio", "onnx",
+            "speedup_vs_onnx", "implausible"]
 REPORT_KEYS = ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
                "speed_vs_reference", "fleet", "thresholds", "files"]
 
@@ -106,13 +108,16 @@ def _speed_dict():
     acc = {"samples": 100, "label_output": "logits",
            "outputs": {"logits": {"top1_agreement": 0.99, "cosine_mean": 0.9995, "cosine_min": 0.98,
                                   "reference_accuracy": 0.97, "candidate_accuracy": 0.965}}}
-    return {"compared": "x", "reference": {"label": "PyTorch FP32", "engine": "torch", "version": "2", "precision": "fp32",
-                                           "device": "cpu", "threads": 2, "threads_requested": None},
+    return {"compared": "x", "sides": "y",
+            "reference": {"label": "PyTorch eager FP32", "engine": "torch", "version": "2", "precision": "fp32",
+                          "device": "cpu", "threads": 2, "threads_requested": None},
             "served": {"model": "m", "version": "1", "protocol": "grpc", "concurrency": 1, "shared_memory": "none"},
+            "onnx": None,
             "iterations": 10, "measurement": SpeedOptions(iterations=10).stability.to_dict(), "warmup": 2, "input_shapes": {"input": [1, 32, 32]}, "samples_of_shape": 100,
             "samples_total": 100, "distinct_batches": 8, "order": "o", "cpu_count": 2, "load_average": [1.0, 1.0],
+            "machine": {}, "warnings": [], "budget": {"time_budget_s": 90.0, "phase_s": 20.0, "spent_s": 1.0, "cut": []},
             "rows": rows, "skipped_batch_sizes": [{"batch_size": 64, "reason": "larger than the server's max_batch_size 32"}],
-            "accuracy_kept": accuracy_kept(acc)}
+            "accuracy_kept": accuracy_kept(acc), "first_call": {"batch_size": 1, "seconds": 0.01, "slow": False}}
 
 
 def _png_panels(path: Path) -> tuple[tuple[int, int], str]:
@@ -132,7 +137,7 @@ def test_report_section_and_two_panel_png_without_a_server(tmp_path):
     data = json.loads(paths["json"].read_text())
     assert list(data) == REPORT_KEYS and list(data["speed_vs_reference"]) == SPEED_KEYS
     md = paths["markdown"].read_text()
-    assert "## Speed: PyTorch FP32 | served model" in md
+    assert "## Speed: PyTorch eager FP32 | served model" in md
     assert "| 8 | 16.00 | 24.00 | 500.0 | 8.00 | 16.00 | 1000.0 | 2.00x | 1.50x | 2.00x |" in md
     assert "| 64 | skipped: larger than the server's max_batch_size 32" in md
     assert "`logits` top-1 agreement 99.00%, accuracy 97.00% -> 96.50%, cosine mean 0.999500" in md
@@ -236,14 +241,22 @@ def test_demo_speed_table_against_pytorch_on_cpu(run_cli, server, tmp_path):
     _check_rows(speed, (1, 8, 32), 8)
     ref = speed["reference"]
     assert (ref["label"], ref["engine"], ref["device"], ref["threads"], ref["threads_requested"]) == \
-        ("PyTorch FP32", "torch", "cpu", 1, 1)
-    assert speed["served"] == {"model": "demo", "version": "1", "protocol": "grpc", "concurrency": 1, "shared_memory": "none"}
+        ("PyTorch eager FP32", "torch", "cpu", 1, 1)
+    assert {k: v for k, v in speed["served"].items() if k != "server_version"} == \
+        {"model": "demo", "version": "1", "protocol": "grpc", "concurrency": 1, "shared_memory": "none", "backend": "python"}
     assert speed["input_shapes"] == {"input": [1, 32, 32]} and speed["samples_of_shape"] == speed["samples_total"] == 96
     assert speed["skipped_batch_sizes"] == []
     assert speed["accuracy_kept"]["outputs"]["logits"]["top1_agreement"] == 1.0
-    assert "PyTorch FP32 on cpu (torch threads 1) vs served" in r.output
+    # Both sides named (issue 41); the deployed ONNX model (--onnx) is timed beside them, FP32 on ONNX Runtime.
+    assert "PyTorch eager FP32 (cpu, torch threads 1) vs served demo v1 (Triton " in r.output
+    assert ", python backend); and ONNX Runtime FP32 (demo.onnx, onnxruntime threads 1), concurrency 1:" in r.output
+    assert speed["onnx"]["label"] == "ONNX Runtime FP32" and speed["onnx"]["precision"] == "fp32"
+    for row in speed["rows"]:
+        assert row["onnx"]["median_ms"] > 0
+        assert row["speedup_vs_onnx"] == pytest.approx(row["onnx"]["median_ms"] / row["served"]["median_ms"])
     md = (report / "validate.md").read_text()
-    assert "## Speed: PyTorch FP32 | served model" in md and "reference on cpu, torch threads 1" in md
+    assert "## Speed: PyTorch eager FP32 | served model" in md and "reference on cpu, torch threads 1" in md
+    assert "| served vs ONNX Runtime FP32 |" in md
     size, desc = _png_panels(report / "latency.png")
     assert desc == "panels: latency vs throughput; latency per batch size: reference vs served"
     assert size[0] >= 2 * size[1]
@@ -312,14 +325,16 @@ def test_a_loaded_machine_marks_unstable_timings_and_prints_no_bare_speedup(run_
     rows = data["speed_vs_reference"]["rows"]
     settled = [all(row[s]["stability"]["stable"] for s in ("reference", "served")) for row in rows]
     assert not all(settled), "the burners left every timing stable: the test measured nothing"
+    quoted = 0
     for row, ok in zip(rows, settled, strict=True):
         (line,) = [ln for ln in r.output.splitlines() if ln.strip().startswith(f"batch {row['batch_size']}")]
-        if ok:
-            assert re.search(r"speedup \d+\.\d+x$", line), line
-        else:
+        if ok and not row["implausible"]:
+            quoted += 1
+            assert re.search(r"speedup \d+\.\d+x(;|$)", line), line
+        elif not ok:
             assert line.strip().startswith(f"batch {row['batch_size']}*") and "NOT STABLE ±" in line, line
             assert "speedup not computed" in line and not re.search(r"speedup \d", line), line
-    assert f"{sum(settled)} of {len(rows)} batch size(s) stable on both sides" in r.output
+    assert f"{quoted} of {len(rows)} batch size(s) stable on both sides and plausible" in r.output
     levels = data["latency"]["levels"]
     assert f"latency: {sum(lv['stable'] for lv in levels)} of {len(levels)} level(s) stable" in r.output
 
@@ -338,4 +353,112 @@ def test_speed_console_lines_mark_each_unstable_side():
     assert lines[0].endswith("speedup 5.00x") and "*" not in lines[0]
     assert lines[1].startswith("batch 8*: reference median 1592.08 ms (p99 3184.16; * NOT STABLE ±46% over 10 windows)")
     assert "109.43" not in lines[1] and lines[1].endswith("speedup not computed (reference timing not stable)")
-    assert lines[2] == "1 of 2 batch size(s) stable on both sides; * rows are not figures to quote"
+    assert lines[2] == "1 of 2 batch size(s) stable on both sides and plausible; * and ! rows are not figures to quote"
+
+
+# --------------------------------------------------------------------------------------------
+# Issue 41: the time budget, a slow reference announced, an implausible row flagged everywhere
+
+SLOW_REFERENCE = '''"""The demo CNN behind a sleep: a reference slow at every batch size, or at batch 8 only."""
+import time
+
+import torch
+
+from trtrepo.export import load_torch_model, resolve_source
+
+
+class Sleepy(torch.nn.Module):
+    def __init__(self, sleeps):
+        super().__init__()
+        self.inner = load_torch_model(resolve_source("demo"))
+        self.sleeps = sleeps
+
+    def forward(self, x):
+        time.sleep(self.sleeps.get(int(x.shape[0]), self.sleeps.get(0, 0.0)))
+        return self.inner(x)
+
+
+def slow_everywhere():
+    return Sleepy({0: 0.6})
+
+
+def slow_at_8():
+    return Sleepy({8: 0.25})
+'''
+
+
+@pytest.fixture
+def sleepy(tmp_path, monkeypatch):
+    (tmp_path / "sleepy_ref.py").write_text(SLOW_REFERENCE)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    return tmp_path
+
+
+@pytest.mark.triton
+def test_the_time_budget_cuts_a_slow_reference_and_says_so(run_cli, server, sleepy, tmp_path, caplog):
+    """A reference at 0.6 s a call: announced before any timing; with a 4 s budget the phase ends
+    near it (timed fully it takes over 30 s), and the summary names what was cut and --thorough."""
+    import logging
+
+    caplog.set_level(logging.WARNING, logger="trtrepo")
+    start = time.monotonic()
+    r, data, report = _run(run_cli, server, tmp_path, "budget", "--model", "demo", "--reference", "sleepy_ref:slow_everywhere",
+                           "--onnx", server.onnx["demo"], "--data", "demo:val", "--limit", "32", "--no-accuracy",
+                           "--speed-batch-sizes", "1,8", "--reference-threads", "1", "--time-budget", "4", "-v")
+    took = time.monotonic() - start
+    assert r.exit_code == 0, r.output
+    assert "takes 0.6" in caplog.text and "s a call at batch 1 on the cpu; timing it at batch sizes 1, 8 takes about " \
+        in caplog.text and "--no-reference-speed skips this" in caplog.text
+    speed = data["speed_vs_reference"]
+    assert speed["first_call"]["slow"] is True and speed["first_call"]["seconds"] >= 0.6
+    bud = speed["budget"]
+    assert bud["time_budget_s"] == 4 and bud["cut"], bud
+    # The phase got what the budget left, at least its floor (4 s here), and overran it by a call or two at most.
+    assert bud["spent_s"] < bud["phase_s"] + 4 * 0.6 + 2, bud
+    assert took < 40, took
+    cut_rows = {c["batch_size"] for c in bud["cut"]}
+    for row in speed["rows"]:
+        rec = row["reference"]["stability"]
+        assert rec["calls_per_window"] <= 8
+        if row["batch_size"] in cut_rows and rec["cut"]:
+            (line,) = [ln for ln in r.output.splitlines() if ln.strip().startswith(f"batch {row['batch_size']}*")]
+            assert "not settled in the time budget" in line and "speedup not computed" in line, line
+    assert "time budget (4 s for validate" in r.output and "--thorough lifts the budget" in r.output
+    md = (report / "validate.md").read_text()
+    assert "time budget (4 s for validate" in md
+    # A status line per phase, with what is left.
+    assert "latency: concurrency level(s) 1:" in r.stderr and "reference speed: batch 1 (1 of 2)" in r.stderr, r.stderr
+
+
+@pytest.mark.triton
+def test_an_implausible_reference_row_is_flagged_in_json_console_markdown_and_plot(run_cli, server, sleepy, tmp_path):
+    """The reference sleeps at batch 8 only: batch 8 takes longer than batch 32 every time, which
+    the stability windows accept; the rows are flagged and no surface gives them a speedup."""
+    r, data, report = _run(run_cli, server, tmp_path, "implausible", "--model", "demo", "--reference", "sleepy_ref:slow_at_8",
+                           "--onnx", server.onnx["demo"], "--data", "demo:val", "--limit", "64", "--no-accuracy",
+                           "--speed-batch-sizes", "1,8,32", "--speed-iterations", "4", "--reference-threads", "1")
+    assert r.exit_code == 0, r.output
+    rows = {row["batch_size"]: row for row in data["speed_vs_reference"]["rows"]}
+    assert rows[8]["reference"]["median_ms"] > 250
+    assert rows[1]["implausible"] is None
+    for b in (8, 32):
+        flag = rows[b]["implausible"]
+        assert flag["sides"] == ["reference"] and flag["reason"].startswith("reference takes longer at batch 8 ("), flag
+        (line,) = [ln for ln in r.output.splitlines() if ln.strip().startswith(f"batch {b}")]
+        assert line.strip().startswith(f"batch {b}!") or line.strip().startswith(f"batch {b}*!"), line
+        assert "speedup not computed (" in line and "implausible: reference takes longer at batch 8" in line, line
+    md = (report / "validate.md").read_text()
+    for b in (8, 32):
+        (row_line,) = [ln for ln in md.splitlines() if ln.startswith(f"| {b}!") or ln.startswith(f"| {b}*!")]
+        assert "not computed | not computed | not computed" in row_line, row_line
+    from PIL import Image
+
+    with Image.open(report / "latency.png") as img:
+        img.load()
+        drawn = {d["batch_size"]: d for d in json.loads(img.info["SpeedRows"])}
+    for b in (8, 32):
+        assert "!" in drawn[b]["mark"] and drawn[b]["speedup"] is None and "implausible" in drawn[b]["withheld"]
+    one = rows[1]
+    settled = all(one[s]["stability"]["stable"] for s in ("reference", "served"))
+    assert (drawn[1]["speedup"] is not None) == settled

@@ -90,6 +90,14 @@ from ._output import json_option, summary_output
               help="Device of the timed PyTorch reference (auto: CUDA when available). Accuracy is computed on the CPU.")
 @click.option("--reference-threads", type=click.IntRange(min=1), default=None,
               help="torch.set_num_threads for the timed reference (default: torch's own; reported).")
+@click.option("--time-budget", "time_budget", type=click.FloatRange(min=0, min_open=True), default=90.0, show_default=True,
+              metavar="SECONDS",
+              help="Wall-time budget of the run: the reference-speed phase (the last) gets what the earlier phases left "
+                   "(20 s at least, or the whole budget if shorter) and marks what did not settle in it as not settled, "
+                   "saying what was cut.")
+@click.option("--thorough", is_flag=True, default=False,
+              help="No time budget: every reference-speed timing runs until it settles or --max-trials (and is retried "
+                   "once), however long that takes.")
 @click.option("--progress/--no-progress", default=None, help="Progress bars (default: when stderr is a terminal).")
 @click.option("--report", "report_dir", type=click.Path(file_okay=False), default=None,
               help="Write validate.json, validate.md, latency.png and samples.csv into DIR (default: print only).")
@@ -111,7 +119,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
             max_p99_ms: float | None, timeout: float,
             ready_timeout: float | None, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
             speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
-            reference_threads: int | None, progress: bool | None, report_dir: str | None) -> None:
+            reference_threads: int | None, time_budget: float, thorough: bool, progress: bool | None,
+            report_dir: str | None) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
     the data, its latency/throughput per concurrency level, and its speed against the PyTorch
     reference per batch size (concurrency 1, the same batches on both sides).
@@ -138,7 +147,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,
                               ready_timeout=30.0 if ready_timeout is None else ready_timeout,
                               refused_grace=REFUSED_GRACE_S if ready_timeout is None else None, worst=worst, label_output=label_output, accuracy=accuracy, latency=latency, progress=progress,
-                              speed=speed, max_server_diff=max_server_diff)
+                              speed=speed, max_server_diff=max_server_diff,
+                              time_budget=None if thorough else time_budget)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
                             min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine)
     with summary_output(as_json) as emit:

@@ -8,7 +8,7 @@ from dataclasses import dataclass, field, replace
 
 from ..errors import UsageError
 from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
-from ..speed import SpeedOptions
+from ..speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +64,9 @@ class ValidateOptions:
     speed: SpeedOptions | None = field(default_factory=SpeedOptions)
     # the largest absolute difference allowed between two servers' outputs for one request (a fleet)
     max_server_diff: float = 1e-5
+    # wall-time budget of the run in seconds (None: none, --thorough): the speed phase, the last
+    # and the one that grows with a slow reference, gets what is left of it (trtrepo.speed)
+    time_budget: float | None = DEFAULT_TIME_BUDGET_S
     urls: tuple[str, ...] = field(default=(), init=False)  # every server; ``url`` is the first
 
     def __post_init__(self) -> None:
@@ -92,6 +95,8 @@ class ValidateOptions:
                 raise UsageError(f"{what} {v}: must be a positive number of seconds")
         if self.version and not str(self.version).isdigit():
             raise UsageError(f"--version {self.version!r}: a model version is a positive integer")
+        if self.time_budget is not None and not (self.time_budget > 0 and math.isfinite(self.time_budget)):
+            raise UsageError(f"--time-budget {self.time_budget}: a positive number of seconds (--thorough: no budget)")
         if not (self.max_server_diff >= 0 and math.isfinite(self.max_server_diff)):
             raise UsageError(f"--max-server-diff {self.max_server_diff}: a non-negative number")
         parts = (self.url or "").split(",")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import logging
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -13,7 +14,7 @@ from typing import Any
 from .. import __version__
 from ..evaluate import ExpectedDrop
 from ..fsutil import atomic_path, atomic_write_bytes, atomic_write_text, report_json, write_report
-from ..speed import plot_speed, speed_console_lines, speed_markdown
+from ..speed import plot_speed, speed_markdown, speed_summary_lines
 from .contract import ThresholdResult
 from .options import REPORT_SCHEMA
 
@@ -86,9 +87,7 @@ class ValidationReport:
             lines += [f"  warning: {w}" for w in self.latency.get("warnings", [])]
         sp = self.speed_vs_reference
         if sp:
-            r = sp["reference"]
-            lines.append(f"  {r['label']} on {r['device']} ({r['engine']} threads {r['threads']}) vs served, concurrency 1:")
-            lines += [f"    {line}" for line in speed_console_lines(sp["rows"])]
+            lines += [f"  {line}" for line in speed_summary_lines(sp)]
         lines += [f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}" for t in self.thresholds]
         return lines
 
@@ -375,11 +374,13 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
             ax.legend()
         if speed:
 
-            plot_speed(next(ax_iter), speed)
+            speed_drawn = plot_speed(next(ax_iter), speed)
         fig.tight_layout()
         with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png", metadata={"Title": f"trtrepo validate: {s.get('model')}",
-                                                     "Description": "panels: " + "; ".join(panels)})
+            meta = {"Title": f"trtrepo validate: {s.get('model')}", "Description": "panels: " + "; ".join(panels)}
+            if speed:
+                meta["SpeedRows"] = json.dumps(speed_drawn)
+            fig.savefig(tmp, format="png", metadata=meta)
     finally:
         plt.close(fig)
     return Path(path)

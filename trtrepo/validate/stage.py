@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Mapping, Sequence
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,8 +21,18 @@ from ..errors import UsageError
 from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
-from ..progress import bar_disabled
-from ..speed import SpeedOptions, TimedReference, compare_speed, resolve_reference_device
+from ..progress import bar_disabled, status
+from ..speed import (
+    PROGRESS_EVERY_S,
+    SLOW_CALL_S,
+    SPEED_FLOOR_S,
+    SpeedOptions,
+    TimedReference,
+    compare_speed,
+    reference_estimate_s,
+    resolve_reference_device,
+    slow_reference_message,
+)
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget
 from .contract import (
@@ -89,8 +101,17 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
     or the options are wrong, and :class:`ContractError` (exit 1, after the report is written)
     when the served IO does not match the reference. Threshold results are in the report
     (``report.passed``); the caller decides what to do with a failure.
+
+    Time (issue 41): ``options.time_budget`` counts from here; the speed phase, the last, gets what
+    is left of it and at least :data:`~trtrepo.speed.SPEED_FLOOR_S` or the budget, the shorter (the accuracy and latency
+    phases are bounded by their data and ``--max-trials``). Before any phase the reference is
+    loaded and one warm call at batch 1 is timed: a slow one is announced with the phase's
+    estimate and ``--no-reference-speed``. Each phase writes a status line
+    (:func:`trtrepo.progress.status`) with its expected time, and long ones one every few seconds.
     """
 
+    started = time.perf_counter()
+    load_start = cpu_sample().load1
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
     speed_device = None
@@ -152,34 +173,55 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
         target.prepare(served_io)
         for other in fleet:
             other.prepare(served_io)
+        timed, call_s = None, None
+        if speed is not None and speed_device is not None and image_input is None and server["max_batch_size"] > 0 \
+                and io.has_batch_axis:
+            timed, call_s = _warm_reference(reference, io, speed, speed_device, weights, payloads, options.time_budget)
         if fleet:
             server["servers"] = list(options.urls)
             report.fleet = {"servers": list(options.urls),
                             "agreement": agreement([target, *fleet], payloads, options.max_server_diff)}
         if options.accuracy:
             ref = make_reference(reference, io, weights=weights)
+            guess = "" if call_s is None else f", at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
+            status("accuracy: the reference on %d sample(s)%s, then %d request(s) to the server", len(source), guess,
+                   len(payloads))
             bar = _progress(len(source), "reference", options.progress)
             try:
-                rows = reference_rows(ref, source, io, progress=bar.update)
+                rows = reference_rows(ref, source, io, progress=_Ticker("accuracy: reference", len(source), bar.update))
             finally:
                 bar.close()
             bar = _progress(len(payloads), "accuracy", options.progress)
             try:
                 report.accuracy = run_accuracy(target, payloads, rows, batch_labels, concurrency=max(options.concurrency),
                                                worst=options.worst, label_output=options.label_output,
-                                               progress=bar.update, names=source.sample_names())
+                                               progress=_Ticker("accuracy: served", len(payloads), bar.update),
+                                               names=source.sample_names())
             finally:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
+            status("latency: %s", _latency_estimate(options))
             report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
         if speed is not None and image_input is not None:
             log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
                         "the reference); validate the model behind the ensemble for that", options.model)
         elif speed is not None and speed_device is not None:
+            bounded = options.time_budget is not None
+            deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
+                if options.time_budget is not None else math.inf
+            status("reference speed: batch sizes %s%s", ", ".join(str(b) for b in speed.batch_sizes),
+                   f", {deadline - time.perf_counter():.0f} s of the time budget left for it" if bounded else
+                   ", no time budget (--thorough)")
+            fp32 = onnx if onnx is not None else io.source
             report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
-                                                  device=speed_device, server=server, accuracy=report.accuracy,
-                                                  progress=options.progress)
+                                                  device=speed_device, server={**server, "backend": _backend(config)},
+                                                  accuracy=report.accuracy, progress=options.progress, timed=timed,
+                                                  onnx=fp32, deadline=deadline, budget_s=options.time_budget,
+                                                  load_before=load_start)
+            if report.speed_vs_reference is not None and call_s is not None:
+                report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s,
+                                                           "slow": call_s >= SLOW_CALL_S}
         report.thresholds = check_thresholds(report.to_dict(), thresholds)
     if report_dir is not None:
         report.write(report_dir)
@@ -188,22 +230,84 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
 
 def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *, reference: str,
               weights: str | None, device: str, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
-              progress: bool | None = None) -> dict[str, Any] | None:
+              progress: bool | None = None, timed: TimedReference | None = None, onnx: str | Path | None = None,
+              deadline: float = math.inf, budget_s: float | None = None,
+              load_before: float | None = None) -> dict[str, Any] | None:
     """The reference's own latency beside the served model's at concurrency 1, per batch size
-    (:func:`trtrepo.speed.compare_speed`); ``None`` (with a warning) for a model without a
-    batch axis."""
+    (:func:`trtrepo.speed.compare_speed`) until ``deadline``; ``None`` (with a warning) for a model
+    without a batch axis. ``timed``: the reference already loaded (:func:`validate` warms it up
+    front). ``onnx``: the FP32 ONNX model, timed beside them on ONNX Runtime when the file is there
+    and the reference is not an ONNX model itself (which is timed on ONNX Runtime already)."""
 
     mbs = int(server.get("max_batch_size", 0) or 0)
     if mbs <= 0 or not io.has_batch_axis:
         log.warning("speed against the reference skipped: model '%s' has no batch axis (max_batch_size 0)", server.get("model"))
         return None
-    timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+    if timed is None:
+        timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+    fp32 = None
+    if onnx is not None and timed.engine == "torch" and str(onnx).endswith(".onnx") and Path(onnx).is_file():
+        fp32 = TimedReference.for_onnx(onnx, io, threads=speed.threads)
     bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
     try:
         return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
-                             accuracy=accuracy, server=server, progress=bar.update)
+                             accuracy=accuracy, server=server, progress=bar.update, onnx=fp32, deadline=deadline,
+                             budget_s=budget_s, load_before=load_before, status=status)
     finally:
         bar.close()
+
+
+def _warm_reference(reference: str, io: ModelIO, speed: SpeedOptions, device: str, weights: str | None,
+                    payloads: Sequence[Payload], budget_s: float | None) -> tuple[TimedReference, float]:
+    """The timed reference, loaded, and one warm call at batch 1 (seconds): before any phase, so a
+    slow reference is announced while the run can still be stopped."""
+    timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+    feed = {k: np.ascontiguousarray(v[:1]) for k, v in payloads[0].inputs.items()}
+    call_s = timed.warm([feed], 2)
+    estimate = reference_estimate_s(call_s, speed.batch_sizes, speed.iterations, speed.warmup)
+    if call_s >= SLOW_CALL_S:
+        log.warning("%s", slow_reference_message(timed.label, device, call_s, speed.batch_sizes, estimate, budget_s))
+    else:
+        status("reference: %s takes %.3f s a call at batch 1 on the %s; its speed phase takes about %.0f s",
+               timed.label, call_s, device, estimate if budget_s is None else min(estimate, budget_s))
+    return timed, call_s
+
+
+def _backend(config: Mapping[str, Any]) -> str | None:
+    """The served model's backend (``python``, ``onnxruntime``, ``tensorrt``...) from its config."""
+    return str(config.get("backend") or config.get("platform") or "") or None
+
+
+def _latency_estimate(options: ValidateOptions) -> str:
+    """What the latency levels will take: three windows per level at least, ``--max-trials`` at most."""
+    levels = options.request_rates or options.concurrency
+    what = ", ".join(f"{lv:g}" for lv in levels)
+    kind = "request rate(s)" if options.request_rates else "concurrency level(s)"
+    st = options.stability
+    if st.requests is not None:
+        return f"{kind} {what}: {3 * st.requests} to {st.max_trials * st.requests} request(s) each after the warm-up"
+    return (f"{kind} {what}: about {3 * st.interval_s * len(levels):.0f} s, at most {st.max_trials * st.interval_s * len(levels):.0f} s "
+            f"(windows of {st.interval_s:g} s until three agree)")
+
+
+class _Ticker:
+    """A progress callback (``update(n)``) that passes ``n`` on and writes a status line with the
+    expected remaining time every :data:`~trtrepo.speed.PROGRESS_EVERY_S` seconds."""
+
+    def __init__(self, what: str, total: int, inner: Callable[[int], Any] | None = None) -> None:
+        self.what, self.total, self.inner = what, total, inner
+        self.done = 0
+        self.start = self.last = time.perf_counter()
+
+    def __call__(self, n: int = 1) -> None:
+        self.done += n
+        if self.inner is not None:
+            self.inner(n)
+        now = time.perf_counter()
+        if now - self.last >= PROGRESS_EVERY_S and 0 < self.done < self.total:
+            self.last = now
+            left = (now - self.start) / self.done * (self.total - self.done)
+            status("%s: %d of %d, about %.0f s left", self.what, self.done, self.total, left)
 
 
 def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str,
