@@ -428,7 +428,8 @@ def test_the_time_budget_cuts_a_slow_reference_and_says_so(run_cli, server, slee
     md = (report / "validate.md").read_text()
     assert "time budget (4 s for validate" in md
     # A status line per phase, with what is left.
-    assert "latency: concurrency level(s) 1:" in r.stderr and "reference speed: batch 1 (1 of 2)" in r.stderr, r.stderr
+    assert "] latency: (concurrency level(s) 1: " in r.stderr and "] reference speed: 0/2 batch sizes (" in r.stderr, r.stderr
+    assert "] accuracy" not in r.stderr  # --no-accuracy
 
 
 @pytest.mark.triton

@@ -775,7 +775,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
                   options: SpeedOptions, *, max_batch_size: int, accuracy: Mapping[str, Any] | None = None,
                   server: Mapping[str, Any] | None = None, progress: Callable[[int], None] | None = None,
                   onnx: TimedReference | None = None, deadline: float = math.inf, budget_s: float | None = None,
-                  load_before: float | None = None, status: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  load_before: float | None = None, note: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Time the served model (``target``: a prepared :class:`~trtrepo.validate.TritonTarget`) and
     the reference (and ``onnx``, the FP32 ONNX model, when given) on batches of one input shape
     taken from ``batches`` (the request batches of the accuracy data), batch size by batch size,
@@ -784,7 +784,9 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
 
     The machine warnings of :func:`trtrepo.measure.machine_warnings` cover the phase; the load
     average before it is the lower of the phase's and ``load_before`` (validate's start): the
-    latency levels just before leave a load of this run's own, which is not other work."""
+    latency levels just before leave a load of this run's own, which is not other work. ``note``
+    gets what is under way (the batch size, a long side's window, the budget left) for the
+    caller's progress line."""
 
     sizes = list(options.batch_sizes)
     skipped = [{"batch_size": b, "reason": f"larger than the server's max_batch_size {max_batch_size}"}
@@ -794,7 +796,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     cpu0 = cpu_sample()
     phase_start = time.perf_counter()
-    say = status or (lambda _msg: None)
+    say = note or (lambda _msg: None)
     rows = []
     cut: list[dict[str, Any]] = []
     threads_used: int | None = reference.requested_threads
@@ -812,8 +814,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         size_deadline = now + left / (len(sizes) - k) if bounded else math.inf
         feeds = speed_batches(pool, b, options.max_batches)
         payloads = [Payload(f, expected_shapes(io, b)) for f in feeds]
-        say(f"reference speed: batch {b} ({k + 1} of {len(sizes)})"
-            + (f", about {left:.0f} s left of the time budget" if bounded else ""))
+        say(f"batch {b}" + (f", {left:.0f} s left of the time budget" if bounded else ""))
         # Warm-up round (each side timed once), served first: no Triton request is in flight while
         # the reference runs.
         warm_n = max(1, options.warmup)
@@ -832,7 +833,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
             if time.perf_counter() - _last[0] >= PROGRESS_EVERY_S:
                 _last[0] = time.perf_counter()
                 rest = f", {max(0.0, deadline - _last[0]):.0f} s left of the time budget" if bounded else ""
-                say(f"reference speed: batch {_b}, {what} window {windows}{rest}")
+                say(f"batch {_b}, {what} window {windows}{rest}")
 
         # Served: its windows cannot be cut mid-way (trtrepo.validate's load loop), so its share
         # bounds how many it may take.

@@ -21,9 +21,8 @@ from ..errors import UsageError
 from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
-from ..progress import bar_disabled, status
+from ..progress import Phase, bar_disabled, phase, status, task
 from ..speed import (
-    PROGRESS_EVERY_S,
     SLOW_CALL_S,
     SPEED_FLOOR_S,
     SpeedOptions,
@@ -131,6 +130,7 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
     if len(options.urls) > 1 and options.shared_memory != "none":
         raise UsageError(f"--shared-memory {options.shared_memory}: one server only (--url names {len(options.urls)})")
     with contextlib.ExitStack() as stack:
+        stack.enter_context(task("validate"))  # progress lines of the phases below (trtrepo.progress)
         target = stack.enter_context(TritonTarget(options))
         fleet = [stack.enter_context(TritonTarget(options.server(u))) for u in options.urls[1:]]
         info = target.wait_ready()
@@ -183,36 +183,32 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
                             "agreement": agreement([target, *fleet], payloads, options.max_server_diff)}
         if options.accuracy:
             ref = make_reference(reference, io, weights=weights)
-            guess = "" if call_s is None else f", at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
-            status("accuracy: the reference on %d sample(s)%s, then %d request(s) to the server", len(source), guess,
-                   len(payloads))
+            guess = "" if call_s is None else f"at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
             bar = _progress(len(source), "reference", options.progress)
             try:
-                rows = reference_rows(ref, source, io, progress=_Ticker("accuracy: reference", len(source), bar.update))
+                with phase("accuracy reference", len(source), "samples", note=guess) as ph:
+                    rows = reference_rows(ref, source, io, progress=_counting(ph, bar.update))
             finally:
                 bar.close()
             bar = _progress(len(payloads), "accuracy", options.progress)
             try:
-                report.accuracy = run_accuracy(target, payloads, rows, batch_labels, concurrency=max(options.concurrency),
-                                               worst=options.worst, label_output=options.label_output,
-                                               progress=_Ticker("accuracy: served", len(payloads), bar.update),
-                                               names=source.sample_names())
+                with phase("accuracy served", len(payloads), "requests") as ph:
+                    report.accuracy = run_accuracy(target, payloads, rows, batch_labels,
+                                                   concurrency=max(options.concurrency), worst=options.worst,
+                                                   label_output=options.label_output, progress=_counting(ph, bar.update),
+                                                   names=source.sample_names())
             finally:
                 bar.close()
             report.accuracy["batch_size"] = options.batch_size
         if options.latency:
-            status("latency: %s", _latency_estimate(options))
-            report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
+            with phase("latency", note=_latency_estimate(options)):
+                report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
         if speed is not None and image_input is not None:
             log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
                         "the reference); validate the model behind the ensemble for that", options.model)
         elif speed is not None and speed_device is not None:
-            bounded = options.time_budget is not None
             deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
                 if options.time_budget is not None else math.inf
-            status("reference speed: batch sizes %s%s", ", ".join(str(b) for b in speed.batch_sizes),
-                   f", {deadline - time.perf_counter():.0f} s of the time budget left for it" if bounded else
-                   ", no time budget (--thorough)")
             fp32 = onnx if onnx is not None else io.source
             report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
                                                   device=speed_device, server={**server, "backend": _backend(config)},
@@ -249,10 +245,14 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
     if onnx is not None and timed.engine == "torch" and str(onnx).endswith(".onnx") and Path(onnx).is_file():
         fp32 = TimedReference.for_onnx(onnx, io, threads=speed.threads)
     bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
+    left = f"{deadline - time.perf_counter():.0f} s of the time budget left" if math.isfinite(deadline) else \
+        "no time budget (--thorough)"
     try:
-        return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
-                             accuracy=accuracy, server=server, progress=bar.update, onnx=fp32, deadline=deadline,
-                             budget_s=budget_s, load_before=load_before, status=status)
+        with phase("reference speed", len(speed.batch_sizes), "batch sizes", note=left) as ph:
+            return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
+                                 accuracy=accuracy, server=server, progress=_counting(ph, bar.update), onnx=fp32,
+                                 deadline=deadline, budget_s=budget_s, load_before=load_before,
+                                 note=lambda text: ph.advance(0, note=text))
     finally:
         bar.close()
 
@@ -261,9 +261,10 @@ def _warm_reference(reference: str, io: ModelIO, speed: SpeedOptions, device: st
                     payloads: Sequence[Payload], budget_s: float | None) -> tuple[TimedReference, float]:
     """The timed reference, loaded, and one warm call at batch 1 (seconds): before any phase, so a
     slow reference is announced while the run can still be stopped."""
-    timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
-    feed = {k: np.ascontiguousarray(v[:1]) for k, v in payloads[0].inputs.items()}
-    call_s = timed.warm([feed], 2)
+    with phase("reference warm-up", note="loading it, then two calls at batch 1"):
+        timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
+        feed = {k: np.ascontiguousarray(v[:1]) for k, v in payloads[0].inputs.items()}
+        call_s = timed.warm([feed], 2)
     estimate = reference_estimate_s(call_s, speed.batch_sizes, speed.iterations, speed.warmup)
     if call_s >= SLOW_CALL_S:
         log.warning("%s", slow_reference_message(timed.label, device, call_s, speed.batch_sizes, estimate, budget_s))
@@ -290,24 +291,20 @@ def _latency_estimate(options: ValidateOptions) -> str:
             f"(windows of {st.interval_s:g} s until three agree)")
 
 
-class _Ticker:
-    """A progress callback (``update(n)``) that passes ``n`` on and writes a status line with the
-    expected remaining time every :data:`~trtrepo.speed.PROGRESS_EVERY_S` seconds."""
+def _counting(ph: Phase, inner: Callable[[int], Any] | None = None) -> Callable[[int], None]:
+    """A progress callback (``update(n)``): passes ``n`` on (a tqdm bar) and counts it in the
+    phase, whose note becomes the expected time left (elapsed per unit so far, times the units left)."""
 
-    def __init__(self, what: str, total: int, inner: Callable[[int], Any] | None = None) -> None:
-        self.what, self.total, self.inner = what, total, inner
-        self.done = 0
-        self.start = self.last = time.perf_counter()
+    def update(n: int = 1) -> None:
+        if inner is not None:
+            inner(n)
+        done = ph.done + n
+        left = None
+        if ph.total and 0 < done < ph.total:
+            left = f"about {(time.monotonic() - ph.start) / done * (ph.total - done):.0f} s left"
+        ph.advance(n, note=left)
 
-    def __call__(self, n: int = 1) -> None:
-        self.done += n
-        if self.inner is not None:
-            self.inner(n)
-        now = time.perf_counter()
-        if now - self.last >= PROGRESS_EVERY_S and 0 < self.done < self.total:
-            self.last = now
-            left = (now - self.start) / self.done * (self.total - self.done)
-            status("%s: %d of %d, about %.0f s left", self.what, self.done, self.total, left)
+    return update
 
 
 def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str,
