@@ -470,7 +470,7 @@ def speed_markdown(speed: Mapping[str, Any]) -> list[str]:
         if why:
             notes.append(f"- batch {row['batch_size']}{mark}: speedup not computed ({why})")
     for sk in speed.get("skipped_batch_sizes", []):
-        lines.append(f"| {sk['batch_size']} | skipped: {sk['reason']} | | | | | | | | |")
+        lines.append(f"| {sk['batch_size']} | skipped: {sk['reason']} |" + " |" * (head.count("|") - 3))
     if notes:
         lines += [""] + notes
     extra = budget_lines(speed) + [f"warning: {w}" for w in speed.get("warnings") or []]
