@@ -18,7 +18,10 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import histogram as H
+from ..arrayfile import subset_rows
 from ..calibrate import DEFAULT_MEMORY_BUDGET_MB, Calibrator
 from ..data import DataOptions, DataSource, open_data
 from ..errors import UsageError
@@ -389,17 +392,30 @@ def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tu
     assert req.front is not None and req.check is not None
     evaluator, calib_src = data
     start_metrics = c.metrics if c.metrics is not None else evaluator(c.chosen.model)
-    ranker = None if calib_src is None else Evaluator(
-        models[1], calib_src.subset(RANK_SAMPLES, req.seed), batch_size=req.batch_size, threads=req.threads,
-        label_output=evaluator.label_output)
+    ranker, confirm = _front_evaluators(models[1], calib_src, evaluator, req)
     with phase("accuracy/speed front", note="timing all-INT8"):
         front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
-                                    (c.chosen, start_metrics), models[1], req.front, ranker)
+                                    (c.chosen, start_metrics), models[1], req.front, ranker, confirm)
     if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
         return front, c, start_metrics, failed
     c = replace(c, chosen=qm, metrics=m)
     metrics, held_out = _held_out_check(req, m, qm, models[0], evaluator, gated, *where)
     return front, c, metrics, held_out
+
+
+def _front_evaluators(fp32_model: Any, calib_src: DataSource | None, evaluator: Evaluator, req: QuantizeRequest
+                      ) -> tuple[Evaluator | None, Evaluator | None]:
+    """(the ranking evaluator on :data:`~trtrepo.autoquant.front.RANK_SAMPLES` calibration
+    samples, the confirmation evaluator on the rest); (None, None) without calibration data."""
+    if calib_src is None:
+        return None, None
+    n = len(calib_src)
+    picked = subset_rows(n, RANK_SAMPLES, req.seed)
+    rank_rows = np.arange(n) if picked is None else picked
+    rest = np.setdiff1d(np.arange(n), rank_rows)
+    kw: dict[str, Any] = {"batch_size": req.batch_size, "threads": req.threads, "label_output": evaluator.label_output}
+    ranker = Evaluator(fp32_model, calib_src.take(rank_rows), **kw)
+    return ranker, (Evaluator(fp32_model, calib_src.take(rest), **kw) if len(rest) else None)
 
 
 def quantize_for_deploy(req: QuantizeRequest) -> QuantizeRunResult:
