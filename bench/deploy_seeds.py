@@ -70,7 +70,7 @@ def main() -> None:
                        kept_float=len((summary.get("accuracy") or {}).get("kept_float") or []),
                        gate=((summary.get("accuracy") or {}).get("gate") or {}).get("passed"),
                        front_reason=front.get("reason"),
-                       front=[{k: r.get(k) for k in ("label", "drop", "upper", "verdict", "speed", "speed_stable")}
+                       front=[{k: r.get(k) for k in ("label", "drop", "upper", "confirm_drop", "verdict", "speed", "speed_stable")}
                               for r in front.get("rows", [])] or None)
             model = next(Path(tmp, "repo", "mnv2").glob("*/model.onnx"), None)
             if model is not None:

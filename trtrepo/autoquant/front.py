@@ -1,11 +1,13 @@
 """When INT8 everywhere fails the gate: the accuracy/speed front over INT8 with the ``k`` most
 sensitive weighted layers kept in higher precision, and the fastest candidate on it that passes.
 
-:func:`search_front` ranks the quantized weighted layers (Conv, MatMul, Gemm) by sensitivity:
-one measure per layer, the gated output's mean cosine to FP32 with that layer alone left in float
-(the calibration is reused, only the Q/DQ placement changes, as in
-:func:`~trtrepo.autoquant.fallback.fallback`); the layers whose float copy leaves the highest
-cosine (then the smallest drop) are the most sensitive. The ranking runs on calibration samples
+:func:`search_front` ranks the quantized weighted layers (Conv, MatMul, Gemm): one measure per
+layer, the gated output's mean cosine to FP32 with that layer alone left in float (the
+calibration is reused, only the Q/DQ placement changes, as in
+:func:`~trtrepo.autoquant.fallback.fallback`). On the tensorrt target the highest cosine comes
+first (an FP16 layer is nearly free there); on the onnxruntime target the most cosine gained per
+unit of float cost (:func:`_float_costs`: a float layer's price follows the activations it
+converts), so that the candidates that pass are also the ones that stay faster than FP32. The ranking runs on calibration samples
 (``ranker``, :data:`RANK_SAMPLES` of them), never on the held-out samples that judge the
 candidates: ranked and judged on the same 51 crops, the trained MobileNetV2's damaged
 configuration kept in float the layers that repaired those crops, and 4 of 10 shipped candidates
@@ -51,6 +53,7 @@ from ..errors import UsageError
 from ..evaluate import OutputMetrics
 from ..fsutil import atomic_path
 from ..measure import Stability
+from ..modelio import without_weights
 from ..progress import phase, update
 from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
@@ -248,7 +251,8 @@ def search_front(model: Any, ranges: Mapping[str, ActivationRange], options: Qua
     layers = list(qm0.plan.layers)
     roles = layer_roles(prepare_model(model), layers)
     weighted = [n for n in layers if roles.get(n) in WEIGHTED_ROLES]
-    ranked, sensitivity = _rank(ctx, ranker or evaluator, weighted, t0 + front.budget_s)
+    costs = _float_costs(model, weighted) if front.measure_speed else None
+    ranked, sensitivity = _rank(ctx, ranker or evaluator, (qm0, weighted), t0 + front.budget_s, costs)
     chosen: tuple[int, QuantizedModel, Mapping[str, OutputMetrics]] | None = None
     reason = ""
     for k in sorted({k for k in front.ks if 0 < k < len(weighted)}):
@@ -323,11 +327,16 @@ def _confirmed(row: FrontRow, verdict: Mapping[str, Any]) -> FrontRow:
     return replace(row, verdict="fail (calib)" if vetoed else row.verdict, confirm_drop=value)
 
 
-def _rank(ctx: _Ctx, ranker: Evaluator, weighted: Sequence[str], deadline: float
-          ) -> tuple[list[str], list[dict[str, Any]]]:
-    """The weighted layers, most sensitive first, measured by ``ranker`` (module doc), and each
-    one's measure."""
-    scored: list[tuple[tuple[float, float], str, FrontRow]] = []
+def _rank(ctx: _Ctx, ranker: Evaluator, layers: tuple[QuantizedModel, Sequence[str]], deadline: float,
+          costs: Mapping[str, float] | None) -> tuple[list[str], list[dict[str, Any]]]:
+    """The weighted layers, first to keep in float first, measured by ``ranker`` (module doc),
+    and each one's measure. ``layers``: (the all-INT8 model, the weighted layers). With
+    ``costs`` (the onnxruntime target) the order is the cosine gained per unit of float cost:
+    gain = the layer's cosine minus all-INT8's on the same samples, cost = :func:`_float_costs`.
+    Without (the tensorrt target, where an FP16 layer is nearly free) the highest cosine first."""
+    qm0, weighted = layers
+    base = ranker(qm0.model)[ctx.gated].cosine_mean
+    scored: list[tuple[tuple[float, float], str, FrontRow, float]] = []
     with phase("front (layer sensitivity)", len(weighted), "layers") as ph:
         for layer in weighted:
             if time.perf_counter() > deadline:
@@ -338,13 +347,48 @@ def _rank(ctx: _Ctx, ranker: Evaluator, weighted: Sequence[str], deadline: float
                 continue
             m = ranker(qm.model)
             row = _row(ctx.check, m, ctx.gated, [layer], f"only {layer}")
-            scored.append((_sensitivity_key(row, m[ctx.gated].cosine_mean), layer, row))
+            cosine = m[ctx.gated].cosine_mean
+            key = _sensitivity_key(row, cosine)
+            if costs is not None:
+                key = (-max(cosine - base, 0.0) / costs.get(layer, 1.0), key[0])
+            scored.append((key, layer, row, cosine))
             ph.advance()
     scored.sort(key=lambda item: item[0])
-    measured = [layer for _, layer, _ in scored]
+    measured = [layer for _, layer, _, _ in scored]
     ranked = measured + [n for n in weighted if n not in set(measured)]
-    return ranked, [{"layer": layer, "drop": row.drop, "verdict": row.verdict, "cosine": -key[0]}
-                    for key, layer, row in scored]
+    return ranked, [{"layer": layer, "drop": row.drop, "verdict": row.verdict, "cosine": cosine,
+                     "cosine_gain": cosine - base, "float_cost": None if costs is None else costs.get(layer)}
+                    for _, layer, row, cosine in scored]
+
+
+def _float_costs(model: Any, layers: Sequence[str]) -> dict[str, float]:
+    """Each layer's cost of staying in float on the onnxruntime target, relative to the cheapest:
+    the activation elements per sample it reads and writes (shape inference; a symbolic dimension
+    counts 1). A float layer between INT8 ones runs in float and moves its input and output
+    through dequantization, quantization and layout changes, so the cost follows the activations,
+    not the multiply-adds: on the trained MobileNetV2 one high-resolution layer in float took
+    INT8's speed to under half, a late one cost nothing (docs/benchmarks.md, issue 40). All 1.0
+    when shapes are unknown (the order is then the cosine gain alone)."""
+    import onnx
+
+    try:
+        inferred = onnx.shape_inference.infer_shapes(without_weights(model))
+    except Exception as exc:  # shape inference is a help here
+        log.debug("front: shape inference failed (%s); float costs not used", exc)
+        return {n: 1.0 for n in layers}
+    size: dict[str, int] = {}
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim if vi.type.HasField("tensor_type") else []
+        size[vi.name] = int(math.prod(max(d.dim_value, 1) for d in list(dims)[1:])) if dims else 0
+    wanted = set(layers)
+    raw = {}
+    for node in inferred.graph.node:
+        if node.name in wanted:
+            data_in = node.input[0] if node.input else ""
+            raw[node.name] = float(size.get(data_in, 0) + sum(size.get(o, 0) for o in node.output))
+    known = [v for v in raw.values() if v > 0]
+    floor = min(known) if known else 1.0
+    return {n: max(raw.get(n, 0.0), floor) / floor for n in layers}
 
 
 def write_plot(front: QualityFront, path: str | Path) -> Path:
