@@ -136,8 +136,7 @@ class Phase:
 
     def text(self, now: float) -> str:
         count = "" if self.total is None else f"{self.done}/{self.total}{' ' + self.unit if self.unit else ''}"
-        note = f"({self.note})" if self.note else ""
-        state = " ".join(p for p in (count, note) if p)
+        state = f"{count} ({self.note})" if count and self.note else (count or self.note)
         return f"{self.label}: {state + ', ' if state else ''}{now - self.start:.1f} s"
 
     def advance(self, n: int = 1, note: str | None = None) -> None:
