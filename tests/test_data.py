@@ -83,9 +83,17 @@ def test_image_folder_errors(tmp_path, demo_onnx):
     with pytest.raises(UsageError, match=r"notes.txt: not an image file"):
         open_data(str(folder), io=io, preprocess=demo.preprocess())
     (folder / "notes.txt").unlink()
-    (folder / "broken.png").write_bytes(b"not a png")
+    (folder / "broken.png").write_bytes(b"not a png")  # refused when the folder is opened (its header)
+    with pytest.raises(UsageError, match=r"broken.png: not an image \(cannot identify image file\)"):
+        open_data(str(folder), io=io, preprocess=demo.preprocess())
+    (folder / "broken.png").unlink()
+    # a JPEG cut short reads as a JPEG (its header is whole): its pixels fail when decoded, naming it
+    noise = (np.random.default_rng(0).random((128, 128)) * 255).astype(np.uint8)
+    Image.fromarray(noise, mode="L").save(folder / "cut.jpg", quality=95)
+    jpeg = (folder / "cut.jpg").read_bytes()
+    (folder / "cut.jpg").write_bytes(jpeg[: len(jpeg) // 2])
     src = open_data(str(folder), io=io, preprocess=demo.preprocess())
-    with pytest.raises(UsageError, match=r"broken.png: cannot read image"):
+    with pytest.raises(UsageError, match=r"cut.jpg: cannot read image"):
         collect(src, io=io)
 
 

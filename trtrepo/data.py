@@ -5,7 +5,9 @@ axis}`` plus an optional integer label). Sources come from a spec string:
 
 * ``demo:calib`` / ``demo:val`` -- the embedded demo data (see :mod:`trtrepo.demo`);
 * a folder of images (JPEG/PNG/BMP/WebP), read through a declared :class:`Preprocess`;
-  images in class sub-folders get labels by sorted folder name;
+  images in class sub-folders get labels by sorted folder name; every file's header is checked
+  when the folder is opened (:func:`scan_image_folder`), so a file that is no image is named
+  before any work;
 * ``file.npy`` (one array, first axis = samples) or ``file.npz`` (one key per input name,
   labels under ``labels``); loaded with ``allow_pickle=False``;
 * ``package.module:callable`` -- the callable returns an iterable of arrays, dicts or
@@ -153,27 +155,122 @@ class ArraySource(DataSource):
         return Sample({k: v[i] for k, v in self.arrays.items()}, label)  # type: ignore[misc]
 
 
+def image_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be read as an image, from its header alone; None when it can be.
+
+    PIL identifies the format and reads the size without decoding pixels; ``verify()`` then
+    checks what the format allows without decoding (a PNG's chunk checksums). A text file named
+    ``.png`` fails here, when the folder is opened, rather than when its sample is first decoded
+    (which may be after an export or an hour of calibration). Damage inside the compressed pixels
+    of a JPEG still shows at decoding, where :meth:`ImageFolderSource._load` names the file."""
+    from PIL import Image, UnidentifiedImageError
+
+    shown = (repr(str(path)), str(path))
+    try:
+        with Image.open(path) as img:
+            img.verify()
+    except Image.DecompressionBombError as exc:
+        return f"image too large to decode safely ({one_line(exc)})"
+    except UnidentifiedImageError:
+        return "not an image (cannot identify image file)"
+    except OSError as exc:
+        if exc.errno is not None:  # the file itself: permissions, a vanished file, an I/O error
+            return f"cannot read it ({exc.strerror or one_line(exc)})"
+        return f"a damaged image ({_without(one_line(exc), shown)})"
+    except Exception as exc:  # verify() raises what the format's parser raises (SyntaxError, struct.error, ...)
+        return f"a damaged image ({_without(one_line(exc), shown)})"
+    return None
+
+
+def _without(text: str, shown: Sequence[str]) -> str:
+    """``text`` without the file's path (the message names the file once, first)."""
+    for s in shown:
+        text = text.replace(f" {s}", "").replace(s, "")
+    return text.strip() or "unreadable"
+
+
+_CHECKED: dict[tuple[str, int, int], str | None] = {}  # (path, size, mtime_ns) -> image_problem(path)
+_CHECKED_MAX = 1_000_000  # entries kept (a command opens a folder two or three times; a long session many)
+
+
+def _checked_problem(path: Path) -> str | None:
+    """:func:`image_problem`, once per file version in this process (a command opens its folder
+    more than once: for the export's shapes, then bound to the model's inputs)."""
+    try:
+        st = path.stat()
+    except OSError as exc:
+        return f"cannot read it ({exc.strerror or one_line(exc)})"
+    key = (str(path), st.st_size, st.st_mtime_ns)
+    if key not in _CHECKED:
+        if len(_CHECKED) >= _CHECKED_MAX:
+            _CHECKED.clear()
+        _CHECKED[key] = image_problem(path)
+    return _CHECKED[key]
+
+
+def _skipped_names(folder: Path, bad: Sequence[tuple[Path, str | None]]) -> str:
+    names = [str(p.relative_to(folder)) + (f" [{why}]" if why else "") for p, why in bad[:5]]
+    return ", ".join(names) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
+
+
+def scan_image_folder(folder: Path, skip_non_images: bool = False) -> tuple[list[Path], list[Path]]:
+    """The image files of ``folder`` (all levels, sorted, hidden files left out) and the files
+    skipped. A file whose extension is not an image's, or whose header does not read as an image
+    (:func:`image_problem`), is refused naming it (:class:`UsageError`), or with
+    ``skip_non_images`` skipped and named in one warning. Every file is checked, not only those a
+    ``--limit`` subset will read: the subset is drawn over the files that are images."""
+    files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
+    if not files:
+        raise UsageError(f"{folder}: image folder is empty")
+    bad: list[tuple[Path, str | None]] = [(p, None) for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
+    if bad and not skip_non_images:
+        raise UsageError(f"{bad[0][0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
+                         f"--skip-non-images skips such files)")
+    unreadable: list[tuple[Path, str | None]] = []
+    for p in files:
+        why = _checked_problem(p) if p.suffix.lower() in IMAGE_EXTENSIONS else None
+        if why is not None:
+            unreadable.append((p, why))
+    if unreadable and not skip_non_images:
+        path, why = unreadable[0]
+        more = f" ({len(unreadable) - 1} more file(s) of {folder} as well)" if len(unreadable) > 1 else ""
+        raise UsageError(f"{path}: {why}{more}; --skip-non-images skips such files")
+    bad = sorted(bad + unreadable)
+    if not bad:
+        return files, []
+    skipped = {p for p, _ in bad}
+    files = [p for p in files if p not in skipped]
+    names = _skipped_names(folder, bad)
+    if (str(folder), names) not in _SKIP_WARNED:  # a command may open the folder twice: one warning
+        _SKIP_WARNED.add((str(folder), names))
+        log.warning("%s: skipped %d file(s) that are not images (--skip-non-images): %s", folder, len(bad), names)
+    if not files:
+        raise UsageError(f"{folder}: no image file left after skipping {len(bad)} non-image file(s)")
+    return files, [p for p, _ in bad]
+
+
+def check_image_folder(spec: str | Path | None, skip_non_images: bool = False,
+                       preprocess: str | Path | None = None) -> list[Path]:
+    """``--data`` checked before a command does any work: when ``spec`` is an image folder, every
+    file is an image (:func:`scan_image_folder`); returns the files skipped. Other specs (arrays,
+    callables, demo splits) are checked when they are opened. A ``preprocess`` file is read first,
+    so its errors come first, in :func:`open_data`'s order."""
+    if spec is None or isinstance(spec, DataSource) or not str(spec).strip() or builtin.data_spec(str(spec)) is not None:
+        return []
+    if not Path(spec).is_dir():
+        return []
+    if preprocess is not None:
+        Preprocess.load(preprocess)
+    return scan_image_folder(Path(spec), skip_non_images)[1]
+
+
 class ImageFolderSource(DataSource):
-    """Images under a folder; sub-folders are classes (labels by sorted folder name)."""
+    """Images under a folder; sub-folders are classes (labels by sorted folder name). Every file
+    is checked when the folder is opened (:func:`scan_image_folder`)."""
 
     def __init__(self, folder: Path, preprocess: Preprocess, labels: np.ndarray | None = None,
                  skip_non_images: bool = False) -> None:
-        files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
-        if not files:
-            raise UsageError(f"{folder}: image folder is empty")
-        bad = [p for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
-        self.skipped = bad if skip_non_images else []
-        if bad and not skip_non_images:
-            raise UsageError(f"{bad[0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
-                             f"--skip-non-images skips such files)")
-        if bad:
-            files = [p for p in files if p.suffix.lower() in IMAGE_EXTENSIONS]
-            names = ", ".join(str(p.relative_to(folder)) for p in bad[:5]) + (f" and {len(bad) - 5} more" if len(bad) > 5 else "")
-            if (str(folder), names) not in _SKIP_WARNED:  # a command may open the folder twice: one warning
-                _SKIP_WARNED.add((str(folder), names))
-                log.warning("%s: skipped %d file(s) that are not images (--skip-non-images): %s", folder, len(bad), names)
-            if not files:
-                raise UsageError(f"{folder}: no image file left after skipping {len(bad)} non-image file(s)")
+        files, self.skipped = scan_image_folder(folder, skip_non_images)
         classes = sorted({p.parent for p in files} - {folder})
         if labels is None and classes and all(p.parent != folder for p in files):
             index = {c: i for i, c in enumerate(classes)}

@@ -32,8 +32,8 @@ def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F
             click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the --limit subset."),
             click.option("--batch-size", type=click.IntRange(min=1), default=batch_size, show_default=True),
             click.option("--skip-non-images", is_flag=True,
-                         help="Skip files of an image folder whose extension is not an image's (named in a warning); "
-                              "without it such a file is an error."),
+                         help="Skip files of an image folder that are not images (by extension, or a header that "
+                              "does not read as an image; named in a warning); without it such a file is an error."),
         ]
         for o in reversed(opts):
             f = o(f)
