@@ -19,8 +19,8 @@ Four phases, each usable on its own through :class:`TritonTarget`:
    :meth:`TritonTarget.measure` keeps ``concurrency`` requests in flight (or sends them at a
    request rate) and measures in windows until the last ones are stable
    (:mod:`~trtrepo.validate.load`); client percentiles come next to the server's own statistics
-   for the same level (:func:`stats_diff` of ``get_inference_statistics`` before and after), so
-   the client's overhead is visible.
+   for the same requests (:func:`stats_diff` of ``get_inference_statistics`` read where the
+   reported windows start and end), so the client's overhead is visible.
    Tensors can travel through system shared memory (or CUDA shared memory on a GPU machine).
 4. **Speed against the reference** (issue 8) -- :func:`trtrepo.speed.compare_speed` times the
    PyTorch reference (CUDA when available, else CPU) and the served model at concurrency 1 on

@@ -18,7 +18,7 @@ from ..errors import TrtrepoError, UsageError
 from ..measure import Stability
 from ..modelio import ModelIO
 from .contract import _as_int_list, _booked
-from .load import Arrivals, AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement
+from .load import Arrivals, AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement, ServerBooks
 from .options import ValidateOptions, _one_line
 from .shm import SharedMemory
 
@@ -219,6 +219,12 @@ class TritonTarget:
     def statistics(self, version: str) -> dict[str, Any]:
         return dict(self.call("get_inference_statistics", self.model, version))
 
+    def server_books(self, version: str, start: Mapping[str, Any]) -> ServerBooks:
+        """The server's count of this model's finished requests, read at a measured run's window
+        ends from ``start`` (a settled reading) on (:class:`~trtrepo.validate.load.ServerBooks`)."""
+        return ServerBooks(lambda: self._call("get_inference_statistics", self.model, version),
+                           lambda s: _booked(s, self.model, version), start)
+
     def settled_statistics(self, version: str, at_least: int | None = None, wait: float = 2.0) -> dict[str, Any]:
         """Statistics once the server has booked every finished request: Triton updates them
         when it releases a request, which can be just after the client got the response. Polls
@@ -363,16 +369,18 @@ class TritonTarget:
 
     def measure(self, payloads: Sequence[Payload], stability: Stability, *, concurrency: int | None = None,
                 rate: float | None = None, distribution: str = "constant", use_shm: bool = False,
-                progress: Callable[[int], None] | None = None, seed: int = 0) -> Measurement:
+                progress: Callable[[int], None] | None = None, seed: int = 0,
+                books: ServerBooks | None = None) -> Measurement:
         """Load the model without pause -- ``concurrency`` requests in flight (closed loop), or
         requests sent at ``rate`` per second whether or not earlier ones returned (open loop) --
         and cut it into windows by completion time until the last ones are stable
         (:mod:`trtrepo.measure`, :mod:`trtrepo.validate.load`). Over gRPC the requests go through
         completion callbacks, over HTTP through the asyncio client. Each response's shape is
-        checked; the first failure stops the run and raises."""
+        checked; the first failure stops the run and raises. ``books``: windows end where the
+        server's count of finished requests stands, so its statistics cover the same requests."""
         arrivals = None if rate is None else Arrivals(rate, distribution, seed)
         run = LoadRun(payloads, concurrency=concurrency, arrivals=arrivals, stability=stability,
-                      slots=len(self.shm) if use_shm else None, progress=progress)
+                      slots=len(self.shm) if use_shm else None, progress=progress, books=books)
         transport: CallbackTransport | AsyncioTransport
         if self.protocol == "grpc":
             self._sync_client()  # made before the clock starts

@@ -17,6 +17,23 @@ once (:class:`LoadRun`) over a transport that sends the requests and does the wa
   of answers (the window ends with its last request's answer), until the last windows are stable
   or the last trial is measured. Answers after that still count as ``completed`` (the server books
   them too).
+- *One interval for the client and the server* (:class:`ServerBooks`): given the server's
+  statistics, a window ends where the server's own count of finished requests stands. At the
+  window's time (or count) the run reads the statistics (:class:`Fetch`, again every
+  :data:`BOOK_POLL_S` until the server has booked at least the answers the client holds, at most
+  :data:`BOOKED_WAIT_S`), waits until the client holds as many answers as the server booked, and
+  cuts the window there: the window's client latencies are the first N answers, the server's
+  figures the diff of the two readings, N requests each (a count window then holds at least its
+  number of requests, and the requests that the server booked meanwhile). Decision: **count by completion**, not
+  drain. A request is counted whole on each side (the server books it when it releases it, the
+  client when its answer arrives), so no boundary splits one; draining the requests in flight at
+  every boundary would give the exact same set but measure a load that pauses every window (a
+  ramp down and up of one latency each, most of a window for a slow model). The price: two
+  requests that end within microseconds of each other at a boundary can fall on different sides
+  for the two counts (the same number of requests, the same requests up to that order). Where the
+  server books requests this client never sends (another client of the model), the client cannot
+  reach the server's count: the run then cuts by the client's answers alone and says the books
+  did not match (:attr:`Measurement.books_matched`).
 
 A failed request (or a failure in the schedule) stops the run: no chain sends again, the requests
 in flight are waited for (at most the request timeout and :data:`DRAIN_GRACE_S`), and the first
@@ -46,7 +63,7 @@ import functools
 import math
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Sequence
+from collections.abc import Callable, Coroutine, Generator, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple, Protocol
 
@@ -54,12 +71,14 @@ import numpy as np
 
 from ..contracts.payload import Payload
 from ..errors import UsageError
-from ..measure import Stability, is_stable, latency_ms, merged, send_times, spread, window_summary
+from ..measure import STABLE_WINDOWS, Stability, is_stable, latency_ms, merged, send_times, spread, window_summary
 from .options import MAX_CONCURRENCY
 
 LATE_S = 1e-3  # an open-loop request sent this long after its time counts as late
 DRAIN_GRACE_S = 1.0  # beyond the request timeout: how long a run's end waits for the requests in flight
 OPEN_LOOP_MIN_BLOCK = 64  # send times drawn at once, at least
+BOOK_POLL_S = 0.005  # a window's end: the server's statistics read again this often while it books the client's answers
+BOOKED_WAIT_S = 2.0  # a window's end: how long the server may take to book the client's answers, and the client to get the server's
 
 
 class Inference(Protocol):
@@ -112,6 +131,30 @@ class Wait:
 
 
 @dataclass(frozen=True)
+class Fetch:
+    """Await ``call()`` (the server's statistics) on the client's event loop; the answer is
+    appended to ``into``. A course yields it where it needs a reading of the server."""
+
+    call: Callable[[], Coroutine[Any, Any, Any]]
+    into: list[Any]
+
+
+Step = Wait | Fetch
+
+
+@dataclass(frozen=True)
+class ServerBooks:
+    """The server's own count of finished requests, read at each window's end so that the client's
+    and the server's figures of a window cover the same requests (module docstring). ``read``: one
+    statistics answer; ``booked``: the requests finished in an answer; ``start``: the answer read
+    before the run's first request (settled: every earlier request booked)."""
+
+    read: Callable[[], Coroutine[Any, Any, Mapping[str, Any]]]
+    booked: Callable[[Mapping[str, Any]], int]
+    start: Mapping[str, Any]
+
+
+@dataclass(frozen=True)
 class Arrivals:
     """An open loop's schedule: ``rate`` requests per second, their send times spaced by
     ``distribution`` (:func:`trtrepo.measure.send_times`) from ``seed``."""
@@ -129,7 +172,8 @@ class LoadRun:
 
     def __init__(self, payloads: Sequence[Payload], *, concurrency: int | None = None, arrivals: Arrivals | None = None,
                  stability: Stability | None = None, requests: int | None = None, duration: float | None = None,
-                 keep: bool = False, slots: int | None = None, progress: Callable[[int], None] | None = None) -> None:
+                 keep: bool = False, slots: int | None = None, progress: Callable[[int], None] | None = None,
+                 books: ServerBooks | None = None) -> None:
         rate = None if arrivals is None else arrivals.rate
         distribution, seed = ("constant", 0) if arrivals is None else (arrivals.distribution, arrivals.seed)
         if (concurrency is None) == (rate is None):
@@ -155,6 +199,9 @@ class LoadRun:
         self.late = 0  # open loop: requests sent later than LATE_S after their time
         self.windows: list[dict[str, Any]] = []
         self.window_latencies: list[np.ndarray] = []
+        self.books = books
+        self.books_matched = books is not None  # False once the server booked requests this client never got
+        self.readings: list[Mapping[str, Any]] = [] if books is None else [books.start]  # at the start and each window's end
         self.start = time.perf_counter()
         self._end = math.inf
         self._next = 0
@@ -237,7 +284,7 @@ class LoadRun:
         for i, slot in chains:
             transport.send(i, slot)
 
-    def main(self) -> Iterator[Wait]:
+    def main(self) -> Iterator[Step]:
         """The run's own course: its windows until they end it, or (no windows) until every chain
         used up the budget; then the run stops."""
         if self.stability is not None:
@@ -246,17 +293,23 @@ class LoadRun:
             yield Wait(ready=self._idle)
         self.stop()
 
-    def _windows(self, st: Stability) -> Iterator[Wait]:
+    def _windows(self, st: Stability) -> Iterator[Step]:
         mark, w_start = 0, self.start
         while not self.stopped.is_set():
             if st.requests is None:
                 yield Wait(until=w_start + st.interval_s)
             else:
                 yield Wait(ready=functools.partial(self._answered, mark + st.requests))
+            booked = None
+            if self.books_matched:
+                booked = yield from self._server_cut(mark + (st.requests or 0))
             with self.cond:
                 if self.stopped.is_set():
                     return
-                if st.requests is None:
+                if booked is not None:  # the window ends where the server's count stands
+                    end = booked
+                    now = self.answered_at[end - 1] if end > mark else time.perf_counter()
+                elif st.requests is None:
                     now, end = time.perf_counter(), len(self.latencies)
                 else:  # the window ends with its last request's answer
                     end = mark + st.requests
@@ -268,6 +321,36 @@ class LoadRun:
             mark, w_start = end, now
             if len(self.windows) >= st.max_trials or is_stable(self.windows, st.pct, st.latency_key):
                 return
+
+    def _server_cut(self, at_least: int) -> Generator[Step, None, int | None]:
+        """Read the server's count until it has booked at least the answers the client holds (and
+        ``at_least``), wait for the client to hold every answer the server booked; return that
+        count (requests of this run), or None when the counts cannot meet (module docstring: the
+        books no longer match; the reading is dropped and windows are cut by the client alone)."""
+        books = self.books
+        assert books is not None
+        base = books.booked(books.start)
+        with self.cond:
+            at_least = max(at_least, len(self.latencies))
+        deadline = time.perf_counter() + BOOKED_WAIT_S
+        while True:
+            box: list[Any] = []
+            yield Fetch(books.read, box)
+            reading = box[0]
+            booked = books.booked(reading) - base
+            if booked >= at_least or time.perf_counter() >= deadline or self.stopped.is_set():
+                break
+            yield Wait(until=time.perf_counter() + BOOK_POLL_S)
+        yield Wait(until=time.perf_counter() + BOOKED_WAIT_S, ready=functools.partial(self._answered, booked))
+        with self.cond:
+            if self.stopped.is_set():
+                return None
+            if len(self.latencies) < booked:
+                self.books_matched = False
+                self.readings = []
+                return None
+        self.readings.append(reading)
+        return booked
 
     def schedule(self, transport: Transport) -> Iterator[Wait]:
         """The open loop's sender (module docstring)."""
@@ -316,7 +399,8 @@ class LoadRun:
         assert self.stability is not None  # measure() gives it
         return Measurement(self.stability, self.windows, self.window_latencies, self.concurrency, self.rate,
                            time.perf_counter() - self.start, sent=self.sent, late=self.late,
-                           completed=len(self.latencies))
+                           completed=len(self.latencies), readings=list(self.readings),
+                           books_matched=self.books_matched)
 
 
 def _nothing() -> None:
@@ -377,11 +461,14 @@ class AsyncioTransport:
             if stopped or ready():
                 event.set()
 
-    async def _follow(self, course: Iterable[Wait]) -> None:
-        """Follow one course, waiting where it says; a failure in it fails the run."""
+    async def _follow(self, course: Iterable[Step]) -> None:
+        """Follow one course, waiting and reading the server where it says; a failure in it fails the run."""
         try:
             for w in course:
-                await self._wait(w)
+                if isinstance(w, Fetch):
+                    w.into.append(await w.call())
+                else:
+                    await self._wait(w)
         except Exception as exc:
             self.run.fail(exc)
 
@@ -463,11 +550,15 @@ class CallbackTransport:
             self._wait(run.drain(self.client.timeout))
         run.raise_failure()
 
-    def _follow(self, course: Iterable[Wait]) -> None:
-        """Follow one course, waiting where it says; a failure in it fails the run."""
+    def _follow(self, course: Iterable[Step]) -> None:
+        """Follow one course, waiting where it says, reading the server on the client's event loop
+        (idle on this thread: requests go through gRPC's threads); a failure in it fails the run."""
         try:
             for w in course:
-                self._wait(w)
+                if isinstance(w, Fetch):
+                    w.into.append(self.client.run_async(w.call()))
+                else:
+                    self._wait(w)
         except Exception as exc:
             self.run.fail(exc)
 
@@ -550,6 +641,8 @@ class Measurement:
     sent: int = 0  # open loop: requests sent
     late: int = 0  # open loop: requests sent more than 1 ms after their time
     completed: int = 0  # every request answered, in the windows or after the last one
+    readings: list[Mapping[str, Any]] = field(default_factory=list)  # the server's statistics at the start and each window's end
+    books_matched: bool = False  # the windows were cut where the server's count stood (LoadRun, ServerBooks)
 
     @property
     def stable(self) -> bool:
@@ -557,6 +650,15 @@ class Measurement:
 
     def merged(self) -> tuple[np.ndarray, int, float]:
         return merged(self.windows, self.window_latencies)
+
+    def reported_readings(self) -> tuple[Mapping[str, Any], Mapping[str, Any]] | None:
+        """The server's statistics at the start and the end of the windows :meth:`merged` reports
+        (their diff covers the same requests as the client figures), or None when the windows were
+        not cut where the server's count stood."""
+        k = min(STABLE_WINDOWS, len(self.windows))
+        if not self.books_matched or k == 0 or len(self.readings) != len(self.windows) + 1:
+            return None
+        return self.readings[-k - 1], self.readings[-1]
 
     @property
     def throughput(self) -> float:

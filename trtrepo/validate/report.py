@@ -80,7 +80,7 @@ class ValidationReport:
             levels = self.latency["levels"]
             for lv in levels:
                 lines += _level_lines(lv)
-            stable = sum(1 for lv in levels if lv["stable"])
+            stable = sum(1 for lv in levels if level_verdict(lv).stable)
             lines.append(f"  latency: {stable} of {len(levels)} level(s) stable"
                          + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter "
                                                              "machine or raise --max-trials)"))
@@ -201,16 +201,85 @@ def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[
     return lines
 
 
+def level_overhead(client_mean_ms: float, client_requests: int,
+                   server: Mapping[str, Any]) -> tuple[float | None, str | None]:
+    """The client's overhead of a level (client mean - the server's mean request time) and, where
+    it is not computed, why: only from figures of the same requests (equal counts; the windows are
+    cut where the server's count stands, :mod:`trtrepo.validate.load`), and never negative (a
+    client latency holds the server's request time: a negative difference means the two figures
+    describe different requests, a bug; it is reported as such, not printed as a number)."""
+    requests, server_ms = int(server.get("request_count") or 0), server.get("request_ms")
+    if server_ms is None or requests == 0:
+        return None, "the server booked no request in these windows"
+    if requests != client_requests:
+        return None, f"intervals differ: client {client_requests} requests, server {requests}"
+    overhead = float(client_mean_ms) - float(server_ms)
+    if overhead < 0:
+        return None, (f"client mean {client_mean_ms:.2f} ms below the server's {server_ms:.2f} ms for the same "
+                      f"{requests} requests: the figures disagree")
+    return overhead, None
+
+
+@dataclass(frozen=True)
+class LevelVerdict:
+    """What every report says about one latency level, decided once (:func:`level_verdict`) and
+    asked by each: the console (:meth:`ValidationReport.summary_lines`), validate.md
+    (:func:`latency_markdown`), the CSV (:func:`latency_csv`) and latency.png (:func:`write_plot`).
+    A level's measured figures are shown everywhere, marked: ``*`` (and a hollow marker in the
+    plot) when its windows never agreed, so they are not figures to quote; a flag when the run
+    warned about the machine during it. The overhead is withheld everywhere where it was not
+    computed (:func:`level_overhead`), with the reason."""
+
+    stable: bool
+    windows: int
+    spread_pct: float | None
+    warnings: tuple[str, ...]
+    overhead_ms: float | None
+    overhead_note: str | None
+
+    @property
+    def marker(self) -> str:
+        return "" if self.stable else "*"
+
+    @property
+    def quotable(self) -> bool:
+        return self.stable and not self.warnings
+
+    def flags(self) -> list[str]:
+        """Short reasons, the same words on every surface."""
+        out = []
+        if not self.stable:
+            out.append(f"not stable after {self.windows} windows" + ("" if self.spread_pct is None else
+                                                                     f" (±{self.spread_pct:.1f}%)"))
+        if self.warnings:
+            out.append(f"{len(self.warnings)} machine warning{'s' if len(self.warnings) > 1 else ''}")
+        if self.overhead_ms is None:
+            out.append("overhead not computed" + (f": {self.overhead_note}" if self.overhead_note else ""))
+        return out
+
+
+def level_verdict(level: Mapping[str, Any]) -> LevelVerdict:
+    """The one decision on how a latency level is shown (:class:`LevelVerdict`), from its row in
+    validate.json."""
+    sp = (level.get("spread_pct") or {}).get("throughput_pct")
+    return LevelVerdict(stable=bool(level.get("stable", True)), windows=len(level.get("windows") or []),
+                        spread_pct=None if sp is None else float(sp), warnings=tuple(level.get("warnings") or ()),
+                        overhead_ms=level.get("overhead_ms"), overhead_note=level.get("overhead_note"))
+
+
 def _level_lines(lv: Mapping[str, Any]) -> list[str]:
     """One latency level on the console: the totals, then each server of a fleet."""
     c = lv["client_ms"]
-    ov = "-" if lv["overhead_ms"] is None else f"{lv['overhead_ms']:.2f}"
-    sp = lv["spread_pct"]["throughput_pct"]
-    steady = (f"stable over {len(lv['windows'])} windows (±{sp:.1f}%)" if lv["stable"]
-              else f"* NOT STABLE after {len(lv['windows'])} windows (±{sp:.1f}%)")
+    v = level_verdict(lv)
+    ov = (f"{v.overhead_ms:.2f} ms" if v.overhead_ms is not None
+          else "not computed" + (f" ({v.overhead_note})" if v.overhead_note else ""))
+    sp = "" if v.spread_pct is None else f" (±{v.spread_pct:.1f}%)"
+    steady = f"stable over {v.windows} windows{sp}" if v.stable else f"* NOT STABLE after {v.windows} windows{sp}"
+    if v.warnings:
+        steady += ", machine warning below"
     total = f"{len(lv['servers'])} servers together: " if lv.get("servers") else ""
-    lines = [f"  {level_label(lv)}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, p99 {c['p99']:.2f} ms, "
-             f"client overhead {ov} ms, {steady}"]
+    lines = [f"  {level_label(lv)}{v.marker}: {total}{lv['throughput']:.1f} infer/s, p50 {c['p50']:.2f} ms, "
+             f"p99 {c['p99']:.2f} ms, client overhead {ov}, {steady}"]
     lines += [f"    {sv['url']}: {sv['throughput']:.1f} infer/s, p50 {sv['client_ms']['p50']:.2f} ms, "
               f"p99 {sv['client_ms']['p99']:.2f} ms" for sv in lv.get("servers", [])]
     return lines
@@ -233,23 +302,25 @@ def latency_markdown(lat: dict[str, Any]) -> list[str]:
              f"Each level: {lat['warmup']} warm-up requests, then {how} under continuous load until "
              f"{m.get('stable_windows', 3)} agree within {m.get('stability_percentage', 0):g}% on throughput and "
              f"{m.get('latency_compared', 'mean')} latency (at most {m.get('max_trials', '?')} windows); the figures are "
-             f"those windows merged. Client latency in ms; server columns are Triton's statistics for the level (mean ms "
-             f"per request); overhead = client mean - server request time.", "",
-             f"| {'request rate' if rate_mode else 'concurrency'} | requests | infer/s | "
+             f"those windows merged. Client latency in ms; server columns are Triton's statistics for the same "
+             f"requests (the windows end where the server's count stands: requests and server requests are equal; mean "
+             f"ms per request); overhead = client mean - server request time, not computed where the two differ. "
+             f"`*`: the windows never agreed, not figures to quote; flags: what the console says of the level.", "",
+             f"| {'request rate' if rate_mode else 'concurrency'} | requests | server requests | infer/s | "
              + " | ".join(pcts) + " | mean | windows | spread infer/s | stable | server request | queue | "
-             "compute input | compute infer | compute output | avg batch | overhead |",
-             "|" + "---|" * (14 + len(pcts))]
+             "compute input | compute infer | compute output | avg batch | overhead | flags |",
+             "|" + "---|" * (16 + len(pcts))]
     for lv in lat["levels"]:
         c, sv = lv["client_ms"], lv["server"]
+        v = level_verdict(lv)
         avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
-        level = f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])
-        sp = (lv.get("spread_pct") or {}).get("throughput_pct")
-        lines.append(f"| {level} | {lv['requests']} | {lv['throughput']:.1f} | "
+        level = (f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])) + v.marker
+        lines.append(f"| {level} | {lv['requests']} | {sv.get('request_count', '-')} | {lv['throughput']:.1f} | "
                      + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
-                     + f" | {c['mean']:.2f} | {len(lv.get('windows', []))} | {_ms(sp)}% | "
-                     f"{'yes' if lv.get('stable', True) else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
+                     + f" | {c['mean']:.2f} | {v.windows} | {_ms(v.spread_pct)}% | "
+                     f"{'yes' if v.stable else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
                      f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
-                     f"{avg} | {_ms(lv['overhead_ms'])} |")
+                     f"{avg} | {_ms(v.overhead_ms)} | {'; '.join(v.flags()) or '-'} |")
     per_server = [(lv, sv) for lv in lat["levels"] for sv in lv.get("servers", [])]
     if per_server:
         lines += ["", "Per server (each level ran on every server at once, each with the level's concurrency or rate "
@@ -288,12 +359,15 @@ def fleet_markdown(fleet: dict[str, Any]) -> list[str]:
 PERF_ANALYZER_COLUMNS = ("Concurrency", "Inferences/Second", "Client Send", "Network+Server Send/Recv", "Server Queue",
                          "Server Compute Input", "Server Compute Infer", "Server Compute Output", "Client Recv",
                          "p50 latency", "p90 latency", "p95 latency", "p99 latency")
+VERDICT_COLUMNS = ("Stable", "Flags")  # after perf_analyzer's: the level's verdict (level_verdict)
 
 
 def latency_csv(latency: dict[str, Any]) -> str:
     """The latency table in perf_analyzer's CSV layout: one row per concurrency level. Client Send
     and Client Recv are empty (validate does not split the client's time); Network+Server
-    Send/Recv is the client mean minus the server's request time."""
+    Send/Recv is the client mean minus the server's request time, empty where it was not computed.
+    Two columns after perf_analyzer's say what the console says of the level
+    (:func:`level_verdict`): Stable (yes/no) and Flags."""
 
     def us(ms: float | None) -> str:
         return "" if ms is None else str(int(round(ms * 1000)))
@@ -301,12 +375,16 @@ def latency_csv(latency: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf, lineterminator="\n")
     rate_mode = latency.get("mode") == "request_rate"
-    w.writerow(("Request Rate",) + PERF_ANALYZER_COLUMNS[1:] if rate_mode else PERF_ANALYZER_COLUMNS)
+    head = ("Request Rate",) + PERF_ANALYZER_COLUMNS[1:] if rate_mode else PERF_ANALYZER_COLUMNS
+    w.writerow(head + VERDICT_COLUMNS)
     for lv in latency["levels"]:
         c, sv = lv["client_ms"], lv["server"]
-        w.writerow([f"{lv['request_rate']:g}" if rate_mode else lv["concurrency"], f"{lv['throughput']:.2f}", "", us(lv["overhead_ms"]), us(sv["queue_ms"]),
+        v = level_verdict(lv)
+        w.writerow([f"{lv['request_rate']:g}" if rate_mode else lv["concurrency"], f"{lv['throughput']:.2f}", "",
+                    us(v.overhead_ms), us(sv["queue_ms"]),
                     us(sv["compute_input_ms"]), us(sv["compute_infer_ms"]), us(sv["compute_output_ms"]), "",
-                    us(c.get("p50")), us(c.get("p90")), us(c.get("p95")), us(c.get("p99"))])
+                    us(c.get("p50")), us(c.get("p90")), us(c.get("p95")), us(c.get("p99")),
+                    "yes" if v.stable else "no", "; ".join(v.flags())])
     return buf.getvalue()
 
 
@@ -343,7 +421,11 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     """PNG (Agg), one panel per measurement that ran: client p50/p99 latency against throughput,
     one point per concurrency level; and, with ``speed_vs_reference``, latency per batch size of
     the reference beside the served model (:func:`trtrepo.speed.plot_speed`). The PNG's
-    ``Description`` text chunk names the panels."""
+    ``Description`` text chunk names the panels. Levels are shown as :func:`level_verdict` says:
+    an unstable level's points are hollow and its label ends in ``*``, a level with machine
+    warnings is labelled so; the ``Levels`` text chunk holds what was plotted, one JSON object per
+    level (label, throughput, p50, p99, server request ms, stable, marker, flags), so the plot
+    can be read back."""
     import matplotlib
 
     matplotlib.use("Agg", force=True)
@@ -356,17 +438,33 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     try:
         s = report.server
         ax_iter = iter(axes[0])
+        plotted: list[dict[str, Any]] = []
         if levels:
             ax = next(ax_iter)
+            verdicts = [level_verdict(lv) for lv in levels]
             thr = [lv["throughput"] for lv in levels]
-            for key, style in (("p50", "o-"), ("p99", "s--")):
-                ax.plot(thr, [lv["client_ms"][key] for lv in levels], style, label=f"client {key}")
             srv = [lv["server"]["request_ms"] for lv in levels]
+            series = [(f"client {key}", [lv["client_ms"][key] for lv in levels], style, marker)
+                      for key, style, marker in (("p50", "-", "o"), ("p99", "--", "s"))]
             if all(v is not None for v in srv):
-                ax.plot(thr, srv, "^:", label="server request (mean)")
-            for lv in levels:
-                ax.annotate(level_label(lv), (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points",
-                            xytext=(4, 4), fontsize=8)
+                series.append(("server request (mean)", srv, ":", "^"))
+            for name, ys, style, marker in series:
+                line, = ax.plot(thr, ys, style, label=name)
+                for x, y, v in zip(thr, ys, verdicts, strict=True):
+                    ax.plot([x], [y], marker, color=line.get_color(),
+                            markerfacecolor=line.get_color() if v.stable else "none")
+            labels = [level_label(lv) + v.marker + ("" if v.stable else " not stable")
+                      + (" (machine warning)" if v.warnings else "") for lv, v in zip(levels, verdicts, strict=True)]
+            for lv, text in zip(levels, labels, strict=True):
+                ax.annotate(text, (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points", xytext=(4, 4),
+                            fontsize=8)
+            if not all(v.stable for v in verdicts):
+                ax.plot([], [], "o", color="gray", markerfacecolor="none", label="* not stable (hollow)")
+            plotted = [{"level": level_label(lv), "label": text, "throughput": lv["throughput"],
+                        "p50_ms": lv["client_ms"]["p50"], "p99_ms": lv["client_ms"]["p99"],
+                        "server_request_ms": lv["server"]["request_ms"], "stable": v.stable,
+                        "marker": "filled" if v.stable else "hollow", "flags": v.flags()}
+                       for lv, v, text in zip(levels, verdicts, labels, strict=True)]
             ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
             ax.set_xlabel("throughput (inferences/s)")
             ax.set_ylabel("latency (ms)")
@@ -378,6 +476,8 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
         fig.tight_layout()
         with atomic_path(path) as tmp:
             meta = {"Title": f"trtrepo validate: {s.get('model')}", "Description": "panels: " + "; ".join(panels)}
+            if levels:
+                meta["Levels"] = json.dumps(plotted)
             if speed:
                 meta["SpeedRows"] = json.dumps(speed_drawn)
             fig.savefig(tmp, format="png", metadata=meta)

@@ -46,7 +46,7 @@ from .contract import (
 )
 from .fleet import agreement, measure_together, total_row
 from .options import Thresholds, ValidateOptions
-from .report import ValidationReport
+from .report import ValidationReport, level_overhead
 from .shm import _cuda_shm
 
 log = logging.getLogger(__name__)
@@ -310,8 +310,11 @@ def _counting(ph: Phase, inner: Callable[[int], Any] | None = None) -> Callable[
 def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: ValidateOptions, version: str,
                 config: Mapping[str, Any] | None = None, fleet: Sequence[TritonTarget] = ()) -> dict[str, Any]:
     """Warm-up, then each concurrency level (or request rate) measured in windows until stable
-    (:meth:`TritonTarget.measure`), with the server's statistics for the same run and what the
-    machine did meanwhile; with shared memory, the lowest level again without it, to say when
+    (:meth:`TritonTarget.measure`), with the server's statistics for the same requests as the
+    reported client figures (the windows end where the server's count stands,
+    :mod:`~trtrepo.validate.load`; ``client_requests`` and ``server_requests`` say so, and the
+    overhead is computed only where they are equal, :func:`~trtrepo.validate.report.level_overhead`)
+    and what the machine did meanwhile; with shared memory, the lowest level again without it, to say when
     shared memory made it slower.
 
     With ``fleet`` (more servers of the same repository) every level runs on all servers at once,
@@ -347,12 +350,16 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
                     m = ms[0]
                 else:
                     m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
-                                       distribution=options.distribution, use_shm=use_shm, progress=bar.update)
+                                       distribution=options.distribution, use_shm=use_shm, progress=bar.update,
+                                       books=target.server_books(version, before))
             finally:
                 bar.close()
             usage = machine_usage(cpu0, cpu_sample(), cores)
-            after = target.settled_statistics(version, at_least=_booked(before, options.model, version) + m.completed)
-            server = stats_diff(before, after, options.model, version)
+            span = m.reported_readings()  # the server's figures of the reported windows' requests
+            if span is None:  # a fleet, or the server booked requests of another client: the whole level
+                span = before, target.settled_statistics(version, at_least=_booked(before, options.model, version)
+                                                         + m.completed)
+            server = stats_diff(*span, options.model, version)
             row = m.summary()
             if fleet:
                 per_server = [{"url": target.url, **row, "server": server}]
@@ -361,19 +368,20 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
                     per_server.append({"url": t.url, **mt.summary(), "server": stats_diff(b, a, options.model, version)})
                 row = {**row, **total_row(ms, stab.percentiles), "servers": per_server}
             client = row["client_ms"]
-            overhead = client["mean"] - server["request_ms"] if server["request_ms"] is not None else None
-            level_warnings = machine_warnings(usage, server_local=local)
-            if not row["stable"]:
-                level_warnings.insert(0, f"not stable after {len(m.windows)} windows: throughput spread "
-                                         f"{row['spread_pct']['throughput_pct']:.1f}%, latency spread "
-                                         f"{row['spread_pct']['latency_pct']:.1f}% (limit {stab.pct:g}%)")
+            overhead, overhead_note = level_overhead(client["mean"], row["requests"], server)
+            level_warnings = machine_warnings(usage, server_local=local)  # the level's own: report.level_verdict
             if open_loop and row.get("late_share", 0) > DELAYED_SHARE:
                 level_warnings.append(f"{100 * row['late_share']:.0f}% of the requests left more than 1 ms late: the "
                                       f"client could not hold {lvl:g} requests/s")
             label = f"request rate {lvl:g}/s" if open_loop else f"concurrency {lvl}"
+            if not row["stable"]:
+                warnings.append(f"{label}: not stable after {len(m.windows)} windows: throughput spread "
+                                f"{row['spread_pct']['throughput_pct']:.1f}%, latency spread "
+                                f"{row['spread_pct']['latency_pct']:.1f}% (limit {stab.pct:g}%)")
             warnings += [f"{label}: {w}" for w in level_warnings]
-            levels.append({"concurrency": c, **row, "server": server, "overhead_ms": overhead,
-                           "machine": usage, "warnings": level_warnings})
+            levels.append({"concurrency": c, **row, "server": server, "client_requests": row["requests"],
+                           "server_requests": server["request_count"], "overhead_ms": overhead,
+                           "overhead_note": overhead_note, "machine": usage, "warnings": level_warnings})
             log.info("%s: %.1f infer/s, p99 %.2f ms%s", label, row["throughput"], client.get("p99", client["max"]),
                      "" if row["stable"] else " (not stable)")
     finally:
