@@ -233,14 +233,15 @@ class _Ctx:
 
 def search_front(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions, evaluator: Evaluator,
                  check: AccuracyCheck, gated: str, start: tuple[QuantizedModel, Mapping[str, OutputMetrics]],
-                 fp32_model: Any, front: FrontOptions, ranker: Evaluator | None = None,
-                 confirm: Evaluator | None = None
+                 fp32_model: Any, front: FrontOptions,
+                 calibration: tuple[Evaluator | None, Evaluator | None] = (None, None)
                  ) -> tuple[QualityFront, QuantizedModel | None, Mapping[str, OutputMetrics] | None]:
     """(the front, the chosen model, its metrics); the model is None when FP32 ships. ``model``
-    and ``ranges``: what the all-INT8 model ``start`` was made from; ``ranker``: FP32 on
-    calibration samples, which the layers are ranked on (None: the held-out ``evaluator``);
-    ``confirm``: FP32 on the other calibration samples, which can veto a passing candidate (None:
-    no confirmation; module doc)."""
+    and ``ranges``: what the all-INT8 model ``start`` was made from; ``calibration``: (the ranker,
+    FP32 on calibration samples, which the layers are ranked on (None: the held-out
+    ``evaluator``); the confirmation, FP32 on the other calibration samples, which can veto a
+    passing candidate (None: no confirmation); module doc)."""
+    ranker, confirm = calibration
     t0 = time.perf_counter()
     ctx = _Ctx(model, ranges, options, evaluator, check, gated)
     qm0, m0 = start

@@ -395,7 +395,7 @@ def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tu
     ranker, confirm = _front_evaluators(models[1], calib_src, evaluator, req)
     with phase("accuracy/speed front", note="timing all-INT8"):
         front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
-                                    (c.chosen, start_metrics), models[1], req.front, ranker, confirm)
+                                    (c.chosen, start_metrics), models[1], req.front, (ranker, confirm))
     if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
         return front, c, start_metrics, failed
     c = replace(c, chosen=qm, metrics=m)
