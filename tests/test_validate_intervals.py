@@ -241,3 +241,22 @@ def test_unstable_levels_are_marked_alike_in_every_report_of_a_real_run(run_cli,
     check_surfaces_agree(report, csv_path.read_text(), folder)
     for lv in levels:
         assert lv["client_requests"] == lv["server_requests"]
+
+
+@pytest.mark.triton
+def test_a_fleet_level_counts_the_same_requests_on_every_server_and_in_the_totals(server, payloads, triton_server):
+    """Two servers of one repository measured together: each server's row and the totals row
+    cover the same requests on the client and the server side, the totals' overhead a number."""
+    from trtrepo.validate import run_latency
+
+    io_, pl = payloads
+    other = triton_server(server.repo)
+    opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), warmup=10, progress=False,
+                           stability=Stability(interval_s=0.25, max_trials=5), speed=None)
+    with _target(server, "grpc", io_) as a, _target(other, "grpc", io_) as b:
+        (lv,) = run_latency(a, pl, opts, "1", fleet=[b])["levels"]
+    assert [s["url"] for s in lv["servers"]] == [server.grpc_url, other.grpc_url]
+    for s in lv["servers"]:
+        assert s["server"]["request_count"] == s["requests"] > 0
+    assert lv["client_requests"] == lv["server_requests"] == lv["requests"] == sum(s["requests"] for s in lv["servers"])
+    assert lv["overhead_ms"] is not None and lv["overhead_ms"] >= 0, lv["overhead_note"]

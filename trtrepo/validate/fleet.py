@@ -19,7 +19,7 @@ import numpy as np
 from ..contracts.payload import Payload
 from ..measure import Stability, latency_ms
 from .client import TritonTarget
-from .load import Measurement
+from .load import Measurement, ServerBooks
 
 
 def _diff(a: np.ndarray, b: np.ndarray) -> float:
@@ -51,12 +51,25 @@ def agreement(targets: Sequence[TritonTarget], payloads: Sequence[Payload], limi
 
 
 def measure_together(targets: Sequence[TritonTarget], payloads: Sequence[Payload], stability: Stability, *,
-                     concurrency: int | None, rate: float | None, distribution: str) -> list[Measurement]:
-    """One level on every server at once (a thread per server; each its own concurrency or rate)."""
+                     concurrency: int | None, rate: float | None, distribution: str,
+                     books: Sequence[ServerBooks | None] | None = None) -> list[Measurement]:
+    """One level on every server at once (a thread per server; each its own concurrency or rate;
+    ``books``: each server's count, so that its windows end where that count stands)."""
+    books = list(books) if books is not None else [None] * len(targets)
     with ThreadPoolExecutor(len(targets)) as pool:
         futures = [pool.submit(t.measure, payloads, stability, concurrency=concurrency, rate=rate,
-                               distribution=distribution) for t in targets]
+                               distribution=distribution, books=bk) for t, bk in zip(targets, books, strict=True)]
         return [f.result() for f in futures]
+
+
+def added_requests(servers: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """The servers' request count and mean request time (ms) together, from each one's statistics
+    of the same windows (:func:`~trtrepo.validate.contract.stats_diff`): the server side of a
+    fleet's totals row."""
+    count = sum(int(s.get("request_count") or 0) for s in servers)
+    timed = [(int(s["request_count"]), float(s["request_ms"])) for s in servers if s.get("request_ms") is not None]
+    ms = sum(n * t for n, t in timed) / count if count and len(timed) == len(servers) else None
+    return {"request_count": count, "request_ms": ms}
 
 
 def total_row(measurements: Sequence[Measurement], percentiles: Sequence[int]) -> dict[str, Any]:

@@ -332,7 +332,7 @@ def latency_markdown(lat: dict[str, Any]) -> list[str]:
             c = sv["client_ms"]
             lines.append(f"| {level} | {sv['url']} | {sv['requests']} | {sv['throughput']:.1f} | "
                          + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
-                         + f" | {'yes' if sv.get('stable', True) else '**no**'} | {_ms(sv['server']['request_ms'])} |")
+                         + f" | {'yes' if level_verdict(sv).stable else '**no**'} | {_ms(sv['server']['request_ms'])} |")
     cmp_ = lat.get("shared_memory_comparison")
     if cmp_:
         lines += ["", f"Without shared memory, {cmp_['level']}: {cmp_['without']:.1f} infer/s "

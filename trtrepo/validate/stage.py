@@ -44,7 +44,7 @@ from .contract import (
     endpoint_io,
     stats_diff,
 )
-from .fleet import agreement, measure_together, total_row
+from .fleet import added_requests, agreement, measure_together, total_row
 from .options import Thresholds, ValidateOptions
 from .report import ValidationReport, level_overhead
 from .shm import _cuda_shm
@@ -346,7 +346,9 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
             try:
                 if fleet:
                     ms = measure_together([target, *fleet], payloads, stab, concurrency=c, rate=None if c else float(lvl),
-                                          distribution=options.distribution)
+                                          distribution=options.distribution,
+                                          books=[t.server_books(version, b)
+                                                 for t, b in zip((target, *fleet), (before, *befores), strict=True)])
                     m = ms[0]
                 else:
                     m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
@@ -361,14 +363,17 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
                                                          + m.completed)
             server = stats_diff(*span, options.model, version)
             row = m.summary()
+            together = server  # the servers' figures of the row's requests (a fleet: every server's added)
             if fleet:
                 per_server = [{"url": target.url, **row, "server": server}]
                 for t, b, mt in zip(fleet, befores, ms[1:], strict=True):
-                    a = t.settled_statistics(version, at_least=_booked(b, options.model, version) + mt.completed)
-                    per_server.append({"url": t.url, **mt.summary(), "server": stats_diff(b, a, options.model, version)})
+                    sp = mt.reported_readings() or (b, t.settled_statistics(
+                        version, at_least=_booked(b, options.model, version) + mt.completed))
+                    per_server.append({"url": t.url, **mt.summary(), "server": stats_diff(*sp, options.model, version)})
                 row = {**row, **total_row(ms, stab.percentiles), "servers": per_server}
+                together = added_requests([p["server"] for p in per_server])
             client = row["client_ms"]
-            overhead, overhead_note = level_overhead(client["mean"], row["requests"], server)
+            overhead, overhead_note = level_overhead(client["mean"], row["requests"], together)
             level_warnings = machine_warnings(usage, server_local=local)  # the level's own: report.level_verdict
             if open_loop and row.get("late_share", 0) > DELAYED_SHARE:
                 level_warnings.append(f"{100 * row['late_share']:.0f}% of the requests left more than 1 ms late: the "
@@ -380,7 +385,7 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
                                 f"{row['spread_pct']['latency_pct']:.1f}% (limit {stab.pct:g}%)")
             warnings += [f"{label}: {w}" for w in level_warnings]
             levels.append({"concurrency": c, **row, "server": server, "client_requests": row["requests"],
-                           "server_requests": server["request_count"], "overhead_ms": overhead,
+                           "server_requests": together["request_count"], "overhead_ms": overhead,
                            "overhead_note": overhead_note, "machine": usage, "warnings": level_warnings})
             log.info("%s: %.1f infer/s, p99 %.2f ms%s", label, row["throughput"], client.get("p99", client["max"]),
                      "" if row["stable"] else " (not stable)")
