@@ -428,7 +428,8 @@ def test_the_time_budget_cuts_a_slow_reference_and_says_so(run_cli, server, slee
     md = (report / "validate.md").read_text()
     assert "time budget (4 s for validate" in md
     # A status line per phase, with what is left.
-    assert "] latency: (concurrency level(s) 1: " in r.stderr and "] reference speed: 0/2 batch sizes (" in r.stderr, r.stderr
+    assert "] latency: " in r.stderr and "concurrency level(s) 1: 60 to 200 request(s) each" in r.stderr, r.stderr
+    assert "] reference speed: 0/2 batch sizes" in r.stderr and "4 s of the time budget left" in r.stderr, r.stderr
     assert "] accuracy" not in r.stderr  # --no-accuracy
 
 

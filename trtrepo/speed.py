@@ -28,11 +28,13 @@ transport, so it is a lower bound of INT8's own gain.
 
 **The time budget** (issue 41): eager PyTorch on a busy machine took 15 minutes here. The phase
 runs under a deadline (:func:`compare_speed`'s ``deadline``): what is left is shared equally by the
-batch sizes still to time (time a fast size leaves flows to the next); inside a size, one warm-up
-round times each side once, and the calls per window shrink (:func:`calls_per_window`, at least
-:data:`MIN_CALLS`) so that :data:`PLANNED_WINDOWS` windows of all sides fit the share. A side whose
-windows run into the deadline stops there and is recorded ``cut`` (not settled in the budget): no
-retry series is started without time for it. A size reached with nothing left is skipped, named.
+batch sizes still to time (time a fast size leaves flows to the next); inside a size, the warm-up
+calls time each side (they stop after a quarter of the share), and the calls per window shrink
+(:func:`calls_per_window`, at least :data:`MIN_CALLS`) so that :data:`PLANNED_WINDOWS` windows of
+all sides fit the share. A side whose windows run into the deadline stops there and is recorded
+``cut`` (not settled in the budget): no retry series is started without time for it. A size
+reached with nothing left, or whose one call of each side (the last size's, scaled by the batch)
+would not fit what is left, is skipped, named.
 ``deadline=inf`` (``validate --thorough``) is the former behaviour: windows of ``iterations``
 calls, a second series for an unsettled side.
 
@@ -735,12 +737,14 @@ class TimedReference:
         finally:
             torch.set_num_threads(before)
 
-    def warm(self, batches: Sequence[dict[str, np.ndarray]], calls: int) -> float:
-        """``calls`` unmeasured warm-up calls (at least one), each timed: the median of those
-        after the first (the first pays for allocation), in seconds."""
-        times = []
+    def warm(self, batches: Sequence[dict[str, np.ndarray]], calls: int, until: float = math.inf) -> float:
+        """``calls`` unmeasured warm-up calls (at least one; none started after ``until``), each
+        timed: the median of those after the first (the first pays for allocation), in seconds."""
+        times: list[float] = []
         with self._threads():
             for i in range(max(1, calls)):
+                if times and time.perf_counter() >= until:
+                    break
                 t0 = time.perf_counter()
                 self.fn(batches[i % len(batches)])
                 if self._sync is not None:
@@ -804,26 +808,32 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     full_s = 0.0  # what timing every size fully (three windows of ``iterations`` calls per side) would take
     bounded = math.isfinite(deadline)
     attempts = TIMING_ATTEMPTS  # under a deadline, a retry series only starts with time left for it (time_stable)
+    last_round: tuple[int, float] | None = None  # (batch size, seconds of one call of every side) of the last size
     for k, b in enumerate(sizes):
         now = time.perf_counter()
         left = deadline - now
-        if left <= 0:
-            skipped.append({"batch_size": b, "reason": "not timed: the time budget was spent (--thorough times it)"})
+        guess = None if last_round is None else last_round[1] * b / last_round[0]  # a call grows with the batch
+        if bounded and (left <= 0 or (guess is not None and guess > left)):
+            why = "the time budget was spent" if left <= 0 else \
+                f"one call of each side would take about {guess:.1f} s, {left:.1f} s of the time budget are left"
+            skipped.append({"batch_size": b, "reason": f"not timed: {why} (--thorough times it)"})
             cut.append({"batch_size": b, "side": None, "what": "not timed"})
             continue
         size_deadline = now + left / (len(sizes) - k) if bounded else math.inf
         feeds = speed_batches(pool, b, options.max_batches)
         payloads = [Payload(f, expected_shapes(io, b)) for f in feeds]
         say(f"batch {b}" + (f", {left:.0f} s left of the time budget" if bounded else ""))
-        # Warm-up round (each side timed once), served first: no Triton request is in flight while
-        # the reference runs.
+        # Warm-up round (each side timed), served first: no Triton request is in flight while the
+        # reference runs. Under a deadline the warm-up calls stop after a quarter of the size's share.
         warm_n = max(1, options.warmup)
+        warm_until = now + (size_deadline - now) / 4 if bounded else math.inf
         t0 = time.perf_counter()
         target.load(payloads, 1, requests=warm_n)
         t_s = (time.perf_counter() - t0) / warm_n
-        t_r = reference.warm(feeds, warm_n)
-        t_o = onnx.warm(feeds, warm_n) if onnx is not None else 0.0
+        t_r = reference.warm(feeds, warm_n, until=warm_until)
+        t_o = onnx.warm(feeds, warm_n, until=warm_until) if onnx is not None else 0.0
         round_s = t_s + t_r + t_o
+        last_round = (b, round_s)
         full_s += 3 * options.iterations * round_s
         n = calls_per_window(size_deadline - time.perf_counter(), round_s, options.iterations)
         stab = Stability(requests=n, pct=options.stability_pct, max_trials=options.max_trials)
