@@ -600,9 +600,11 @@ class CandidateRunner:
                 self.target.load(self.payloads, self.options.concurrency, requests=max(self.options.warmup, self.options.concurrency))
             version = self.target.resolve_version(self.target.metadata())
             before = self.target.settled_statistics(version)
-            m = self.target.measure(self.payloads, self.options.stability(), concurrency=self.options.concurrency)
-            after = self.target.settled_statistics(version)
-            server = stats_diff(before, after, self.options.model, version)
+            m = self.target.measure(self.payloads, self.options.stability(), concurrency=self.options.concurrency,
+                                    books=self.target.server_books(version, before))
+            # the server's figures (avg_batch) of the same requests as the client's (issue 41)
+            span = m.reported_readings() or (before, self.target.settled_statistics(version))
+            server = stats_diff(*span, self.options.model, version)
         except TrtrepoError as exc:
             row.update(error=str(exc).splitlines()[0], throughput=None)
             return row
