@@ -57,6 +57,11 @@ def measure(url: str, model: str, io, payloads: list, concurrency: int, requests
         return run_latency(target, payloads, opts, target.resolve_version(meta))["levels"][0]
 
 
+def _ms(v: float | None) -> str:
+    """A figure in ms, or "-" where validate withheld it (the client and server counts differed)."""
+    return "-" if v is None else f"{v:.2f}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -86,11 +91,12 @@ def main() -> None:
                         lv = measure(server.grpc_url, model, io, payloads, c, args.requests, args.warmup)
                         runs.setdefault((model, c), []).append(lv)
                         print(f"round {r + 1} c={c} {model}: {lv['throughput']:.0f} infer/s, p99 {lv['client_ms']['p99']:.2f} ms, "
-                              f"overhead {lv['overhead_ms']:.2f} ms", file=sys.stderr)
+                              f"overhead {_ms(lv['overhead_ms'])} ms", file=sys.stderr)
         load1 = os.getloadavg()
 
-    def med(model: str, c: int, key) -> float:
-        return statistics.median(key(lv) for lv in runs[(model, c)])
+    def med(model: str, c: int, key) -> float | None:
+        values = [v for v in (key(lv) for lv in runs[(model, c)]) if v is not None]  # a withheld overhead is None
+        return statistics.median(values) if values else None
 
     rows = []
     for c in args.concurrency:
@@ -119,7 +125,7 @@ def main() -> None:
         a, b = row[models[0]], row[models[1]]
         print(f"| {row['concurrency']} | {a['throughput']:.0f} | {b['throughput']:.0f} | {row['throughput_ratio']:.2f}x | "
               f"{a['p99_ms']:.2f} | {b['p99_ms']:.2f} | {row['p99_ratio']:.2f}x | {a['avg_batch']:.2f} | "
-              f"{a['overhead_ms']:.2f} of {a['client_mean_ms']:.2f} | {b['overhead_ms']:.2f} of {b['client_mean_ms']:.2f} |")
+              f"{_ms(a['overhead_ms'])} of {a['client_mean_ms']:.2f} | {_ms(b['overhead_ms'])} of {b['client_mean_ms']:.2f} |")
     if args.json:
         from trtrepo.fsutil import atomic_write_text
 
