@@ -389,7 +389,8 @@ def compared_sides(speed: Mapping[str, Any]) -> str:
     text = f"{ref} vs served {s.get('model')} v{s.get('version')} ({', '.join(srv_bits)})"
     o = speed.get("onnx")
     if o:
-        text += f"; and {o['label']} ({Path(str(o['path'])).name}, onnxruntime threads {o['threads'] if o.get('threads') is not None else '-'})"
+        where = "the reference's export" if o.get("origin") == "export" else Path(str(o["path"])).name
+        text += f"; and {o['label']} ({where}, onnxruntime threads {o['threads'] if o.get('threads') is not None else 'default'})"
     return text
 
 
@@ -597,9 +598,10 @@ def time_stable(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[di
     record says whether it met the rule.
 
     ``deadline`` (``time.perf_counter()`` seconds): a window stops at it (after one call at
-    least), no window starts that the last one's duration says would end past it, and no retry
-    series starts after a cut; the record then says ``cut``. ``on_window`` gets the window count
-    after each window."""
+    least) and no window starts that the last one's duration says would end past it; the record
+    then says ``cut``. No retry series starts after a cut or without time for its pause (a series
+    that ran all its windows is then "not stable", as without a deadline). ``on_window`` gets the
+    window count after each window."""
 
     for i in range(warmup):
         fn(batches[i % len(batches)])
@@ -609,8 +611,7 @@ def time_stable(fn: Callable[[dict[str, np.ndarray]], Any], batches: Sequence[di
     for attempt in range(1, attempts + 1):
         if attempt > 1:
             if time.perf_counter() + RETRY_PAUSE_S >= deadline:
-                cut = True
-                break
+                break  # no time for a retry: the series ran its windows, it is "not stable", not cut
             time.sleep(RETRY_PAUSE_S)  # let a transient load pass before the fresh series
         windows: list[dict[str, Any]] = []
         lats: list[np.ndarray] = []
@@ -685,6 +686,7 @@ class TimedReference:
         self.device = device
         self.requested_threads = threads
         self.path: str | None = None
+        self.origin = "reference"  # for_onnx: "onnx" (the deployed model given) or "export" (the reference's export)
         self._sync: Callable[[], None] | None = None
         if src.kind == "onnx":
 
@@ -713,11 +715,13 @@ class TimedReference:
                 self._sync = torch.cuda.synchronize
 
     @classmethod
-    def for_onnx(cls, path: str | Path, io: Any, *, threads: int | None) -> TimedReference:
-        """The deployed (or exported) ONNX model on ONNX Runtime's CPU provider, labelled by its
-        precision (``ONNX Runtime FP32``; a Q/DQ model is ``ONNX Runtime INT8``)."""
+    def for_onnx(cls, path: str | Path, io: Any, *, threads: int | None, origin: str = "onnx") -> TimedReference:
+        """The deployed (``origin="onnx"``) or exported (``"export"``) ONNX model on ONNX Runtime's
+        CPU provider, labelled by its precision (``ONNX Runtime FP32``; a Q/DQ model is ``ONNX
+        Runtime INT8``)."""
         timed = cls(str(path), io, device="cpu", threads=threads)
         timed.label = f"ONNX Runtime {timed.precision.upper()}"
+        timed.origin = origin
         return timed
 
     @contextlib.contextmanager
@@ -805,7 +809,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     cut: list[dict[str, Any]] = []
     threads_used: int | None = reference.requested_threads
     onnx_threads: int | None = None if onnx is None else onnx.requested_threads
-    full_s = 0.0  # what timing every size fully (three windows of ``iterations`` calls per side) would take
+    full_s = 0.0  # what timing every size fully (three windows of ``iterations`` calls per side, at the medians) takes
     bounded = math.isfinite(deadline)
     attempts = TIMING_ATTEMPTS  # under a deadline, a retry series only starts with time left for it (time_stable)
     last_round: tuple[int, float] | None = None  # (batch size, seconds of one call of every side) of the last size
@@ -834,7 +838,6 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         t_o = onnx.warm(feeds, warm_n, until=warm_until) if onnx is not None else 0.0
         round_s = t_s + t_r + t_o
         last_round = (b, round_s)
-        full_s += 3 * options.iterations * round_s
         n = calls_per_window(size_deadline - time.perf_counter(), round_s, options.iterations)
         stab = Stability(requests=n, pct=options.stability_pct, max_trials=options.max_trials)
         last = [time.perf_counter()]
@@ -869,6 +872,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
             onnx_side = _side(lat, wall, b, record)
         row = speed_row(b, ref, served, onnx_side)
         rows.append(row)
+        full_s += 3 * options.iterations * sum(t["median_ms"] for t in (ref, served, onnx_side) if t) / 1e3
         for side, t in (("served", served), ("reference", ref), ("onnx", onnx_side)):
             if t is not None and t["stability"].get("cut"):
                 cut.append({"batch_size": b, "side": side,
@@ -896,8 +900,9 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         "served": {"model": srv.get("model"), "version": srv.get("version"), "protocol": srv.get("protocol"),
                    "concurrency": 1, "shared_memory": "none", "backend": srv.get("backend"),
                    "server_version": srv.get("server_version")},
-        "onnx": None if onnx is None else {"label": onnx.label, "path": onnx.path, "precision": onnx.precision,
-                                           "engine": "onnxruntime", "version": onnx.version, "threads": onnx_threads},
+        "onnx": None if onnx is None else {"label": onnx.label, "path": onnx.path, "origin": onnx.origin,
+                                           "precision": onnx.precision, "engine": "onnxruntime", "version": onnx.version,
+                                           "threads": onnx_threads},
         "iterations": options.iterations,
         "measurement": options.stability.to_dict(),
         "warmup": options.warmup,

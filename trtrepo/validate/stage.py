@@ -209,12 +209,11 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
         elif speed is not None and speed_device is not None:
             deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
                 if options.time_budget is not None else math.inf
-            fp32 = onnx if onnx is not None else io.source
             report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
                                                   device=speed_device, server={**server, "backend": _backend(config)},
                                                   accuracy=report.accuracy, progress=options.progress, timed=timed,
-                                                  onnx=fp32, deadline=deadline, budget_s=options.time_budget,
-                                                  load_before=load_start)
+                                                  onnx=onnx, exported=io.source, deadline=deadline,
+                                                  budget_s=options.time_budget, load_before=load_start)
             if report.speed_vs_reference is not None and call_s is not None:
                 report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s,
                                                            "slow": call_s >= SLOW_CALL_S}
@@ -227,13 +226,14 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
 def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *, reference: str,
               weights: str | None, device: str, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
               progress: bool | None = None, timed: TimedReference | None = None, onnx: str | Path | None = None,
-              deadline: float = math.inf, budget_s: float | None = None,
+              exported: str | Path | None = None, deadline: float = math.inf, budget_s: float | None = None,
               load_before: float | None = None) -> dict[str, Any] | None:
     """The reference's own latency beside the served model's at concurrency 1, per batch size
     (:func:`trtrepo.speed.compare_speed`) until ``deadline``; ``None`` (with a warning) for a model
     without a batch axis. ``timed``: the reference already loaded (:func:`validate` warms it up
-    front). ``onnx``: the FP32 ONNX model, timed beside them on ONNX Runtime when the file is there
-    and the reference is not an ONNX model itself (which is timed on ONNX Runtime already)."""
+    front). ``onnx`` (the deployed ONNX model given), else ``exported`` (the reference's cached
+    export): timed beside them on ONNX Runtime when the file is there and the reference is not an
+    ONNX model itself (which is timed on ONNX Runtime already)."""
 
     mbs = int(server.get("max_batch_size", 0) or 0)
     if mbs <= 0 or not io.has_batch_axis:
@@ -242,8 +242,9 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
     if timed is None:
         timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
     fp32 = None
-    if onnx is not None and timed.engine == "torch" and str(onnx).endswith(".onnx") and Path(onnx).is_file():
-        fp32 = TimedReference.for_onnx(onnx, io, threads=speed.threads)
+    path, origin = (onnx, "onnx") if onnx is not None else (exported, "export")
+    if path and timed.engine == "torch" and str(path).endswith(".onnx") and Path(path).is_file():
+        fp32 = TimedReference.for_onnx(path, io, threads=speed.threads, origin=origin)
     bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
     left = f"{deadline - time.perf_counter():.0f} s of the time budget left" if math.isfinite(deadline) else \
         "no time budget (--thorough)"
