@@ -402,7 +402,7 @@ def budget_lines(speed: Mapping[str, Any]) -> list[str]:
         return []
     what = "; ".join(f"batch {c['batch_size']} {c['what']}" for c in cut)
     more = bud.get("full_estimate_s")
-    ask = f"--thorough lifts the budget (timing the sizes timed here fully takes about {more:.0f} s)" if more else \
+    ask = f"--thorough lifts the budget (timing the sizes timed here fully takes {more:.0f} s at least)" if more else \
         "--thorough lifts the budget"
     return [f"time budget ({bud.get('time_budget_s'):g} s for validate, {bud.get('phase_s', 0):.0f} s for this phase): "
             f"{what}; {ask}, or raise --time-budget"]
