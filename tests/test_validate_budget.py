@@ -143,3 +143,13 @@ def test_time_stable_stops_at_the_deadline_and_says_it_was_cut():
     calls.clear()
     _, _, rec = time_stable(slow, batches, Stability(requests=2, pct=0.001, max_trials=3), warmup=0, batch_size=1)
     assert rec["cut"] is False and rec["attempts"] == 2 and len(calls) == 2 * 3 * 2
+
+
+def test_the_cli_default_budget_is_the_library_default():
+    """The command module does not import trtrepo.speed (``--help`` stays light), so its default
+    is written there again: it must be the library's."""
+    from trtrepo.commands.validate import command
+    from trtrepo.speed import DEFAULT_TIME_BUDGET_S
+
+    (opt,) = [p for p in command.params if p.name == "time_budget"]
+    assert opt.default == DEFAULT_TIME_BUDGET_S == ValidateOptions(model="m").time_budget
