@@ -121,6 +121,20 @@ class SpeedOptions:
             raise UsageError(f"max_batches {self.max_batches}: must be >= 1")
 
 
+@dataclass(frozen=True)
+class SpeedRun:
+    """How one speed phase runs in its caller's run: until ``deadline`` (``time.perf_counter()``
+    seconds; ``inf``: no budget), with ``budget_s`` (validate's budget, for the record) and
+    ``load_before`` (the load average at validate's start, for the machine warnings); ``progress``
+    gets 1 per batch size done, ``note`` what is under way (a size, a long side's window)."""
+
+    deadline: float = math.inf
+    budget_s: float | None = None
+    load_before: float | None = None
+    progress: Callable[[int], None] | None = None
+    note: Callable[[str], None] | None = None
+
+
 def parse_batch_sizes(text: str) -> tuple[int, ...]:
     """``1,8,32`` -> (1, 8, 32) (sorted, duplicates dropped)."""
     try:
@@ -781,20 +795,17 @@ def _side(lat: np.ndarray, wall: float, batch_size: int, record: Mapping[str, An
 
 def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapping[str, np.ndarray]], io: Any,
                   options: SpeedOptions, *, max_batch_size: int, accuracy: Mapping[str, Any] | None = None,
-                  server: Mapping[str, Any] | None = None, progress: Callable[[int], None] | None = None,
-                  onnx: TimedReference | None = None, deadline: float = math.inf, budget_s: float | None = None,
-                  load_before: float | None = None, note: Callable[[str], None] | None = None) -> dict[str, Any]:
+                  server: Mapping[str, Any] | None = None, onnx: TimedReference | None = None,
+                  run: SpeedRun | None = None) -> dict[str, Any]:
     """Time the served model (``target``: a prepared :class:`~trtrepo.validate.TritonTarget`) and
     the reference (and ``onnx``, the FP32 ONNX model, when given) on batches of one input shape
     taken from ``batches`` (the request batches of the accuracy data), batch size by batch size,
-    until ``deadline`` (``time.perf_counter()`` seconds; the module docstring says how it is
-    shared; ``budget_s`` is validate's budget, for the record). Returns ``speed_vs_reference``.
+    until ``run.deadline`` (the module docstring says how it is shared). Returns
+    ``speed_vs_reference``.
 
     The machine warnings of :func:`trtrepo.measure.machine_warnings` cover the phase; the load
-    average before it is the lower of the phase's and ``load_before`` (validate's start): the
-    latency levels just before leave a load of this run's own, which is not other work. ``note``
-    gets what is under way (the batch size, a long side's window, the budget left) for the
-    caller's progress line."""
+    average before it is the lower of the phase's and ``run.load_before`` (validate's start): the
+    latency levels just before leave a load of this run's own, which is not other work."""
 
     sizes = list(options.batch_sizes)
     skipped = [{"batch_size": b, "reason": f"larger than the server's max_batch_size {max_batch_size}"}
@@ -804,7 +815,9 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     load0 = os.getloadavg() if hasattr(os, "getloadavg") else None
     cpu0 = cpu_sample()
     phase_start = time.perf_counter()
-    say = note or (lambda _msg: None)
+    run = run or SpeedRun()
+    deadline, progress = run.deadline, run.progress
+    say = run.note or (lambda _msg: None)
     rows = []
     cut: list[dict[str, Any]] = []
     threads_used: int | None = reference.requested_threads
@@ -887,8 +900,8 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         row["implausible"] = flags.get(row["batch_size"])
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
     usage = machine_usage(cpu0, cpu_sample(), available_cores())
-    if load_before is not None and usage.get("load_average_before") is not None:
-        usage["load_average_before"] = min(float(usage["load_average_before"]), float(load_before))
+    if run.load_before is not None and usage.get("load_average_before") is not None:
+        usage["load_average_before"] = min(float(usage["load_average_before"]), float(run.load_before))
     spent = time.perf_counter() - phase_start
     srv = dict(server or {})
     out = {
@@ -916,7 +929,7 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         "load_average": [None if load0 is None else load0[0], None if load1 is None else load1[0]],
         "machine": usage,
         "warnings": machine_warnings(usage, server_local=False),
-        "budget": {"time_budget_s": budget_s, "phase_s": None if not bounded else max(0.0, deadline - phase_start),
+        "budget": {"time_budget_s": run.budget_s, "phase_s": None if not bounded else max(0.0, deadline - phase_start),
                    "spent_s": spent, "cut": cut, "full_estimate_s": full_s if cut else None},
         "rows": rows,
         "skipped_batch_sizes": skipped,

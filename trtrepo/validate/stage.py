@@ -8,6 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +27,7 @@ from ..speed import (
     SLOW_CALL_S,
     SPEED_FLOOR_S,
     SpeedOptions,
+    SpeedRun,
     TimedReference,
     compare_speed,
     reference_estimate_s,
@@ -209,11 +211,11 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
         elif speed is not None and speed_device is not None:
             deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
                 if options.time_budget is not None else math.inf
-            report.speed_vs_reference = run_speed(target, payloads, io, speed, reference=reference, weights=weights,
-                                                  device=speed_device, server={**server, "backend": _backend(config)},
-                                                  accuracy=report.accuracy, progress=options.progress, timed=timed,
-                                                  onnx=onnx, exported=io.source, deadline=deadline,
-                                                  budget_s=options.time_budget, load_before=load_start)
+            report.speed_vs_reference = run_speed(target, payloads, io, speed, timed=timed,
+                                                  server={**server, "backend": _backend(config)},
+                                                  accuracy=report.accuracy, progress=options.progress,
+                                                  fp32=(onnx, "onnx") if onnx is not None else (io.source, "export"),
+                                                  run=SpeedRun(deadline, options.time_budget, load_start))
             if report.speed_vs_reference is not None and call_s is not None:
                 report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s,
                                                            "slow": call_s >= SLOW_CALL_S}
@@ -223,37 +225,36 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
     return report
 
 
-def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *, reference: str,
-              weights: str | None, device: str, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
-              progress: bool | None = None, timed: TimedReference | None = None, onnx: str | Path | None = None,
-              exported: str | Path | None = None, deadline: float = math.inf, budget_s: float | None = None,
-              load_before: float | None = None) -> dict[str, Any] | None:
+def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *,
+              timed: TimedReference | None, server: Mapping[str, Any], accuracy: Mapping[str, Any] | None = None,
+              progress: bool | None = None, fp32: tuple[str | Path | None, str] | None = None,
+              run: SpeedRun | None = None) -> dict[str, Any] | None:
     """The reference's own latency beside the served model's at concurrency 1, per batch size
-    (:func:`trtrepo.speed.compare_speed`) until ``deadline``; ``None`` (with a warning) for a model
-    without a batch axis. ``timed``: the reference already loaded (:func:`validate` warms it up
-    front). ``onnx`` (the deployed ONNX model given), else ``exported`` (the reference's cached
-    export): timed beside them on ONNX Runtime when the file is there and the reference is not an
-    ONNX model itself (which is timed on ONNX Runtime already)."""
+    (:func:`trtrepo.speed.compare_speed`) until ``run.deadline``; ``None`` (with a warning) for a
+    model without a batch axis (``timed`` is None then: :func:`validate` loads and warms the
+    reference up front only for a model with one). ``fp32``: (path, ``"onnx"`` for the deployed
+    model given or ``"export"`` for the reference's cached export), timed beside them on ONNX
+    Runtime when the file is there and the reference is not an ONNX model itself (which is timed
+    on ONNX Runtime already)."""
 
     mbs = int(server.get("max_batch_size", 0) or 0)
-    if mbs <= 0 or not io.has_batch_axis:
+    if timed is None or mbs <= 0 or not io.has_batch_axis:
         log.warning("speed against the reference skipped: model '%s' has no batch axis (max_batch_size 0)", server.get("model"))
         return None
-    if timed is None:
-        timed = TimedReference(reference, io, device=device, threads=speed.threads, weights=weights)
-    fp32 = None
-    path, origin = (onnx, "onnx") if onnx is not None else (exported, "export")
+    run = run or SpeedRun()
+    onnx = None
+    path, origin = fp32 or (None, "")
     if path and timed.engine == "torch" and str(path).endswith(".onnx") and Path(path).is_file():
-        fp32 = TimedReference.for_onnx(path, io, threads=speed.threads, origin=origin)
+        onnx = TimedReference.for_onnx(path, io, threads=speed.threads, origin=origin)
     bar = _progress(len(speed.batch_sizes), "speed vs reference", progress)
-    left = f"{deadline - time.perf_counter():.0f} s of the time budget left" if math.isfinite(deadline) else \
+    left = f"{run.deadline - time.perf_counter():.0f} s of the time budget left" if math.isfinite(run.deadline) else \
         "no time budget (--thorough)"
     try:
         with phase("reference speed", len(speed.batch_sizes), "batch sizes", note=left) as ph:
             return compare_speed(target, timed, [p.inputs for p in payloads], io, speed, max_batch_size=mbs,
-                                 accuracy=accuracy, server=server, progress=_counting(ph, bar.update), onnx=fp32,
-                                 deadline=deadline, budget_s=budget_s, load_before=load_before,
-                                 note=lambda text: ph.advance(0, note=text))
+                                 accuracy=accuracy, server=server, onnx=onnx,
+                                 run=replace(run, progress=_counting(ph, bar.update),
+                                             note=lambda text: ph.advance(0, note=text)))
     finally:
         bar.close()
 
