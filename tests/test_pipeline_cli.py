@@ -105,7 +105,7 @@ def test_a_closed_pipe_ends_the_run_quietly(tmp_path, demo_onnx):
 @pytest.mark.triton
 @pytest.mark.slow
 def test_validate_without_report_with_csv_and_json(tmp_path, run_cli, triton_server):
-    from trtrepo.validate.report import PERF_ANALYZER_COLUMNS
+    from trtrepo.validate.report import PERF_ANALYZER_COLUMNS, VERDICT_COLUMNS
 
     repo = tmp_path / "repo"
     assert run_cli("deploy", "--repo", repo, "--backend", "python", "--precision", "fp32").exit_code == 0
@@ -122,7 +122,8 @@ def test_validate_without_report_with_csv_and_json(tmp_path, run_cli, triton_ser
     assert sorted(p.name for p in tmp_path.iterdir()) == ["lat.csv", "repo"]
     with open(tmp_path / "lat.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert tuple(rows[0]) == PERF_ANALYZER_COLUMNS and [int(r["Concurrency"]) for r in rows] == [1, 2]
+    assert tuple(rows[0]) == PERF_ANALYZER_COLUMNS + VERDICT_COLUMNS and [int(r["Concurrency"]) for r in rows] == [1, 2]
+    assert [r["Stable"] for r in rows] == ["yes" if lv["stable"] else "no" for lv in summary["latency"]["levels"]]
     levels = summary["latency"]["levels"]
     for row, level in zip(rows, levels, strict=True):
         assert int(row["p99 latency"]) == round(level["client_ms"]["p99"] * 1000)
