@@ -462,7 +462,9 @@ def test_python_api_mirrors_the_command(server, models):
     level = report.latency["levels"][0]
     # the figures are those of the last 3 windows, the server's for the same requests (issue 41)
     assert level["requests"] > 0 and level["server"]["request_count"] == level["requests"] <= level["completed"]
-    assert len(level["windows"]) >= 3 and 1.5 <= level["wall_s"] < 1.5 + 1
+    # a window ends at the last answer the server counted, which came at most a request's time
+    # before the window's 0.5 s were up: 3 windows span a little under 1.5 s at least
+    assert len(level["windows"]) >= 3 and 1.5 - 0.1 <= level["wall_s"] < 1.5 + 1
 
 
 @pytest.mark.long
