@@ -49,9 +49,10 @@ from .contracts import backends
 from .cpu import available_cores
 from .data import DataOptions
 from .errors import TrtrepoError, UsageError, one_line
-from .fsutil import atomic_path, report_json, write_report
+from .fsutil import report_json, write_report
 from .measure import Stability
 from .modelio import ModelIO, TensorSpec
+from .pngplot import png_figure
 from .repository import read_config, replace_config
 from .server import TritonServer
 from .tritonconfig import parse_config_text
@@ -416,14 +417,8 @@ class TuneResult:
 
 def write_plot(result: TuneResult, path: str | Path) -> Path:
     """Throughput against p99 per candidate, the Pareto front joined, start and chosen marked."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
     rs = [(i, r) for i, r in enumerate(result.results) if not r.get("error")]
-    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=100)
-    try:
+    with png_figure(path, figsize=(7.5, 5), dpi=100) as (_fig, ax, _meta):
         ax.scatter([r["p99_ms"] for _, r in rs], [r["throughput"] for _, r in rs], s=18, c="0.6", label="candidates")
         front = sorted((result.results[i] for i in pareto_front(result.results)), key=lambda r: r["p99_ms"])
         if front:
@@ -439,11 +434,6 @@ def write_plot(result: TuneResult, path: str | Path) -> Path:
         ax.set_title(f"trtrepo tune: {result.model} at concurrency {result.options['concurrency']}")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png")
-    finally:
-        plt.close(fig)
     return Path(path)
 
 

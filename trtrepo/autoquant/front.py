@@ -51,9 +51,9 @@ from typing import Any
 
 from ..errors import UsageError
 from ..evaluate import OutputMetrics
-from ..fsutil import atomic_path
 from ..measure import Stability
 from ..modelio import without_weights
+from ..pngplot import png_figure
 from ..progress import phase, update
 from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
@@ -395,13 +395,7 @@ def _float_costs(model: Any, layers: Sequence[str]) -> dict[str, float]:
 def write_plot(front: QualityFront, path: str | Path) -> Path:
     """The front: expected drop (with its 95 % bound) against layers in higher precision, the
     gate's limit, each point's speed vs FP32, the shipped point marked."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(7.5, 5), dpi=100)
-    try:
+    with png_figure(path, figsize=(7.5, 5), dpi=100) as (_fig, ax, _meta):
         xs = [r.k for r in front.rows]
         ys = [r.drop if r.drop is not None else float("nan") for r in front.rows]
         ups = [max((r.upper if r.upper is not None else y) - y, 0.0) if r.drop is not None else 0.0
@@ -429,9 +423,4 @@ def write_plot(front: QualityFront, path: str | Path) -> Path:
         ax.set_title(f"trtrepo: INT8 accuracy/speed front ({speed})")
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=7)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            fig.savefig(tmp, format="png")
-    finally:
-        plt.close(fig)
     return Path(path)

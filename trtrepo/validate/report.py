@@ -13,7 +13,8 @@ from typing import Any
 
 from .. import __version__
 from ..evaluate import ExpectedDrop
-from ..fsutil import atomic_path, atomic_write_bytes, atomic_write_text, report_json, write_report
+from ..fsutil import atomic_write_bytes, atomic_write_text, report_json, write_report
+from ..pngplot import png_figure
 from ..speed import plot_speed, speed_markdown, speed_summary_lines
 from .contract import ThresholdResult
 from .options import REPORT_SCHEMA
@@ -426,16 +427,11 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     warnings is labelled so; the ``Levels`` text chunk holds what was plotted, one JSON object per
     level (label, throughput, p50, p99, server request ms, stable, marker, flags), so the plot
     can be read back."""
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
     levels = (report.latency or {}).get("levels", [])
     speed = report.speed_vs_reference if (report.speed_vs_reference or {}).get("rows") else None
     panels = (["latency vs throughput"] if levels else []) + (["latency per batch size: reference vs served"] if speed else [])
-    fig, axes = plt.subplots(1, max(1, len(panels)), figsize=(7 * max(1, len(panels)), 4.5), dpi=100, squeeze=False)
-    try:
+    with png_figure(path, nrows=1, ncols=max(1, len(panels)), figsize=(7 * max(1, len(panels)), 4.5), dpi=100,
+                    squeeze=False) as (_fig, axes, meta):
         s = report.server
         ax_iter = iter(axes[0])
         plotted: list[dict[str, Any]] = []
@@ -471,18 +467,12 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
             ax.grid(True, alpha=0.3)
             ax.legend()
         if speed:
-
             speed_drawn = plot_speed(next(ax_iter), speed)
-        fig.tight_layout()
-        with atomic_path(path) as tmp:
-            meta = {"Title": f"trtrepo validate: {s.get('model')}", "Description": "panels: " + "; ".join(panels)}
-            if levels:
-                meta["Levels"] = json.dumps(plotted)
-            if speed:
-                meta["SpeedRows"] = json.dumps(speed_drawn)
-            fig.savefig(tmp, format="png", metadata=meta)
-    finally:
-        plt.close(fig)
+        meta.update({"Title": f"trtrepo validate: {s.get('model')}", "Description": "panels: " + "; ".join(panels)})
+        if levels:
+            meta["Levels"] = json.dumps(plotted)
+        if speed:
+            meta["SpeedRows"] = json.dumps(speed_drawn)
     return Path(path)
 
 
