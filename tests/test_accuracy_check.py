@@ -314,3 +314,23 @@ def test_deploy_eval_data_without_data_is_refused(run_cli, tmp_path, demo_onnx):
     assert result.exit_code == 2
     assert "--eval-data demo:val" in result.stderr and "--data" in result.stderr
     assert not (tmp_path / "repo").exists()
+
+
+def test_labels_outside_the_estimates_labelled_interval_are_flagged_as_miscalibration():
+    """Labels that disagree with the estimate (a calibrated FP32 would have predicted a label drop
+    near 0 where 5 points were lost) are named: the label-free gate would mislead on such data."""
+    from trtrepo.evaluate import expected_top1_drop
+
+    ref = np.log(np.tile([[0.55, 0.45]], (200, 1)))
+    cand = ref.copy()
+    cand[:10] = ref[:10, ::-1]  # 10 near-tie flips in 200: expected drop 0.5 points, spread about 1.6
+    m = OutputMetrics("y", 200, 0.1, 0.01, 0.99, 0.9, top1_agreement=0.95,
+                      expected_drop=expected_top1_drop(ref, cand))
+    m.reference_accuracy, m.candidate_accuracy = 0.60, 0.55  # the labels: 10 flips, each one lost
+    v = AccuracyCheck(max_top1_drop=10.0).judge(m)
+    lo, hi = v["expected_drop"]["label_interval"]
+    assert v["ok"] is True and v["estimate_holds"] is False and hi < 5.0
+    assert f"predicts a label drop of {lo:.2f} to {hi:.2f} points" in v["message"] and "miscalibrated" in v["message"]
+    m.candidate_accuracy = 0.595  # one of the ten lost: inside
+    v = AccuracyCheck(max_top1_drop=10.0).judge(m)
+    assert v["estimate_holds"] is True and "miscalibrated" not in v["message"]

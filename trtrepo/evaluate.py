@@ -28,7 +28,7 @@ import math
 import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -253,7 +253,8 @@ class ExpectedDrop:
     ``estimate`` (the mean of :func:`expected_drop_terms`) and its 95 % interval
     ``lower``..``upper`` over ``samples`` samples, with what :meth:`samples_to_decide` needs:
     ``sd`` (the terms' standard deviation), ``flip_cost`` (:func:`unseen_flip_cost`); ``changed``:
-    samples whose top-1 changed."""
+    samples whose top-1 changed; ``label_sd``: the spread of a labelled measurement on these same
+    samples around the estimate (:func:`label_drop_sd`, :meth:`label_interval`)."""
 
     samples: int
     estimate: float
@@ -262,6 +263,7 @@ class ExpectedDrop:
     sd: float
     flip_cost: float
     changed: int
+    label_sd: float = 0.0
 
     def verdict(self, limit_points: float) -> str:
         """``pass`` when the interval lies below ``limit_points`` (its upper end is under it),
@@ -276,6 +278,14 @@ class ExpectedDrop:
     def samples_to_decide(self, limit_points: float) -> int | None:
         """:func:`samples_to_decide` at this estimate and spread."""
         return samples_to_decide(self.estimate, self.sd, self.flip_cost, limit_points)
+
+    def label_interval(self, z: float = EXPECTED_DROP_Z) -> tuple[float, float]:
+        """Where a label accuracy drop measured on these same samples should fall (95 %) if the
+        reference is calibrated: ``estimate -+ z * label_sd``. The interval to hold a labelled
+        measurement against: ``lower..upper`` bounds the drop *in expectation* (never below 0),
+        while each changed prediction is, against its label, a coin toss of one sample either
+        way (docs/benchmarks.md, "Issue 40: the expected-drop estimator against real label drops")."""
+        return self.estimate - z * self.label_sd, self.estimate + z * self.label_sd
 
     def describe(self) -> str:
         """``expected top-1 drop 0.14 points (95% interval 0.06-0.23)``."""
@@ -293,7 +303,8 @@ class ExpectedDrop:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> ExpectedDrop:
-        return cls(**{k: d[k] for k in ("samples", "estimate", "lower", "upper", "sd", "flip_cost", "changed")})
+        return cls(**{k: d[k] for k in ("samples", "estimate", "lower", "upper", "sd", "flip_cost", "changed")},
+                   label_sd=float(d.get("label_sd", 0.0)))
 
 
 def expected_drop_interval(terms: np.ndarray, flip_cost: float, z: float = EXPECTED_DROP_Z) -> tuple[float, float, float]:
@@ -328,13 +339,35 @@ def expected_drop_interval(terms: np.ndarray, flip_cost: float, z: float = EXPEC
     return mean, max(0.0, mean - z * sd / math.sqrt(n)), expected_drop_upper(n, mean, sd, flip_cost, z)
 
 
+def label_drop_sd(reference: np.ndarray, candidate: np.ndarray) -> float:
+    """The standard deviation of the label accuracy drop that labels would show on these samples,
+    around the expected drop, if the reference is calibrated (labels drawn from its class
+    probabilities): a sample whose top-1 changed from class a to b adds ``1[y = a] - 1[y = b]``,
+    of mean ``p_a - p_b`` (its term of :func:`expected_drop_terms`) and variance
+    ``p_a + p_b - (p_a - p_b)^2``; unchanged samples add exactly 0. The mean over n samples.
+    0 without samples."""
+    _check_pair(reference, candidate)
+    n = len(reference)
+    if n == 0:
+        return 0.0
+    p = class_probabilities(np.asarray(reference).reshape(n, -1))
+    a = np.argmax(p, axis=1)
+    b = np.argmax(np.asarray(candidate).reshape(n, -1), axis=1)
+    flip = a != b
+    rows = np.arange(n)[flip]
+    pa, pb = p[rows, a[flip]], p[rows, b[flip]]
+    return float(math.sqrt(float(np.sum(np.clip(pa + pb - (pa - pb) ** 2, 0.0, None)))) / n)
+
+
 def expected_top1_drop(reference: np.ndarray, candidate: np.ndarray) -> ExpectedDrop:
     """The expected top-1 drop of ``candidate`` under ``reference``'s class probabilities
-    (:func:`expected_drop_terms`, :func:`expected_drop_interval`)."""
+    (:func:`expected_drop_terms`, :func:`expected_drop_interval`), with the spread of a labelled
+    measurement (:func:`label_drop_sd`)."""
     terms = expected_drop_terms(reference, candidate)
     changed = int(np.sum(np.argmax(np.asarray(reference).reshape(len(reference), -1), axis=1)
                          != np.argmax(np.asarray(candidate).reshape(len(candidate), -1), axis=1))) if len(terms) else 0
-    return ExpectedDrop.of(terms, unseen_flip_cost(reference), changed)
+    ed = ExpectedDrop.of(terms, unseen_flip_cost(reference), changed)
+    return replace(ed, label_sd=label_drop_sd(reference, candidate))
 
 
 def samples_to_decide(estimate: float, sd: float, flip_cost: float, limit_points: float,

@@ -69,6 +69,13 @@ class AccuracyCheck:
             if m.expected_drop is not None and m.expected_drop.samples:
                 v["expected_drop"] = _points(m.expected_drop)
                 v["message"] += f"; {m.expected_drop.describe()} under FP32's softmax"
+                lo, hi = (100 * x for x in m.expected_drop.label_interval())
+                v["expected_drop"]["label_interval"] = [lo, hi]
+                v["estimate_holds"] = lo - 1e-9 <= drop <= hi + 1e-9
+                if not v["estimate_holds"]:
+                    v["message"] += (f"; the labels disagree with that estimate (a calibrated FP32 predicts a label drop "
+                                     f"of {lo:.2f} to {hi:.2f} points here): FP32's probabilities look miscalibrated "
+                                     "on this data, so the label-free gate would mislead without labels")
             if not v["ok"] and drop <= 2 * per_sample + 1e-9:
                 v["inconclusive"] = True
                 need = int(math.ceil(200.0 / max(self.max_top1_drop, 1e-9)))
@@ -111,7 +118,7 @@ class AccuracyCheck:
 def _points(ed: ExpectedDrop) -> dict[str, Any]:
     """The verdict's figures of an expected drop, in points."""
     return {"estimate": 100 * ed.estimate, "lower": 100 * ed.lower, "upper": 100 * ed.upper,
-            "samples": ed.samples, "changed": ed.changed, "unseen_flip_cost": ed.flip_cost}
+            "samples": ed.samples, "changed": ed.changed, "unseen_flip_cost": ed.flip_cost, "label_sd": 100 * ed.label_sd}
 
 
 class AccuracyLoss(TrtrepoError):
