@@ -146,7 +146,7 @@ def test_accuracy_target_parse_and_met():
     same = compare_outputs({"logits": REF}, {"logits": REF}, LABELS)
     assert AccuracyTarget.parse("cosine=1").met(same) and AccuracyTarget.parse("top1-drop=0").met(same)
     for bad in ("top1-drop", "top5=1", "cosine=2", "top1=abc", "top1=101"):
-        with pytest.raises(UsageError, match="--accuracy-target"):
+        with pytest.raises(UsageError, match="the accuracy target"):
             AccuracyTarget.parse(bad)
     emb = compare_outputs({"y": np.ones(3)}, {"y": np.ones(3)})
     with pytest.raises(UsageError, match="not a classification output"):

@@ -22,7 +22,7 @@ from typing import Any
 import click
 
 from . import __version__
-from .errors import TrtrepoError, UsageError, one_line, printable
+from .errors import OptionError, TrtrepoError, UsageError, one_line, printable
 from .progress import configure
 
 # name -> (module under trtrepo.commands, short help). Order is the pipeline's.
@@ -66,7 +66,8 @@ class LazyGroup(click.Group):
         except TrtrepoError as exc:
             if ctx.params.get("debug"):  # the traceback, and still the documented exit code
                 traceback.print_exc()
-            click.echo(f"error: {exc.message if exc.multiline else printable(exc.message)}", err=True)
+            message = exc.with_flags(_flags(self, ctx)) if isinstance(exc, OptionError) else exc.message
+            click.echo(f"error: {message if exc.multiline else printable(message)}", err=True)
             ctx.exit(exc.exit_code)
         except click.UsageError as exc:  # option parsing: one line too, naming the option
             sub = exc.ctx.command_path if exc.ctx is not None else "trtrepo"
@@ -87,6 +88,23 @@ class LazyGroup(click.Group):
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
             click.echo(f"error: {type(exc).__name__}: {first} (run with --debug for the traceback)", err=True)
             ctx.exit(1)
+
+
+def _flags(group: click.Group, ctx: click.Context) -> dict[str, str]:
+    """The running command's flags by parameter name (``accuracy_target`` -> ``--accuracy-target``;
+    an argument by its metavar): how an :class:`~trtrepo.errors.OptionError` is named here."""
+    name = ctx.invoked_subcommand
+    cmd = group.get_command(ctx, name) if name else None
+    flags: dict[str, str] = {}
+    for p in cmd.params if cmd is not None else ():
+        if p.name is None:
+            continue
+        if isinstance(p, click.Argument):
+            flags[p.name] = p.human_readable_name
+        else:
+            long = [o for o in p.opts if o.startswith("--")]
+            flags[p.name] = max(long, key=len) if long else p.opts[0]
+    return flags
 
 
 # An OSError no stage turned into a message: these say the path given is at fault (exit 2, as a

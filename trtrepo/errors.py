@@ -33,6 +33,37 @@ class UsageError(TrtrepoError):
     exit_code = 2
 
 
+class OptionError(UsageError):
+    """A bad value of one setting. The library names the concept, the command line the flag:
+    ``OptionError("accuracy_target", "'x': expected KIND=VALUE")`` reads ``the accuracy target
+    'x': expected KIND=VALUE`` from the library and ``--accuracy-target 'x': expected
+    KIND=VALUE`` from ``trtrepo quantize`` (the CLI maps ``setting``, the library's field name
+    and the click parameter's name, to the running command's flag: :meth:`with_flags`).
+
+    ``concept`` (default: ``the`` and the setting's words) is how the library names it;
+    ``others`` names further settings that ``detail`` refers to as ``{name}`` (``"{cache}"``:
+    ``the calibration cache`` / ``--cache``)."""
+
+    def __init__(self, setting: str, detail: str, *, concept: str | None = None,
+                 others: Mapping[str, str] | None = None) -> None:
+        self.setting, self.detail = setting, detail
+        self.concept = concept or "the " + setting.replace("_", " ")
+        self.others = dict(others or {})
+        super().__init__(self._render({setting: self.concept, **self.others}))
+
+    def _render(self, names: Mapping[str, str]) -> str:
+        detail = _PLACEHOLDER.sub(lambda m: names.get(m.group(1), m.group(0)), self.detail)
+        return f"{names[self.setting]}{'' if detail[:1] in (':', ',', '') else ' '}{detail}"
+
+    def with_flags(self, flags: Mapping[str, str]) -> str:
+        """The message with each setting the command has a flag for named by that flag."""
+        names = {self.setting: self.concept, **self.others}
+        return self._render({k: flags.get(k, v) for k, v in names.items()})
+
+
+_PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")
+
+
 class MissingDependencyError(UsageError):
     """An optional dependency (torch, tensorrt, cuda-python, ...) is not installed."""
 

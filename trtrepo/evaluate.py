@@ -36,7 +36,7 @@ import numpy as np
 
 from .cpu import available_cores, quant_session_entries
 from .data import iter_batches
-from .errors import TrtrepoError, UsageError, onnxruntime_run_error
+from .errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import report_json, temp_dir, write_report
 from .modelio import ModelIO
 
@@ -512,13 +512,13 @@ class AccuracyTarget:
         kind, sep, value = text.partition("=")
         kind = kind.strip()
         if not sep or kind not in cls.KINDS:
-            raise UsageError(f"--accuracy-target '{text}': expected top1-drop=POINTS, top1=PERCENT or cosine=MIN")
+            raise OptionError("accuracy_target", f"'{text}': expected top1-drop=POINTS, top1=PERCENT or cosine=MIN")
         try:
             v = float(value)
         except ValueError:
-            raise UsageError(f"--accuracy-target '{text}': '{value}' is not a number") from None
+            raise OptionError("accuracy_target", f"'{text}': '{value}' is not a number") from None
         if not math.isfinite(v) or (kind == "cosine" and not -1.0 <= v <= 1.0) or (kind == "top1" and not 0 <= v <= 100):
-            raise UsageError(f"--accuracy-target '{text}': value out of range")
+            raise OptionError("accuracy_target", f"'{text}': value out of range")
         return cls(kind, v)
 
     def __str__(self) -> str:
@@ -527,7 +527,7 @@ class AccuracyTarget:
     def _metrics(self, metrics: Mapping[str, OutputMetrics]) -> OutputMetrics:
         if self.output is not None:
             if self.output not in metrics:
-                raise UsageError(f"--accuracy-target: no output named '{self.output}' (outputs: {', '.join(metrics)})")
+                raise OptionError("accuracy_target", f": no output named '{self.output}' (outputs: {', '.join(metrics)})")
             return metrics[self.output]
         return next(iter(metrics.values()))
 
@@ -542,11 +542,11 @@ class AccuracyTarget:
             return m.cosine_mean
         if self.kind == "top1-drop":
             if m.top1_drop_points is None:
-                raise UsageError(f"--accuracy-target {self}: output '{m.name}' is not a classification output; use cosine=MIN")
+                raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a classification output; use cosine=MIN")
             return m.top1_drop_points
         acc = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
         if acc is None:
-            raise UsageError(f"--accuracy-target {self}: output '{m.name}' is not a classification output; use cosine=MIN")
+            raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a classification output; use cosine=MIN")
         return 100.0 * acc
 
     def met(self, metrics: Mapping[str, OutputMetrics]) -> bool:
@@ -559,7 +559,7 @@ def pick_output(metrics: Mapping[str, OutputMetrics], output: str | None = None)
     """The metrics of ``output`` (``--metric-output``), else of the first output."""
     if output is not None:
         if output not in metrics:
-            raise UsageError(f"--metric-output '{output}': no such output (outputs: {', '.join(metrics)})")
+            raise OptionError("metric_output", f"'{output}': no such output (outputs: {', '.join(metrics)})")
         return metrics[output]
     return next(iter(metrics.values()))
 
@@ -815,7 +815,7 @@ def evaluate(reference_model: Any, candidate_model: Any, source: Any, *, batch_s
     cand = run_onnx(candidate_model, source, batch_size=batch_size, threads=threads)
     labels = ref.labels
     if label_output is not None and label_output not in ref.outputs:
-        raise UsageError(f"--label-output '{label_output}': no such output (outputs: {', '.join(ref.outputs)})")
+        raise OptionError("label_output", f"'{label_output}': no such output (outputs: {', '.join(ref.outputs)})")
     metrics = compare_outputs(ref.outputs, cand.outputs, labels, classification=label_output)
     return EvaluationReport(
         reference=names[0] or (str(reference_model) if isinstance(reference_model, (str, Path)) else "reference"),

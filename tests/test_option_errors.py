@@ -1,0 +1,61 @@
+"""Issue 42 item 2: the library names concepts, the command line names flags. An
+:class:`~trtrepo.errors.OptionError` reads "the accuracy target 'x': ..." from the library and
+"--accuracy-target 'x': ..." from the CLI, which maps the setting (the library's field name, the
+click parameter's name) to the running command's flag."""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from trtrepo.errors import OptionError, UsageError
+
+ROOT = Path(__file__).resolve().parents[1]
+LIBRARY_FLAG_LINES_MAX = 20  # issue 42: library raise lines that name a --flag
+
+
+def test_option_error_names_the_concept_and_maps_to_flags():
+    e = OptionError("accuracy_target", "'x': expected KIND=VALUE")
+    assert isinstance(e, UsageError) and e.exit_code == 2
+    assert str(e) == "the accuracy target 'x': expected KIND=VALUE"
+    assert e.with_flags({"accuracy_target": "--accuracy-target"}) == "--accuracy-target 'x': expected KIND=VALUE"
+    assert e.with_flags({}) == str(e)  # a command without that flag: the concept
+    two = OptionError("ranges", "and {cache} exclude each other", concept="the ranges file",
+                      others={"cache": "the calibration cache"})
+    assert str(two) == "the ranges file and the calibration cache exclude each other"
+    assert two.with_flags({"ranges": "--ranges", "cache": "--cache"}) == "--ranges and --cache exclude each other"
+    assert OptionError("metric_output", ": no such output").with_flags({"metric_output": "--metric-output"}) == \
+        "--metric-output: no such output"
+    # a user's value that looks like a placeholder is left alone
+    assert str(OptionError("name", "'{model}' is not a model name")) == "the name '{model}' is not a model name"
+
+
+def test_the_cli_names_the_flag_of_the_running_command(run_cli, tmp_path):
+    r = run_cli("quantize", tmp_path / "m.onnx", "-o", tmp_path / "q.onnx", "--data", "demo:calib",
+                "--accuracy-target", "top1-drop=abc")
+    assert r.exit_code == 2
+    assert r.output.strip().splitlines()[-1] == "error: --accuracy-target 'top1-drop=abc': 'abc' is not a number"
+
+
+def _flag_raise_lines() -> list[str]:
+    """Library ``raise`` statements (outside trtrepo/commands and cli.py) whose text names a flag."""
+    found = []
+    for path in sorted((ROOT / "trtrepo").rglob("*.py")):
+        rel = path.relative_to(ROOT).as_posix()
+        if rel.startswith("trtrepo/commands/") or rel == "trtrepo/cli.py":
+            continue
+        text = path.read_text()
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.Raise) and node.exc is not None:
+                segment = ast.get_source_segment(text, node) or ""
+                if re.search(r"(?<![\w-])--[a-z][a-z0-9-]+", segment):
+                    found.append(f"{rel}:{node.lineno}")
+    return found
+
+
+def test_few_library_raise_lines_name_a_flag():
+    found = _flag_raise_lines()
+    assert len(found) <= LIBRARY_FLAG_LINES_MAX, f"{len(found)} library raise lines name a --flag: {found}"
