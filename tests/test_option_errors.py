@@ -59,3 +59,9 @@ def _flag_raise_lines() -> list[str]:
 def test_few_library_raise_lines_name_a_flag():
     found = _flag_raise_lines()
     assert len(found) <= LIBRARY_FLAG_LINES_MAX, f"{len(found)} library raise lines name a --flag: {found}"
+
+
+def test_a_message_about_a_file_names_settings_in_its_advice():
+    e = OptionError("", "out.onnx: already exists (use {force} to overwrite)", others={"force": "force=True"})
+    assert str(e) == "out.onnx: already exists (use force=True to overwrite)"
+    assert e.with_flags({"force": "--force"}) == "out.onnx: already exists (use --force to overwrite)"

@@ -42,23 +42,29 @@ class OptionError(UsageError):
 
     ``concept`` (default: ``the`` and the setting's words) is how the library names it;
     ``others`` names further settings that ``detail`` refers to as ``{name}`` (``"{cache}"``:
-    ``the calibration cache`` / ``--cache``)."""
+    ``the calibration cache`` / ``--cache``). An empty ``setting`` is a message about something
+    else (a file) whose advice names settings: ``OptionError("", f"{path}: exists (use {{force}} to
+    overwrite)", others={"force": "force=True"})``."""
 
     def __init__(self, setting: str, detail: str, *, concept: str | None = None,
                  others: Mapping[str, str] | None = None) -> None:
         self.setting, self.detail = setting, detail
         self.concept = concept or "the " + setting.replace("_", " ")
         self.others = dict(others or {})
-        super().__init__(self._render({setting: self.concept, **self.others}))
+        super().__init__(self._render(self._names()))
+
+    def _names(self) -> dict[str, str]:
+        return {**({self.setting: self.concept} if self.setting else {}), **self.others}
 
     def _render(self, names: Mapping[str, str]) -> str:
         detail = _PLACEHOLDER.sub(lambda m: names.get(m.group(1), m.group(0)), self.detail)
+        if not self.setting:  # a message about something else that names settings in its advice
+            return detail
         return f"{names[self.setting]}{'' if detail[:1] in (':', ',', '') else ' '}{detail}"
 
     def with_flags(self, flags: Mapping[str, str]) -> str:
         """The message with each setting the command has a flag for named by that flag."""
-        names = {self.setting: self.concept, **self.others}
-        return self._render({k: flags.get(k, v) for k, v in names.items()})
+        return self._render({k: flags.get(k, v) for k, v in self._names().items()})
 
 
 _PLACEHOLDER = re.compile(r"\{([a-z][a-z0-9_]*)\}")

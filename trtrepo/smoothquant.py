@@ -36,7 +36,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import OptionError
 
 SCALE_CLIP = (1e-4, 1e4)
 EPS = 1e-5
@@ -56,10 +56,10 @@ def parse_alpha(value: str | float | None) -> float | str | None:
         try:
             value = float(v)
         except ValueError as exc:
-            raise UsageError(f"--smooth-quant '{value}': expected off, auto or a number in (0, 1]") from exc
+            raise OptionError("smooth_quant", f"'{value}': expected off, auto or a number in (0, 1]", concept="the SmoothQuant alpha") from exc
     alpha = float(value)
     if not 0.0 < alpha <= 1.0:
-        raise UsageError(f"--smooth-quant {alpha}: alpha must be in (0, 1]")
+        raise OptionError("smooth_quant", f"{alpha}: alpha must be in (0, 1]", concept="the SmoothQuant alpha")
     return alpha
 
 

@@ -64,7 +64,7 @@ import numpy as np
 
 from .contracts.payload import Payload, expected_shapes
 from .cpu import available_cores
-from .errors import UsageError
+from .errors import OptionError, UsageError
 from .evaluate import make_session
 from .export import _import_torch, resolve_source
 from .measure import Stability, cpu_sample, is_stable, machine_usage, machine_warnings, merged, spread, window_summary
@@ -140,9 +140,9 @@ def parse_batch_sizes(text: str) -> tuple[int, ...]:
     try:
         sizes = sorted({int(p) for p in text.split(",") if p.strip()})
     except ValueError:
-        raise UsageError(f"--speed-batch-sizes {text!r}: expected comma-separated integers, e.g. 1,8,32") from None
+        raise OptionError("speed_batch_sizes", f"{text!r}: expected comma-separated integers, e.g. 1,8,32", concept="the batch sizes") from None
     if not sizes or sizes[0] < 1:
-        raise UsageError(f"--speed-batch-sizes {text!r}: batch sizes must be integers >= 1")
+        raise OptionError("speed_batch_sizes", f"{text!r}: batch sizes must be integers >= 1", concept="the batch sizes")
     return tuple(sizes)
 
 

@@ -11,6 +11,7 @@ from ..contracts.profile import BatchProfile
 from ..errors import UsageError
 from ._inputs import io_paths
 from ._options import data_options
+from ._types import SHAPE
 
 
 @click.command("build")
@@ -20,7 +21,7 @@ from ._options import data_options
 @click.option("--min-batch", type=click.IntRange(min=1), default=P.DEFAULT_MIN_BATCH, show_default=True)
 @click.option("--opt-batch", type=click.IntRange(min=1), default=P.DEFAULT_OPT_BATCH, show_default=True)
 @click.option("--max-batch", type=click.IntRange(min=1), default=P.DEFAULT_MAX_BATCH, show_default=True)
-@click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
               help="Range of an input with other dynamic axes, trtexec-style dims: input_ids:1x8,8x64,32x128 (repeatable).")
 @click.option("--workspace", default=None, metavar="SIZE", help="Workspace memory pool limit, e.g. 4GiB (default: TensorRT's).")
 @click.option("--opt-level", type=click.IntRange(0, 5), default=3, show_default=True, help="Builder optimization level.")

@@ -10,6 +10,7 @@ from ..measure import Stability, parse_percentiles, parse_rates
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output
+from ._types import CONCURRENCY, SPEED_BATCH_SIZES
 
 
 @click.command("validate")
@@ -37,7 +38,7 @@ from ._output import json_option, summary_output
               help="Export a PyTorch --reference afresh instead of reusing its cached export ($TRTREPO_CACHE_DIR/reference, "
                    "else ~/.cache/trtrepo/reference; keyed by the content of its source and weights files).")
 @data_options(required=True, batch_size=1)
-@click.option("--concurrency", default="1,2,4,8,16", show_default=True, help="Requests in flight, per level.")
+@click.option("--concurrency", type=CONCURRENCY, default="1,2,4,8,16", show_default=True, help="Requests in flight, per level.")
 @click.option("--request-rate", "request_rate", default=None, metavar="R1,R2",
               help="Open loop instead of --concurrency: requests sent per second, per level, whether or not earlier "
                    "ones returned.")
@@ -80,7 +81,7 @@ from ._output import json_option, summary_output
 @click.option("--latency/--no-latency", default=True, show_default=True, help="Run the latency/throughput phase.")
 @click.option("--reference-speed/--no-reference-speed", default=True, show_default=True,
               help="Time the reference beside the served model per batch size (with the latency phase).")
-@click.option("--speed-batch-sizes", default="1,8,32", show_default=True,
+@click.option("--speed-batch-sizes", type=SPEED_BATCH_SIZES, default="1,8,32", show_default=True,
               help="Batch sizes of the reference-vs-served comparison (concurrency 1).")
 @click.option("--speed-iterations", type=click.IntRange(min=2), default=20, show_default=True,
               help="Timed calls per batch size and side (median and p99 over them).")
@@ -112,13 +113,13 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
             output_names: str | None, input_shapes: tuple[str, ...], onnx: str | None, no_cache: bool,
             data_spec: str, preprocess: str | None, labels: str | None, limit: int | None, seed: int, batch_size: int,
             skip_non_images: bool,
-            concurrency: str, request_rate: str | None, request_distribution: str, measurement_interval: float,
+            concurrency: tuple[int, ...], request_rate: str | None, request_distribution: str, measurement_interval: float,
             requests: int | None, stability_percentage: float, max_trials: int, percentiles: str,
             stability_percentile: int | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float,
             max_p99_ms: float | None, timeout: float,
             ready_timeout: float | None, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
-            speed_batch_sizes: str, speed_iterations: int, speed_warmup: int, reference_device: str,
+            speed_batch_sizes: tuple[int, ...], speed_iterations: int, speed_warmup: int, reference_device: str,
             reference_threads: int | None, time_budget: float, thorough: bool, progress: bool | None,
             report_dir: str | None) -> None:
     """Check a model served by Triton: its IO contract, its accuracy against the reference on
@@ -129,19 +130,19 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     the message; the report is written), 2 for usage and connection errors.
     """
     from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-    from ..speed import SpeedOptions, parse_batch_sizes  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-    from ..validate import REFUSED_GRACE_S, Thresholds, ValidateOptions, parse_concurrency, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..speed import SpeedOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..validate import REFUSED_GRACE_S, Thresholds, ValidateOptions, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
 
     stability = Stability(interval_s=measurement_interval, requests=requests, pct=stability_percentage,
                           max_trials=max_trials, percentile=stability_percentile, percentiles=parse_percentiles(percentiles))
-    speed = SpeedOptions(batch_sizes=parse_batch_sizes(speed_batch_sizes), iterations=speed_iterations, warmup=speed_warmup,
+    speed = SpeedOptions(batch_sizes=speed_batch_sizes, iterations=speed_iterations, warmup=speed_warmup,
                          device=reference_device, threads=reference_threads, stability_pct=stability_percentage,
                          max_trials=max_trials) if reference_speed else None
     options = ValidateOptions(model=model, url=url, protocol=protocol, version=model_version,
-                              concurrency=parse_concurrency(concurrency), requests=requests, stability=stability,
+                              concurrency=concurrency, requests=requests, stability=stability,
                               request_rates=parse_rates(request_rate) if request_rate else (),
                               distribution=request_distribution,
                               warmup=warmup, batch_size=batch_size, shared_memory=shared_memory, timeout=timeout,

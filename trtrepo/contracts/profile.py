@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..modelio import ModelIO
 
 log = logging.getLogger(__name__)
@@ -78,21 +78,24 @@ class ShapeRange:
         return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
 
 
+_SHAPE = "the shape range"
+
+
 def parse_shape_option(text: str) -> tuple[str, ShapeRange]:
     """``NAME:MIN,OPT,MAX`` with trtexec-like dims (``input_ids:1x8,8x64,32x128``); ``NAME:DIMS`` fixes one shape."""
     name, sep, dims = text.rpartition(":")
     if not sep or not name:
-        raise UsageError(f"--shape '{text}': expected NAME:MIN,OPT,MAX, e.g. input_ids:1x8,8x64,32x128")
+        raise OptionError("shapes", f"'{text}': expected NAME:MIN,OPT,MAX, e.g. input_ids:1x8,8x64,32x128", concept=_SHAPE)
     parts = dims.split(",")
     if len(parts) not in (1, 3):
-        raise UsageError(f"--shape '{text}': expected three shapes MIN,OPT,MAX (or one fixed shape)")
-    shapes = [parse_dims(p, f"--shape '{text}'") for p in parts]
+        raise OptionError("shapes", f"'{text}': expected three shapes MIN,OPT,MAX (or one fixed shape)", concept=_SHAPE)
+    shapes = [parse_dims(p, f"{_SHAPE} '{text}'") for p in parts]
     if len(shapes) == 1:
         shapes = shapes * 3
     try:
         return name, ShapeRange(*shapes)
     except UsageError as exc:
-        raise UsageError(f"--shape '{text}': {exc.message}") from exc
+        raise OptionError("shapes", f"'{text}': {exc.message}", concept=_SHAPE) from exc
 
 
 @dataclass(frozen=True)

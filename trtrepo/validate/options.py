@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
 from ..speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
 
@@ -168,9 +168,9 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     try:
         levels = sorted({int(p) for p in text.split(",") if p.strip()})
     except ValueError:
-        raise UsageError(f"--concurrency {text!r}: expected comma-separated integers, e.g. 1,2,4,8") from None
+        raise OptionError("concurrency", f"{text!r}: expected comma-separated integers, e.g. 1,2,4,8", concept="the concurrency levels") from None
     if not levels or levels[0] < 1 or levels[-1] > MAX_CONCURRENCY:
-        raise UsageError(f"--concurrency {text!r}: levels must be integers 1..{MAX_CONCURRENCY}")
+        raise OptionError("concurrency", f"{text!r}: levels must be integers 1..{MAX_CONCURRENCY}", concept="the concurrency levels")
     return tuple(levels)
 
 
