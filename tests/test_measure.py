@@ -64,15 +64,15 @@ def test_the_reported_figures_are_the_last_three_windows_merged():
 
 
 def test_options_name_the_option_at_fault():
-    for kw, name in ((dict(interval_s=0), "--measurement-interval"), (dict(max_trials=2), "--max-trials"),
-                     (dict(pct=150), "--stability-percentage"), (dict(percentile=0), "--stability-percentile"),
-                     (dict(requests=0), "--requests")):
+    for kw, name in ((dict(interval_s=0), "the measurement interval 0"), (dict(max_trials=2), "the most windows per level 2"),
+                     (dict(pct=150), "the stability percentage 150"), (dict(percentile=0), "the stability percentile 0"),
+                     (dict(requests=0), "the requests per window 0")):
         with pytest.raises(UsageError, match=name):
             Stability(**kw)
     assert Stability(percentiles=(90,)).percentiles == (50, 90, 99)  # the gate and the plot need p50/p99
     assert Stability(percentile=75).percentiles == (50, 75, 90, 95, 99)
     assert parse_percentiles("95, 50") == (50, 95)
-    with pytest.raises(UsageError, match="--percentiles"):
+    with pytest.raises(UsageError, match="the latency percentiles '100'"):
         parse_percentiles("100")
 
 
@@ -82,7 +82,7 @@ def test_open_loop_schedules_hold_the_rate():
     p = send_times(50.0, 5000, "poisson", seed=1)
     assert np.all(np.diff(p) >= 0) and 5000 / p[-1] == pytest.approx(50.0, rel=0.05)
     assert np.std(np.diff(p)) > 0.5 * np.mean(np.diff(p))  # exponential gaps, not even ones
-    with pytest.raises(UsageError, match="--request-distribution"):
+    with pytest.raises(UsageError, match="the request distribution 'burst'"):
         send_times(10, 3, "burst")
 
 

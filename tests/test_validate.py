@@ -155,20 +155,20 @@ def test_options_and_parsers_reject_bad_values_with_one_line():
     for bad in ("a,b", "0,1", ""):
         with pytest.raises(UsageError):
             parse_concurrency(bad)
-    with pytest.raises(UsageError, match="--url"):
+    with pytest.raises(UsageError, match="the server URL 'host:99999'"):
         parse_url("host:99999", "grpc")
-    with pytest.raises(UsageError, match="--request-distribution"):
+    with pytest.raises(UsageError, match="the request distribution 'burst'"):
         ValidateOptions(model="m", distribution="burst")
-    with pytest.raises(UsageError, match="--max-trials"):
+    with pytest.raises(UsageError, match="the most windows per level 2: at least 3"):
         Stability(max_trials=2)
-    with pytest.raises(UsageError, match="--stability-percentage"):
+    with pytest.raises(UsageError, match="the stability percentage 0: between 0"):
         Stability(pct=0)
-    with pytest.raises(UsageError, match="--request-rate"):
+    with pytest.raises(UsageError, match="the request rates '10,-1'"):
         parse_rates("10,-1")
     assert ValidateOptions(model="m", requests=7).stability.requests == 7
-    with pytest.raises(UsageError, match="--protocol"):
+    with pytest.raises(UsageError, match="the protocol 'tcp'"):
         ValidateOptions(model="m", protocol="tcp")
-    with pytest.raises(UsageError, match="--timeout"):
+    with pytest.raises(UsageError, match="the timeout 0: must be a positive"):
         ValidateOptions(model="m", timeout=0)
 
 

@@ -118,7 +118,7 @@ def test_calls_per_window_fit_the_share_and_the_estimates():
     msg = slow_reference_message("PyTorch eager FP32", "cpu", 1.02, (1, 8, 32), 2860, 90.0)
     assert msg.startswith("PyTorch eager FP32 takes 1.02 s a call at batch 1 on the cpu; timing it at batch sizes 1, 8, "
                           "32 takes about 2860 s") and msg.endswith("--no-reference-speed skips this")
-    with pytest.raises(UsageError, match="--time-budget"):
+    with pytest.raises(UsageError, match="the time budget 0: a positive number of seconds"):
         ValidateOptions(model="m", time_budget=0)
     assert ValidateOptions(model="m", time_budget=None).time_budget is None
 

@@ -27,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import UsageError
+from .errors import OptionError, UsageError
 
 STABLE_WINDOWS = 3  # consecutive windows that must agree (perf_analyzer's stability window)
 DEFAULT_INTERVAL_S = 2.0
@@ -58,20 +58,21 @@ class Stability:
 
     def __post_init__(self) -> None:
         if not (self.interval_s > 0 and math.isfinite(self.interval_s)):
-            raise UsageError(f"--measurement-interval {self.interval_s}: a positive number of seconds")
+            raise OptionError("measurement_interval", f"{self.interval_s}: a positive number of seconds")
         if self.requests is not None and self.requests < 1:
-            raise UsageError(f"--requests {self.requests}: must be >= 1")
+            raise OptionError("requests", f"{self.requests}: must be >= 1", concept="the requests per window")
         if not (0 < self.pct <= 100):
-            raise UsageError(f"--stability-percentage {self.pct}: between 0 (exclusive) and 100")
+            raise OptionError("stability_percentage", f"{self.pct}: between 0 (exclusive) and 100")
         if self.max_trials < STABLE_WINDOWS:
-            raise UsageError(f"--max-trials {self.max_trials}: at least {STABLE_WINDOWS} (the windows that must agree)")
+            raise OptionError("max_trials", f"{self.max_trials}: at least {STABLE_WINDOWS} (the windows that must agree)",
+                              concept="the most windows per level")
         pcts = tuple(sorted({int(p) for p in self.percentiles}))
         if not pcts or any(not 1 <= p <= 99 for p in pcts):
-            raise UsageError(f"--percentiles {list(self.percentiles)}: integers 1..99")
+            raise OptionError("percentiles", f"{list(self.percentiles)}: integers 1..99", concept="the latency percentiles")
         object.__setattr__(self, "percentiles", tuple(sorted({*pcts, *ALWAYS_PERCENTILES})))
         if self.percentile is not None:
             if not 1 <= self.percentile <= 99:
-                raise UsageError(f"--stability-percentile {self.percentile}: an integer 1..99")
+                raise OptionError("stability_percentile", f"{self.percentile}: an integer 1..99")
             if self.percentile not in pcts:
                 object.__setattr__(self, "percentiles", tuple(sorted({*pcts, self.percentile})))
 
@@ -99,9 +100,11 @@ def parse_percentiles(text: str) -> tuple[int, ...]:
     try:
         values = tuple(sorted({int(p) for p in text.split(",") if p.strip()}))
     except ValueError:
-        raise UsageError(f"--percentiles {text!r}: comma-separated integers 1..99, e.g. 50,90,95,99") from None
+        raise OptionError("percentiles", f"{text!r}: comma-separated integers 1..99, e.g. 50,90,95,99",
+                          concept="the latency percentiles") from None
     if not values or any(not 1 <= p <= 99 for p in values):
-        raise UsageError(f"--percentiles {text!r}: comma-separated integers 1..99, e.g. 50,90,95,99")
+        raise OptionError("percentiles", f"{text!r}: comma-separated integers 1..99, e.g. 50,90,95,99",
+                          concept="the latency percentiles")
     return values
 
 
@@ -110,9 +113,11 @@ def parse_rates(text: str) -> tuple[float, ...]:
     try:
         rates = tuple(sorted({float(p) for p in text.split(",") if p.strip()}))
     except ValueError:
-        raise UsageError(f"--request-rate {text!r}: comma-separated requests per second, e.g. 10,20,40") from None
+        raise OptionError("request_rate", f"{text!r}: comma-separated requests per second, e.g. 10,20,40",
+                          concept="the request rates") from None
     if not rates or any(not (r > 0 and math.isfinite(r)) or r > 1e6 for r in rates):
-        raise UsageError(f"--request-rate {text!r}: rates must be positive numbers of requests per second (at most 1e6)")
+        raise OptionError("request_rate", f"{text!r}: rates must be positive numbers of requests per second (at most 1e6)",
+                          concept="the request rates")
     return rates
 
 
@@ -174,7 +179,7 @@ def send_times(rate: float, count: int, distribution: str = "constant", seed: in
     """Offsets (s) from the start at which an open-loop client sends its first ``count`` requests
     at ``rate`` per second: evenly spaced, or a Poisson process (exponential gaps)."""
     if distribution not in DISTRIBUTIONS:
-        raise UsageError(f"--request-distribution {distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
+        raise OptionError("request_distribution", f"{distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
     if distribution == "constant":
         return np.arange(count, dtype=np.float64) / rate
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, size=count)

@@ -6,7 +6,7 @@ import logging
 import math
 from dataclasses import dataclass, field, replace
 
-from ..errors import OptionError, UsageError
+from ..errors import OptionError
 from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
 from ..speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
 
@@ -71,41 +71,46 @@ class ValidateOptions:
 
     def __post_init__(self) -> None:
         if self.protocol not in PROTOCOLS:
-            raise UsageError(f"--protocol {self.protocol!r}: one of {', '.join(PROTOCOLS)}")
+            raise OptionError("protocol", f"{self.protocol!r}: one of {', '.join(PROTOCOLS)}")
         if self.shared_memory not in SHARED_MEMORY:
-            raise UsageError(f"--shared-memory {self.shared_memory!r}: one of {', '.join(SHARED_MEMORY)}")
+            raise OptionError("shared_memory", f"{self.shared_memory!r}: one of {', '.join(SHARED_MEMORY)}")
         if not self.model:
-            raise UsageError("--model: give the name of the model on the server")
+            raise OptionError("model", ": give the name of the model on the server", concept="the model name")
         if not self.concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
-            raise UsageError(f"--concurrency {list(self.concurrency)}: levels must be integers 1..{MAX_CONCURRENCY}")
+            raise OptionError("concurrency", f"{list(self.concurrency)}: levels must be integers 1..{MAX_CONCURRENCY}",
+                              concept="the concurrency levels")
         if self.requests is not None and not 1 <= self.requests <= MAX_REQUESTS:
-            raise UsageError(f"--requests {self.requests}: expected 1..{MAX_REQUESTS} per window")
+            raise OptionError("requests", f"{self.requests}: expected 1..{MAX_REQUESTS} per window",
+                              concept="the requests per window")
         if self.stability.interval_s > MAX_DURATION_S:
-            raise UsageError(f"--measurement-interval {self.stability.interval_s:g}: at most {MAX_DURATION_S:g} s")
+            raise OptionError("measurement_interval", f"{self.stability.interval_s:g}: at most {MAX_DURATION_S:g} s")
         if self.requests is not None and self.stability.requests != self.requests:
             object.__setattr__(self, "stability", replace(self.stability, requests=self.requests))
         if self.distribution not in DISTRIBUTIONS:
-            raise UsageError(f"--request-distribution {self.distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
+            raise OptionError("request_distribution", f"{self.distribution!r}: one of {', '.join(DISTRIBUTIONS)}")
         if any(not (r > 0 and math.isfinite(r)) for r in self.request_rates):
-            raise UsageError(f"--request-rate {list(self.request_rates)}: positive requests per second")
+            raise OptionError("request_rate", f"{list(self.request_rates)}: positive requests per second",
+                              concept="the request rates")
         if self.batch_size < 1:
-            raise UsageError(f"--batch-size {self.batch_size}: must be >= 1")
-        for what, v in (("--timeout", self.timeout), ("--ready-timeout", self.ready_timeout)):
+            raise OptionError("batch_size", f"{self.batch_size}: must be >= 1")
+        for what, v in (("timeout", self.timeout), ("ready_timeout", self.ready_timeout)):
             if not (v > 0 and math.isfinite(v)):
-                raise UsageError(f"{what} {v}: must be a positive number of seconds")
+                raise OptionError(what, f"{v}: must be a positive number of seconds")
         if self.version and not str(self.version).isdigit():
-            raise UsageError(f"--version {self.version!r}: a model version is a positive integer")
+            raise OptionError("model_version", f"{self.version!r}: a model version is a positive integer")
         if self.time_budget is not None and not (self.time_budget > 0 and math.isfinite(self.time_budget)):
-            raise UsageError(f"--time-budget {self.time_budget}: a positive number of seconds (--thorough: no budget)")
+            raise OptionError("time_budget", f"{self.time_budget}: a positive number of seconds ({{thorough}}: no budget)",
+                              others={"thorough": "None"})
         if not (self.max_server_diff >= 0 and math.isfinite(self.max_server_diff)):
-            raise UsageError(f"--max-server-diff {self.max_server_diff}: a non-negative number")
+            raise OptionError("max_server_diff", f"{self.max_server_diff}: a non-negative number",
+                              concept="the largest difference between servers")
         parts = (self.url or "").split(",")
         if len(parts) > 1 and any(not u.strip() for u in parts):
-            raise UsageError(f"--url {self.url!r}: an empty address in the list")
+            raise OptionError("url", f"{self.url!r}: an empty address in the list", concept="the server URL")
         urls = tuple(parse_url(u, self.protocol) for u in parts)
         dup = sorted({u for u in urls if urls.count(u) > 1})
         if dup:
-            raise UsageError(f"--url {self.url}: {dup[0]} given twice")
+            raise OptionError("url", f"{self.url}: {dup[0]} given twice", concept="the server URL")
         object.__setattr__(self, "urls", urls)
         object.__setattr__(self, "url", urls[0])
 
@@ -130,13 +135,14 @@ class Thresholds:
 
     def __post_init__(self) -> None:
         if self.max_top1_drop is not None and not (0 <= self.max_top1_drop <= 100):
-            raise UsageError(f"--max-top1-drop {self.max_top1_drop}: points between 0 and 100")
+            raise OptionError("max_top1_drop", f"{self.max_top1_drop}: points between 0 and 100", concept="the top-1 drop limit")
         if self.max_p99_ms is not None and not self.max_p99_ms > 0:
-            raise UsageError(f"--max-p99-ms {self.max_p99_ms}: must be > 0")
+            raise OptionError("max_p99_ms", f"{self.max_p99_ms}: must be > 0", concept="the p99 latency limit")
         if self.min_cosine is not None and not -1 <= self.min_cosine <= 1:
-            raise UsageError(f"--min-cosine {self.min_cosine}: between -1 and 1")
+            raise OptionError("min_cosine", f"{self.min_cosine}: between -1 and 1", concept="the cosine floor")
         if self.min_embedding_cosine is not None and not -1 <= self.min_embedding_cosine <= 1:
-            raise UsageError(f"--min-embedding-cosine {self.min_embedding_cosine}: between -1 and 1")
+            raise OptionError("min_embedding_cosine", f"{self.min_embedding_cosine}: between -1 and 1",
+                              concept="the embedding cosine floor")
 
 
 def parse_url(url: str, protocol: str) -> str:
@@ -152,14 +158,15 @@ def parse_url(url: str, protocol: str) -> str:
             url = url[len(scheme):]
     url = url.rstrip("/")
     if not url:
-        raise UsageError(f"--url {given!r}: no host; expected HOST:PORT (leave --url out for 127.0.0.1)")
+        raise OptionError("url", f"{given!r}: no host; expected HOST:PORT (leave it out for 127.0.0.1)",
+                          concept="the server URL")
     if "/" in url:
-        raise UsageError(f"--url {url!r}: expected HOST:PORT")
+        raise OptionError("url", f"{url!r}: expected HOST:PORT", concept="the server URL")
     host, sep, port = url.rpartition(":")
     if not sep:
         return f"{url}:{DEFAULT_PORTS[protocol]}"
     if not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise UsageError(f"--url {url!r}: expected HOST:PORT with a port between 1 and 65535")
+        raise OptionError("url", f"{url!r}: expected HOST:PORT with a port between 1 and 65535", concept="the server URL")
     return url
 
 
