@@ -35,7 +35,7 @@ def test_reference_errors(demo_onnx):
     io = ModelIO.from_onnx(demo_onnx)
     with pytest.raises(UsageError, match="an ONNX file has no PyTorch model"):
         Reference.for_io(str(demo_onnx), io)
-    with pytest.raises(UsageError, match="--device tpu"):
+    with pytest.raises(UsageError, match="the reference device tpu: expected cpu"):
         Reference.for_io("demo", io, device="tpu")
 
 

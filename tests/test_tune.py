@@ -143,10 +143,10 @@ def test_pareto_front_and_combined_rounds():
 def test_options_name_the_option_at_fault():
     from trtrepo.tune import TuneOptions
 
-    for kw, name in ((dict(objective="fast"), "--objective"), (dict(concurrency=0), "--concurrency"),
-                     (dict(max_p99_ms=0), "--max-p99-ms"), (dict(budget_s=0), "--budget-s"),
-                     (dict(stability_pct=float("nan")), "--stability-percentage"),
-                     (dict(interval_s=float("nan")), "--measurement-interval")):
+    for kw, name in ((dict(objective="fast"), "the objective 'fast'"), (dict(concurrency=0), "the concurrency 0"),
+                     (dict(max_p99_ms=0), "the p99 latency limit 0"), (dict(budget_s=0), "the time budget in seconds 0"),
+                     (dict(stability_pct=float("nan")), "the stability percentage nan"),
+                     (dict(interval_s=float("nan")), "the measurement interval nan")):
         with pytest.raises(UsageError, match=name):
             TuneOptions(model="m", **kw)
 

@@ -143,7 +143,7 @@ def test_check_thresholds_names_each_failing_value():
     assert check_thresholds(_report_dict(cosine=0.95), Thresholds(min_embedding_cosine=None)) == []
     res = check_thresholds(_report_dict(top1_drop=1.0, p99=(3.0, 12.0)), Thresholds(max_top1_drop=0.5, max_p99_ms=10))
     assert [r.name for r in res if not r.passed] == ["top1_drop[logits]", "p99_ms[c=4]"]
-    with pytest.raises(UsageError, match="--max-p99-ms needs the latency phase"):
+    with pytest.raises(UsageError, match="the p99 latency limit needs the latency phase"):
         check_thresholds({"accuracy": None, "latency": None}, Thresholds(max_p99_ms=1))
 
 

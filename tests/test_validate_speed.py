@@ -88,14 +88,14 @@ def test_fixed_shape_pool_picks_the_most_common_shape_and_batches_wrap():
 def test_speed_options_and_batch_sizes_reject_bad_values():
     assert parse_batch_sizes("32,1,8,8") == (1, 8, 32)
     for bad in ("", "0,1", "a"):
-        with pytest.raises(UsageError, match="--speed-batch-sizes"):
+        with pytest.raises(UsageError, match="the batch sizes '"):
             parse_batch_sizes(bad)
     assert SpeedOptions(batch_sizes=(8, 1)).batch_sizes == (1, 8)
-    with pytest.raises(UsageError, match="--speed-iterations"):
+    with pytest.raises(UsageError, match="the timed calls per batch size 1: must be >= 2"):
         SpeedOptions(iterations=1)
-    with pytest.raises(UsageError, match="--reference-device"):
+    with pytest.raises(UsageError, match="the reference device 'tpu': one of"):
         SpeedOptions(device="tpu")
-    with pytest.raises(UsageError, match="--reference-threads"):
+    with pytest.raises(UsageError, match="the reference's threads 0: must be >= 1"):
         SpeedOptions(threads=0)
 
 

@@ -41,7 +41,7 @@ import numpy as np
 from . import __version__, export
 from .contracts import builtin
 from .data import DataSource, iter_batches
-from .errors import TrtrepoError, UsageError, one_line
+from .errors import OptionError, TrtrepoError, UsageError, one_line
 from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, export_onnx, load_torch_model, resolve_source
 from .fsutil import atomic_path, atomic_write_text, temp_dir
 from .modelio import ModelIO
@@ -61,9 +61,9 @@ def resolve_device(device: str) -> str:
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
-        raise UsageError(f"--device {device}: CUDA is not available to torch on this machine")
+        raise OptionError("reference_device", f"{device}: CUDA is not available to torch on this machine")
     if device != "cpu" and not device.startswith("cuda"):
-        raise UsageError(f"--device {device}: expected cpu, cuda, cuda:N or auto")
+        raise OptionError("reference_device", f"{device}: expected cpu, cuda, cuda:N or auto")
     return device
 
 

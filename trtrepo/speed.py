@@ -107,16 +107,18 @@ class SpeedOptions:
 
     def __post_init__(self) -> None:
         if not self.batch_sizes or any(int(b) < 1 for b in self.batch_sizes):
-            raise UsageError(f"--speed-batch-sizes {list(self.batch_sizes)}: batch sizes must be integers >= 1")
+            raise OptionError("speed_batch_sizes", f"{list(self.batch_sizes)}: batch sizes must be integers >= 1",
+                              concept="the batch sizes")
         object.__setattr__(self, "batch_sizes", tuple(sorted({int(b) for b in self.batch_sizes})))
         if self.iterations < 2:
-            raise UsageError(f"--speed-iterations {self.iterations}: must be >= 2 (a median and a p99)")
+            raise OptionError("speed_iterations", f"{self.iterations}: must be >= 2 (a median and a p99)",
+                              concept="the timed calls per batch size")
         if self.warmup < 0:
-            raise UsageError(f"--speed-warmup {self.warmup}: must be >= 0")
+            raise OptionError("speed_warmup", f"{self.warmup}: must be >= 0", concept="the warm-up calls per batch size")
         if self.device not in REFERENCE_DEVICES:
-            raise UsageError(f"--reference-device {self.device!r}: one of {', '.join(REFERENCE_DEVICES)}")
+            raise OptionError("reference_device", f"{self.device!r}: one of {', '.join(REFERENCE_DEVICES)}")
         if self.threads is not None and self.threads < 1:
-            raise UsageError(f"--reference-threads {self.threads}: must be >= 1")
+            raise OptionError("reference_threads", f"{self.threads}: must be >= 1", concept="the reference's threads")
         if self.max_batches < 1:
             raise UsageError(f"max_batches {self.max_batches}: must be >= 1")
 
@@ -573,18 +575,18 @@ def resolve_reference_device(device: str, kind: str) -> str:
     """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; ``cuda`` without one is a
     :class:`UsageError` (exit 2). An ``.onnx`` reference (``kind == "onnx"``) runs on the CPU."""
     if device not in REFERENCE_DEVICES:
-        raise UsageError(f"--reference-device {device!r}: one of {', '.join(REFERENCE_DEVICES)}")
+        raise OptionError("reference_device", f"{device!r}: one of {', '.join(REFERENCE_DEVICES)}")
     if kind == "onnx":
         if device == "cuda":
-            raise UsageError("--reference-device cuda: the reference is an ONNX file, timed with ONNX Runtime's CPU "
-                             "provider; use --reference-device cpu or a PyTorch reference")
+            raise OptionError("reference_device", "cuda: the reference is an ONNX file, timed with ONNX Runtime's CPU "
+                                                  "provider; use {reference_device} cpu or a PyTorch reference")
         return "cpu"
 
     torch = _import_torch()
     available = bool(torch.cuda.is_available())
     if device == "cuda" and not available:
-        raise UsageError(f"--reference-device cuda: CUDA is not available to torch {torch.__version__} on this machine; "
-                         f"use --reference-device cpu or auto")
+        raise OptionError("reference_device", f"cuda: CUDA is not available to torch {torch.__version__} on this "
+                                              f"machine; use {{reference_device}} cpu or auto")
     if device == "auto":
         return "cuda" if available else "cpu"
     return device

@@ -48,7 +48,7 @@ from . import __version__
 from .contracts import backends
 from .cpu import available_cores
 from .data import DataOptions
-from .errors import TrtrepoError, UsageError, one_line
+from .errors import OptionError, TrtrepoError, UsageError, one_line
 from .fsutil import report_json, write_report
 from .measure import Stability
 from .modelio import ModelIO, TensorSpec
@@ -309,13 +309,13 @@ class TuneOptions:
 
     def __post_init__(self) -> None:
         if self.objective not in OBJECTIVES:
-            raise UsageError(f"--objective {self.objective!r}: one of {', '.join(OBJECTIVES)}")
+            raise OptionError("objective", f"{self.objective!r}: one of {', '.join(OBJECTIVES)}")
         if not 1 <= self.concurrency <= 1024:
-            raise UsageError(f"--concurrency {self.concurrency}: 1..1024")
+            raise OptionError("concurrency", f"{self.concurrency}: 1..1024")
         if self.max_p99_ms is not None and not self.max_p99_ms > 0:
-            raise UsageError(f"--max-p99-ms {self.max_p99_ms}: must be > 0")
+            raise OptionError("max_p99_ms", f"{self.max_p99_ms}: must be > 0", concept="the p99 latency limit")
         if not self.budget_s > 0:
-            raise UsageError(f"--budget-s {self.budget_s}: must be > 0")
+            raise OptionError("budget_s", f"{self.budget_s}: must be > 0", concept="the time budget in seconds")
         self.stability()  # its own checks (NaN included) before any server starts
 
     def stability(self) -> Any:

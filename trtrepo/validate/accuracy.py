@@ -13,7 +13,7 @@ import numpy as np
 from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..data import iter_batches
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..evaluate import OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
 from ..export import resolve_inputs, resolve_source
 from ..modelio import ModelIO
@@ -39,7 +39,8 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
         return ModelIO.from_onnx(onnx)
     src = resolve_source(reference, weights)
     if output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
-        raise UsageError(f"--output-names does not apply to --reference {reference} (its outputs are named already)")
+        raise OptionError("output_names", f"do not apply to {{reference}} {reference} (its outputs are named already)",
+                          others={"reference": "the reference"})
     if src.kind == "onnx":
         return ModelIO.from_onnx(src.location)
 
@@ -50,8 +51,9 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
         for note in result.notes:
             log.warning("--reference %s: %s", reference, note)
     except UsageError as exc:
-        raise UsageError(f"--reference {reference}: cannot derive its IO by exporting it ({exc.message}); "
-                         f"give --input-shape or the deployed ONNX model with --onnx") from exc
+        raise OptionError("reference", f"{reference}: cannot derive its IO by exporting it ({exc.message}); "
+                                       f"give {{input_shapes}} or the deployed ONNX model ({{onnx}})",
+                          others={"input_shapes": "the input shapes", "onnx": "onnx="}) from exc
     return result.io
 
 
@@ -140,7 +142,7 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
     outputs = list(ref_parts[0])
     if label_output is not None and label_output not in outputs:
-        raise UsageError(f"--label-output {label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
+        raise OptionError("label_output", f"{label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
 
     # [N, C] outputs, except what looks like an embedding (unit-norm rows, an embedding-like name):
     # the same rule as the held-out check of quantize/deploy (trtrepo.evaluate.label_output)

@@ -8,7 +8,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import TrtrepoError, UsageError
+from ..errors import OptionError, TrtrepoError
 from ..evaluate import ExpectedDrop
 from ..modelio import ModelIO, TensorSpec
 from .options import Thresholds
@@ -194,16 +194,19 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
     outputs = acc.get("outputs") or {}
     if thresholds.max_top1_drop is not None:
         if not acc:
-            raise UsageError("--max-top1-drop needs the accuracy phase (drop --no-accuracy)")
+            raise OptionError("max_top1_drop", "needs the accuracy phase (turned off; give {accuracy})",
+                              concept="the top-1 drop limit", others={"accuracy": "accuracy=True"})
         primary = acc.get("label_output")
         checked = [(n, m) for n, m in outputs.items() if n == primary and m.get("top1_drop_points") is not None]
         if not checked:
-            raise UsageError("--max-top1-drop: no classification output ([N, C] logits); use --min-cosine")
+            raise OptionError("max_top1_drop", ": no classification output ([N, C] logits); use {min_cosine}",
+                              concept="the top-1 drop limit", others={"min_cosine": "the cosine floor"})
         for name, m in checked:
             results.append(_top1_drop_result(name, m, thresholds.max_top1_drop))
     if thresholds.min_cosine is not None:
         if not acc:
-            raise UsageError("--min-cosine needs the accuracy phase (drop --no-accuracy)")
+            raise OptionError("min_cosine", "needs the accuracy phase (turned off; give {accuracy})",
+                              concept="the cosine floor", others={"accuracy": "accuracy=True"})
         for name, m in outputs.items():
             v = float(m["cosine_mean"])
             results.append(ThresholdResult(f"cosine[{name}]", thresholds.min_cosine, v,
@@ -219,7 +222,8 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
     if thresholds.max_p99_ms is not None:
         lat = report.get("latency") or {}
         if not lat:
-            raise UsageError("--max-p99-ms needs the latency phase (drop --no-latency)")
+            raise OptionError("max_p99_ms", "needs the latency phase (turned off; give {latency})",
+                              concept="the p99 latency limit", others={"latency": "latency=True"})
         for level in lat.get("levels", []):
             v = float(level["client_ms"]["p99"])
             where = (f"rate={level['request_rate']:g}/s" if level.get("request_rate") is not None

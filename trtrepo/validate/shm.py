@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 
 from ..contracts.payload import Payload
-from ..errors import TrtrepoError, UsageError
+from ..errors import OptionError, TrtrepoError
 from ..fsutil import pid_alive, reap_stale
 from ..modelio import ModelIO
 from .options import _one_line
@@ -61,7 +61,7 @@ class SharedMemory:
         if kind == "none":
             return
         if any(-1 in shape for p in payloads for shape in p.expected.values()):
-            raise UsageError("--shared-memory needs the output shapes in advance (run the accuracy phase too)")
+            raise OptionError("shared_memory", "needs the output shapes in advance (run the accuracy phase too)")
         assert io is not None  # the served IO is known before shared memory is set up
         in_sizes: dict[str, int] = {}
         out_sizes: dict[str, int] = {}
@@ -163,13 +163,13 @@ def _cuda_shm() -> Any:
     try:
         import cuda.bindings.runtime as cudart  # type: ignore[import-not-found]
     except ImportError:
-        raise UsageError("--shared-memory cuda needs an NVIDIA GPU and cuda-python (cuda.bindings), which this machine "
-                         "does not have; use --shared-memory system or none") from None
+        raise OptionError("shared_memory", "cuda needs an NVIDIA GPU and cuda-python (cuda.bindings), which this "
+                                           "machine does not have; use {shared_memory} system or none") from None
     err, count = cudart.cudaGetDeviceCount()
     if int(err) != 0 or not count:
         why = getattr(err, "name", str(err))
-        raise UsageError(f"--shared-memory cuda: no CUDA GPU is visible on this machine ({why}); "
-                         f"use --shared-memory system or none")
+        raise OptionError("shared_memory", f"cuda: no CUDA GPU is visible on this machine ({why}); "
+                                           f"use {{shared_memory}} system or none")
     import tritonclient.utils.cuda_shared_memory as cudashm
 
     return cudashm

@@ -18,7 +18,7 @@ from ..contracts import builtin
 from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
 from ..data import DataOptions, iter_batches
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
@@ -130,7 +130,8 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
     if options.shared_memory == "cuda":
         _cuda_shm()  # fail before any traffic on a machine without a GPU
     if len(options.urls) > 1 and options.shared_memory != "none":
-        raise UsageError(f"--shared-memory {options.shared_memory}: one server only (--url names {len(options.urls)})")
+        raise OptionError("shared_memory", f"{options.shared_memory}: one server only ({{url}} names {len(options.urls)})",
+                          others={"url": "the server URL"})
     with contextlib.ExitStack() as stack:
         stack.enter_context(task("validate"))  # progress lines of the phases below (trtrepo.progress)
         target = stack.enter_context(TritonTarget(options))
@@ -144,9 +145,10 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
         if image_input is not None:  # an image ensemble: the files themselves go to the server
             files = source.sample_files()
             if files is None:
-                raise UsageError(f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): --data "
-                                 f"must be an image folder, whose files go to the server as they are and through "
-                                 f"--preprocess into the reference")
+                raise OptionError("", f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): "
+                                      f"{{data_spec}} must be an image folder, whose files go to the server as they "
+                                      f"are and through {{preprocess}} into the reference",
+                                  others={"data_spec": "the data", "preprocess": "the preprocessing"})
             served_io = endpoint_io(io, image_input)
             payloads = encoded_payloads(payloads, files, image_input)
         mismatches = compare_contract(served_io, metadata, config, batch_size=options.batch_size)
