@@ -180,7 +180,7 @@ def test_verification_catches_mismatch(tmp_path, user_module, monkeypatch):
 def test_parse_input_shape():
     assert parse_input_shape("3x224x224") == (None, (3, 224, 224))
     assert parse_input_shape("ids:128") == ("ids", (128,))
-    with pytest.raises(UsageError, match="--input-shape"):
+    with pytest.raises(UsageError, match="the input shape '3xax4': expected dims like 3x224x224"):
         parse_input_shape("3xax4")
 
 

@@ -12,9 +12,13 @@ from click.testing import CliRunner
 from trtrepo.cli import cli
 from trtrepo.contracts.profile import BatchProfile, ShapeRange
 from trtrepo.deploy import DeployOptions, build_options
-from trtrepo.errors import UsageError
+from trtrepo.errors import OptionError, UsageError
 from trtrepo.modelio import ModelIO, TensorSpec
 from trtrepo.tritonconfig import ModelOptions, parse_config_text
+
+# the flags of build's and deploy's batch settings (trtrepo/cli.py maps an OptionError's settings so)
+BUILD = {"min_batch": "--min-batch", "opt_batch": "--opt-batch", "max_batch": "--max-batch", "shapes": "--shape"}
+DEPLOY = {"max_batch_size": "--max-batch-size", "shapes": "--shape"}
 
 
 def bert_io() -> ModelIO:
@@ -52,10 +56,12 @@ def test_deploy_batch_range_follows_shape_when_max_batch_size_is_not_given() -> 
 def test_deploy_max_batch_size_and_shape_must_agree_and_the_error_names_deploys_flags() -> None:
     """Issue 14: 'deploy --max-batch-size 64 --shape input_ids:1x8,8x16,32x32' blamed
     --min/--opt/--max-batch, options deploy does not have."""
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(OptionError) as err:
         deploy_profile(64, "input_ids:1x8,8x16,32x32")
-    assert "--max-batch-size 64" in err.value.message and "--shape input_ids" in err.value.message
-    assert "--min" not in err.value.message and "--opt" not in err.value.message
+    assert "the max batch size 64" in err.value.message and "the shape range input_ids" in err.value.message
+    message = err.value.with_flags(DEPLOY)
+    assert "--max-batch-size 64" in message and "--shape input_ids" in message
+    assert "--min" not in message and "--opt" not in message
     ok = deploy_profile(32, "input_ids:1x8,8x16,32x32")
     assert ok.batch_range == (1, 8, 32)
 
@@ -70,7 +76,7 @@ def test_max_batch_size_zero_is_no_batch_axis_never_32() -> None:
     profile = BatchProfile.for_deploy(0)
     assert not profile.batched and profile.triton_max_batch_size == 0
     # a dynamic axis 0 is then an ordinary axis: no default range, the error says how to give one
-    with pytest.raises(UsageError, match=r"--max-batch-size 0.*--shape input:MIN,OPT,MAX"):
+    with pytest.raises(UsageError, match=r"the max batch size 0.*the shape range input:MIN,OPT,MAX"):
         profile.resolve(image_io())
     explicit = BatchProfile.for_deploy(0, ["input:1x1x32x32,4x1x32x32,16x1x32x32"]).resolve(image_io())
     assert explicit == {"input": ShapeRange((1, 1, 32, 32), (4, 1, 32, 32), (16, 1, 32, 32))}
@@ -82,7 +88,7 @@ def test_max_batch_size_zero_is_no_batch_axis_never_32() -> None:
 
 
 def test_negative_max_batch_size_is_refused() -> None:
-    with pytest.raises(UsageError, match="--max-batch-size -1"):
+    with pytest.raises(UsageError, match="the max batch size -1"):
         BatchProfile.for_deploy(-1)
 
 
@@ -150,11 +156,13 @@ def test_deploy_max_batch_size_zero_writes_a_config_without_batching(tmp_path: P
 
 
 def test_build_errors_name_builds_flags() -> None:
-    with pytest.raises(UsageError, match=r"--min/--opt/--max-batch"):
+    with pytest.raises(OptionError, match=r"\(the min/opt/max batch\)") as err:
         BatchProfile.for_build(4, 2, 8)
+    assert err.value.with_flags(BUILD).endswith("(--min-batch/--opt-batch/--max-batch)")
     profile = BatchProfile.for_build(shapes=["input_ids:2x8,8x64,32x128"])
-    with pytest.raises(UsageError, match="batch axis 2,8,32 differs from --min/--opt/--max-batch 1,8,32"):
+    with pytest.raises(OptionError, match="batch axis 2,8,32 differs from the min/opt/max batch 1,8,32") as err:
         profile.resolve(bert_io())
+    assert "batch axis 2,8,32 differs from --min-batch/--opt-batch/--max-batch 1,8,32" in err.value.with_flags(BUILD)
 
 
 def test_data_shapes_keep_given_shapes_and_the_batch_range() -> None:

@@ -31,7 +31,7 @@ import numpy as np
 
 from .contracts import builtin
 from .data import _import_callable
-from .errors import MissingDependencyError, TrtrepoError, UsageError, one_line
+from .errors import MissingDependencyError, OptionError, TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path
 from .modelio import ModelIO, external_data_path, load_onnx
 
@@ -72,14 +72,14 @@ def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
         raise UsageError(f"{w}: weights file not found")
     if spec in builtin.names():
         if w is not None:
-            raise UsageError(f"--weights cannot be combined with the built-in '{spec}' model")
+            raise OptionError("weights", f"cannot be combined with the built-in '{spec}' model")
         return ModelSource(spec, spec)
     path = Path(spec)
     if path.suffix.lower() == ".onnx":
         if not path.is_file():
             raise UsageError(f"{path}: ONNX file not found")
         if w is not None:
-            raise UsageError("--weights does not apply to an ONNX model")
+            raise OptionError("weights", "does not apply to an ONNX model")
         return ModelSource("onnx", str(path))
     if path.suffix.lower() in TORCHSCRIPT_SUFFIXES:
         if not path.is_file():
@@ -89,7 +89,8 @@ def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
         return ModelSource("entry_point", spec, w)
     if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec):
         if w is None:
-            raise UsageError(f"torchvision architecture '{spec}' needs a local weights file (--weights FILE)")
+            raise OptionError("", f"torchvision architecture '{spec}' needs a local weights file ({{weights}})",
+                              others={"weights": "weights"})
         return ModelSource("torchvision", spec, w)
     if path.exists():
         raise UsageError(f"{path}: unsupported model file type '{path.suffix}' (expected .onnx or a TorchScript file)")
@@ -136,7 +137,8 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
     if isinstance(source, str):
         source = resolve_source(source, weights)
     if source.kind == "onnx":
-        raise UsageError(f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as --reference")
+        raise OptionError("", f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as {{reference}}",
+                          others={"reference": "the reference"})
     torch = _import_torch()
     plugin = builtin.builtin(source.kind)
     if plugin is not None:
@@ -145,9 +147,9 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
         try:
             model = torch.jit.load(source.location, map_location="cpu")
         except Exception as exc:
-            raise UsageError(
-                f"{source.location}: not a TorchScript file ({type(exc).__name__}); for a state dict use "
-                f"'package.module:factory --weights FILE'"
+            raise OptionError(
+                "", f"{source.location}: not a TorchScript file ({type(exc).__name__}); for a state dict use "
+                f"'package.module:factory' with {{weights}}", others={"weights": "a weights file"}
             ) from exc
         _apply_weights(torch, model, source.weights)
         return model.eval()
@@ -192,6 +194,7 @@ class InputShape:
 # values in one sample of an --input-shape: 512 MiB as float32 (a 3x4096x4096 image is 50 M); the
 # export feeds a few random samples of it to the model (MemoryError from numpy before)
 MAX_INPUT_ELEMENTS = 1 << 27
+_INPUT_SHAPE = "the input shape"  # the concept the input_shapes setting names (--input-shape)
 
 
 def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
@@ -202,12 +205,12 @@ def parse_input_shape(text: str) -> tuple[str | None, tuple[int, ...]]:
     try:
         shape = tuple(int(d) for d in dims.lower().split("x") if d)
     except ValueError as exc:
-        raise UsageError(f"--input-shape '{text}': expected dims like 3x224x224 or NAME:3x224x224") from exc
+        raise OptionError("input_shapes", f"'{text}': expected dims like 3x224x224 or NAME:3x224x224", concept=_INPUT_SHAPE) from exc
     if not shape or any(d <= 0 for d in shape):
-        raise UsageError(f"--input-shape '{text}': dims must be positive integers")
+        raise OptionError("input_shapes", f"'{text}': dims must be positive integers", concept=_INPUT_SHAPE)
     if math.prod(shape) > MAX_INPUT_ELEMENTS:
-        raise UsageError(f"--input-shape '{text}': {math.prod(shape)} values per sample; at most {MAX_INPUT_ELEMENTS} "
-                         f"(the export runs the model on random samples of this shape)")
+        raise OptionError("input_shapes", f"'{text}': {math.prod(shape)} values per sample; at most {MAX_INPUT_ELEMENTS} "
+                          f"(the export runs the model on random samples of this shape)", concept=_INPUT_SHAPE)
     return (name or None), shape
 
 
@@ -248,7 +251,7 @@ def resolve_inputs(source: ModelSource, input_shapes: Sequence[str] = (), data: 
     :func:`inputs_from_data`); None for sources that know their own (ONNX, built-in models)."""
     if source.kind == "onnx" or builtin.builtin(source.kind) is not None:
         if input_shapes:
-            raise UsageError(f"--input-shape does not apply to {source.describe()} (its inputs are known)")
+            raise OptionError("input_shapes", f"does not apply to {source.describe()} (its inputs are known)", concept=_INPUT_SHAPE)
         return None, {}
     if input_shapes:
         parsed = [parse_input_shape(t) for t in input_shapes]
@@ -345,10 +348,10 @@ def export_onnx(
         source = resolve_source(source, weights)
     output = Path(output)
     if opset < 13:
-        raise UsageError(f"--opset {opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
+        raise OptionError("opset", f"{opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
     if opset > onnx.defs.onnx_opset_version():
-        raise UsageError(f"--opset {opset}: the installed onnx {onnx.__version__} knows opsets up to "
-                         f"{onnx.defs.onnx_opset_version()}")
+        raise OptionError("opset", f"{opset}: the installed onnx {onnx.__version__} knows opsets up to "
+                          f"{onnx.defs.onnx_opset_version()}")
 
     if source.kind == "onnx":
         return _pass_through(source, output, force)
@@ -360,8 +363,9 @@ def export_onnx(
         if plugin is not None:
             inputs = plugin.inputs()
         else:
-            raise UsageError(f"{source.location}: give the input shape(s) with --input-shape (e.g. 3x224x224, batch axis "
-                             f"excluded) or calibration data (--data) to read them from")
+            raise OptionError("", f"{source.location}: give the input shapes ({{input_shapes}}, e.g. 3x224x224, batch axis "
+                              f"excluded) or calibration data ({{data_spec}}) to read them from",
+                              others={"input_shapes": "input_shapes", "data_spec": "data"})
     inputs = list(inputs)
     names = [i.name for i in inputs]
     if len(set(names)) != len(names):
@@ -374,13 +378,14 @@ def export_onnx(
         output_names = ["output"] if len(ref_out) == 1 else [f"output{i}" for i in range(len(ref_out))]
     output_names = list(output_names)
     if len(output_names) != len(ref_out):
-        raise UsageError(f"--output-names lists {len(output_names)} names but the model returns {len(ref_out)} outputs")
+        raise OptionError("output_names", f"lists {len(output_names)} names but the model returns {len(ref_out)} outputs",
+                          concept="the output name list")
     if plugin is not None and plugin.dynamic_axes:
         dynamic_axes = {**plugin.dynamic_axes, **(dynamic_axes or {})}
     axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in (*names, *output_names)}
     for tensor, extra in (dynamic_axes or {}).items():
         if tensor not in axes:
-            raise UsageError(f"--dynamic-axis: '{tensor}' is not an input or output name")
+            raise OptionError("dynamic_axes", f": '{tensor}' is not an input or output name")
         axes[tensor].update({int(a): str(n) for a, n in extra.items()})
 
     with atomic_path(output, force=force) as tmp:

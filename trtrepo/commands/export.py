@@ -30,7 +30,7 @@ def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
 @click.option("--weights", type=click.Path(dir_okay=False), default=None, help="State dict for an entry point or torchvision architecture.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
               help="Per-sample input shape without the batch axis, e.g. 3x224x224 (repeat for several inputs).")
-@click.option("--data", default=None, metavar="SPEC",
+@click.option("--data", "data_spec", default=None, metavar="SPEC",
               help="Read the input names, shapes and dtypes off this data (an image folder, .npy/.npz, module:callable) "
                    "instead of --input-shape; axes whose size varies become dynamic.")
 @click.option("--preprocess", type=click.Path(exists=True, dir_okay=False), default=None,
@@ -38,29 +38,29 @@ def _parse_dynamic(values: tuple[str, ...]) -> dict[str, dict[int, str]]:
 @click.option("--input-dtype", "input_dtypes", multiple=True, metavar="NAME:DTYPE", help="Input dtype (default float32).")
 @click.option("--input-names", default=None, help="Comma-separated input names (default: input, or input0,input1,...).")
 @click.option("--output-names", default=None, help="Comma-separated output names (default: output, or output0,...).")
-@click.option("--dynamic-axis", "dynamic", multiple=True, metavar="NAME:AXIS[:LABEL]", help="Extra dynamic axis (axis 0 is always dynamic).")
+@click.option("--dynamic-axis", "dynamic_axes", multiple=True, metavar="NAME:AXIS[:LABEL]", help="Extra dynamic axis (axis 0 is always dynamic).")
 @click.option("--opset", type=click.IntRange(min=13), default=17, show_default=True)
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing output file.")
-@io_paths({"source": "SOURCE", "weights": "--weights", "data": "--data", "preprocess": "--preprocess"},
+@io_paths({"source": "SOURCE", "weights": "--weights", "data_spec": "--data", "preprocess": "--preprocess"},
           {"output": "-o"})
-def command(source: str, output: str, weights: str | None, input_shapes: tuple[str, ...], data: str | None,
+def command(source: str, output: str, weights: str | None, input_shapes: tuple[str, ...], data_spec: str | None,
             preprocess: str | None, input_dtypes: tuple[str, ...],
-            input_names: str | None, output_names: str | None, dynamic: tuple[str, ...], opset: int, force: bool) -> None:
+            input_names: str | None, output_names: str | None, dynamic_axes: tuple[str, ...], opset: int, force: bool) -> None:
     """Export SOURCE to ONNX (the help text is the command's ``help``: it lists the built-in models)."""
     from ..export import InputShape, export_onnx, inputs_from_data, parse_input_shape, resolve_source  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     src = resolve_source(source, weights)
     inputs = None
-    dynamic_axes = _parse_dynamic(dynamic)
-    if data is not None and input_shapes:
+    axes = _parse_dynamic(dynamic_axes)
+    if data_spec is not None and input_shapes:
         raise UsageError("give either --input-shape or --data (the shapes are read off the data)")
-    if data is not None:
+    if data_spec is not None:
         if not src.is_torch or builtin.builtin(src.kind) is not None:
             raise UsageError(f"--data does not apply to {source} (its inputs are known; the data only serves calibration)")
         from ..data import open_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
-        inputs, from_data = inputs_from_data(open_data(data, preprocess=preprocess))
-        dynamic_axes = {**from_data, **{k: {**from_data.get(k, {}), **v} for k, v in dynamic_axes.items()}}
+        inputs, from_data = inputs_from_data(open_data(data_spec, preprocess=preprocess))
+        axes = {**from_data, **{k: {**from_data.get(k, {}), **v} for k, v in axes.items()}}
     elif input_shapes:
         parsed = [parse_input_shape(s) for s in input_shapes]
         names = input_names.split(",") if input_names else None
@@ -80,7 +80,7 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
         output,
         inputs=inputs,
         output_names=output_names.split(",") if output_names else None,
-        dynamic_axes=dynamic_axes or None,
+        dynamic_axes=axes or None,
         opset=opset,
         force=force,
     )

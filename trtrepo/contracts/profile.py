@@ -7,8 +7,10 @@ from ``deploy``'s (:meth:`BatchProfile.for_deploy`: ``--max-batch-size`` and ``-
 completed from calibration data (:meth:`BatchProfile.with_data_shapes`); it gives TensorRT's
 optimization profile (:meth:`BatchProfile.resolve`) and Triton's ``max_batch_size``.
 
-Errors name the parameters as the command that made the profile calls them (``origin``), so a
-``deploy`` error never speaks of ``build``'s flags.
+Errors name the settings that made the profile (``origin``: ``min_batch``/``opt_batch``/``max_batch``
+for ``build``, ``max_batch_size`` and ``shapes`` for ``deploy``) as :class:`~trtrepo.errors.OptionError`
+placeholders, so the command line shows the running command's flags and a ``deploy`` error never
+speaks of ``build``'s.
 """
 
 from __future__ import annotations
@@ -29,9 +31,14 @@ DEFAULT_MIN_BATCH = 1
 DEFAULT_OPT_BATCH = 8
 DEFAULT_MAX_BATCH = 32
 
-# How each command names the batch range in its errors.
-BUILD_FLAGS = "--min/--opt/--max-batch"
-DEPLOY_FLAGS = "--max-batch-size"
+# How each command names the batch range in its errors: templates of OptionError placeholders
+# (the command line shows each as the running command's flag: --min-batch/--opt-batch/--max-batch).
+BUILD_FLAGS = "{min_batch}/{opt_batch}/{max_batch}"
+DEPLOY_FLAGS = "{max_batch_size}"
+_SHAPE = "the shape range"
+# what the library calls each setting a profile's errors name
+_SETTINGS = {"min_batch": "the min", "opt_batch": "opt", "max_batch": "max batch", "max_batch_size": "the max batch size",
+             "shapes": _SHAPE}
 
 
 def parse_dims(text: str, what: str) -> tuple[int, ...]:
@@ -78,9 +85,6 @@ class ShapeRange:
         return cls(tuple(data["min"]), tuple(data["opt"]), tuple(data["max"]))
 
 
-_SHAPE = "the shape range"
-
-
 def parse_shape_option(text: str) -> tuple[str, ShapeRange]:
     """``NAME:MIN,OPT,MAX`` with trtexec-like dims (``input_ids:1x8,8x64,32x128``); ``NAME:DIMS`` fixes one shape."""
     name, sep, dims = text.rpartition(":")
@@ -104,8 +108,8 @@ class BatchProfile:
 
     ``batched`` False: the model is served without a batch axis (Triton ``max_batch_size: 0``);
     any dynamic axis 0 is then an ordinary axis that ``shapes`` must range. ``origin`` names the
-    batch range's parameters in errors (``--min/--opt/--max-batch`` for build,
-    ``--max-batch-size`` for deploy)."""
+    batch range's settings in errors, a template of :class:`~trtrepo.errors.OptionError`
+    placeholders (:data:`BUILD_FLAGS` for build, :data:`DEPLOY_FLAGS` for deploy)."""
 
     min_batch: int = DEFAULT_MIN_BATCH
     opt_batch: int = DEFAULT_OPT_BATCH
@@ -116,12 +120,12 @@ class BatchProfile:
 
     def __post_init__(self) -> None:
         if self.batched and not 1 <= self.min_batch <= self.opt_batch <= self.max_batch:
-            raise UsageError(f"batch range must satisfy 1 <= min <= opt <= max, got {self.min_batch}, {self.opt_batch}, "
-                             f"{self.max_batch} ({self.origin})")
+            raise OptionError("", f"batch range must satisfy 1 <= min <= opt <= max, got {self.min_batch}, {self.opt_batch}, "
+                              f"{self.max_batch} ({self.origin})", others=_SETTINGS)
         names = [n for n, _ in self.shapes]
         dup = sorted({n for n in names if names.count(n) > 1})
         if dup:
-            raise UsageError(f"--shape given more than once for {', '.join(dup)}")
+            raise OptionError("shapes", f"given more than once for {', '.join(dup)}", concept=_SHAPE)
 
     # --- construction ---------------------------------------------------------------------
     @classmethod
@@ -144,28 +148,28 @@ class BatchProfile:
         """
         parsed = _parse_shapes(shapes)
         if max_batch_size is not None and max_batch_size < 0:
-            raise UsageError(f"--max-batch-size {max_batch_size}: must be >= 0")
+            raise OptionError("max_batch_size", f"{max_batch_size}: must be >= 0", others=_SETTINGS)
         if max_batch_size == 0:
             return cls(0, 0, 0, parsed, False, DEPLOY_FLAGS)
         axis0 = {name: r.axis(0) for name, r in parsed}
         if len(set(axis0.values())) > 1:
             given = "; ".join(f"{n} {','.join(map(str, v))}" for n, v in axis0.items())
-            raise UsageError(f"--shape: the batch axis (axis 0) differs between inputs ({given}); one batch range "
-                             f"serves the whole model")
+            raise OptionError("shapes", f": the batch axis (axis 0) differs between inputs ({given}); one batch range "
+                              f"serves the whole model", others=_SETTINGS)
         if max_batch_size is None:
             if axis0:
                 lo, mid, hi = next(iter(axis0.values()))
-                return cls(lo, mid, hi, parsed, True, "--shape (axis 0)")
+                return cls(lo, mid, hi, parsed, True, "{shapes} (axis 0)")
             return cls(DEFAULT_MIN_BATCH, min(DEFAULT_OPT_BATCH, DEFAULT_MAX_BATCH), DEFAULT_MAX_BATCH, parsed, True,
                        DEPLOY_FLAGS)
         if axis0:
             lo, mid, hi = next(iter(axis0.values()))
             if hi != max_batch_size:
                 name = next(iter(axis0))
-                raise UsageError(f"--max-batch-size {max_batch_size} and --shape {name}: the shape's batch axis "
-                                 f"{lo},{mid},{hi} ends at {hi}; give the same maximum (or leave --max-batch-size out: "
-                                 f"it follows --shape)")
-            return cls(lo, mid, hi, parsed, True, f"--shape (axis 0) and {DEPLOY_FLAGS}")
+                raise OptionError("max_batch_size", f"{max_batch_size} and {{shapes}} {name}: the shape's batch axis "
+                                  f"{lo},{mid},{hi} ends at {hi}; give the same maximum (or leave {{max_batch_size}} "
+                                  f"out: it follows {{shapes}})", others=_SETTINGS)
+            return cls(lo, mid, hi, parsed, True, f"{{shapes}} (axis 0) and {DEPLOY_FLAGS}")
         return cls(DEFAULT_MIN_BATCH, min(DEFAULT_OPT_BATCH, max_batch_size), max_batch_size, parsed, True, DEPLOY_FLAGS)
 
     def with_data_shapes(self, io: ModelIO, source: Iterable[Any]) -> BatchProfile:
@@ -187,7 +191,8 @@ class BatchProfile:
         for spec in dynamic:
             seen = np.asarray(sizes[spec.name])
             if seen.size == 0:
-                raise UsageError(f"input '{spec.name}': the data has no values to size its dynamic axes (give --shape)")
+                raise OptionError("", f"input '{spec.name}': the data has no values to size its dynamic axes (give "
+                                  f"{{shapes}})", others=_SETTINGS)
             lo, mid, hi = [], [], []
             k = 0
             for axis, d in enumerate(spec.shape):
@@ -228,7 +233,8 @@ class BatchProfile:
         overrides = dict(self.shapes)
         unknown = [n for n in overrides if n not in io.input_names]
         if unknown:
-            raise UsageError(f"--shape names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})")
+            raise OptionError("shapes", f"names unknown input(s) {', '.join(unknown)} (inputs: {', '.join(io.input_names)})",
+                              others=_SETTINGS)
         lo, mid, hi = self.batch_range
         given: dict[str, ShapeRange] = {}
         for spec in io.inputs:
@@ -236,14 +242,16 @@ class BatchProfile:
                 continue
             r = overrides[spec.name]
             if len(r.min) != spec.rank:
-                raise UsageError(f"--shape {spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}")
+                raise OptionError("shapes", f"{spec.name}: rank {len(r.min)} but the input has shape {list(spec.shape)}",
+                                  others=_SETTINGS)
             for axis, d in enumerate(spec.shape):
                 if d != -1 and not (r.min[axis] == r.opt[axis] == r.max[axis] == d):
-                    raise UsageError(f"--shape {spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model")
+                    raise OptionError("shapes", f"{spec.name}:{r.describe()}: axis {axis} is fixed at {d} in the model",
+                                      others=_SETTINGS)
             if self.batched and spec.shape and spec.shape[0] == -1 and r.axis(0) != (lo, mid, hi):
-                raise UsageError(
-                    f"--shape {spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
-                    f"{self.origin} {lo},{mid},{hi}")
+                raise OptionError(
+                    "shapes", f"{spec.name}:{r.describe()}: batch axis {r.min[0]},{r.opt[0]},{r.max[0]} differs from "
+                    f"{self.origin} {lo},{mid},{hi}", others=_SETTINGS)
             if spec.dynamic_axes:
                 given[spec.name] = r
         return given
@@ -279,10 +287,10 @@ class BatchProfile:
                 rng = ranged.axis(axis)
                 prev = symbols.setdefault(label, (rng, spec.name))
                 if prev[0] != rng:
-                    raise UsageError(
-                        f"--shape: inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it "
+                    raise OptionError(
+                        "shapes", f": inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it "
                         f"different ranges ({','.join(map(str, prev[0]))} and {','.join(map(str, rng))}); the axis has "
-                        f"one size at run time, so give both the same MIN,OPT,MAX")
+                        f"one size at run time, so give both the same MIN,OPT,MAX", others=_SETTINGS)
 
         result: dict[str, ShapeRange] = {}
         for spec in io.inputs:
@@ -298,10 +306,10 @@ class BatchProfile:
                 label = labels[missing[0]]
                 axis_desc = f"axis {missing[0]}" + (f" ('{label}')" if label else "")
                 example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
-                why = (" (--max-batch-size 0: no batch axis, so axis 0 is an ordinary axis)"
+                why = (" ({max_batch_size} 0: no batch axis, so axis 0 is an ordinary axis)"
                        if not self.batched and missing[0] == 0 else "")
-                raise UsageError(f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range{why}; give "
-                                 f"it with --shape {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)")
+                raise OptionError("", f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range{why}; "
+                                  f"give it with {{shapes}} {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)", others=_SETTINGS)
             shapes = [list(spec.with_batch(b)) if self.batched else list(spec.shape) for b in (lo, mid, hi)]
             for a in other:
                 rng, _ = symbols[labels[a]]  # type: ignore[index]
