@@ -37,7 +37,7 @@ def test_header_version_string() -> None:
 
 @pytest.mark.parametrize("bad", ["10", "ten.1.0", "10.100.0", "8.12.0", ""])
 def test_trt_version_rejects_garbage(bad: str) -> None:
-    with pytest.raises(UsageError, match="--trt-version"):
+    with pytest.raises(UsageError, match=f"the TensorRT version '{bad}'"):
         C.trt_version_int(bad)
 
 
@@ -100,7 +100,8 @@ def test_check_names_lists_mismatches() -> None:
         C.check_names(["a", "zz"], ["a", "b"], known=["a", "b"], source="m.cache")
     msg = str(info.value)
     assert "m.cache does not match" in msg and "missing from it: b" in msg and "not in the model: zz" in msg
-    assert "--recalibrate" in msg
+    assert msg.endswith("use recalibrate=True to rebuild it")
+    assert info.value.with_flags({"recalibrate": "--recalibrate"}).endswith("use --recalibrate to rebuild it")
 
 
 def test_dynamic_range_round_trip(tmp_path: Path) -> None:

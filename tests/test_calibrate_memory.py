@@ -103,7 +103,7 @@ def test_nan_on_a_micro_batch_names_its_samples(tmp_path: Path) -> None:
 
 def test_budget_must_be_positive(demo_onnx: Path, run_cli) -> None:
     for bad in (0, -1.0, float("nan")):
-        with pytest.raises(UsageError, match="--memory-budget-mb"):
+        with pytest.raises(UsageError, match=r"the memory budget \(MB\) must be a positive number"):
             Calibrator(demo_onnx, "demo:calib", memory_budget_mb=bad)
     res = run_cli("calibrate", demo_onnx, "--data", "demo:calib", "--memory-budget-mb", 0)
     assert res.exit_code == 2 and "--memory-budget-mb" in res.stderr

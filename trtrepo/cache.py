@@ -35,7 +35,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-from .errors import UsageError
+from .errors import OptionError, UsageError
 from .fsutil import atomic_write_text
 
 ALGORITHMS = ("EntropyCalibration2", "EntropyCalibration", "MinMaxCalibration", "LegacyCalibration")
@@ -99,6 +99,9 @@ def with_header(data: bytes, header: CacheHeader) -> bytes:
     return header.text.encode() + rest
 
 
+_TRT_VERSION = "the TensorRT version"
+
+
 def trt_version_int(version: str | int) -> int:
     """``"10.13.0"`` -> 101300, ``"8.6.1"`` -> 8601; an int (or digit string) passes through."""
     if isinstance(version, int):
@@ -108,15 +111,15 @@ def trt_version_int(version: str | int) -> int:
         return int(text)
     parts = text.split(".")
     if not 2 <= len(parts) <= 4 or not all(p.isdigit() for p in parts):
-        raise UsageError(f"--trt-version '{version}': expected MAJOR.MINOR.PATCH, e.g. 10.13.0")
+        raise OptionError("trt_version", f"'{version}': expected MAJOR.MINOR.PATCH, e.g. 10.13.0", concept=_TRT_VERSION)
     major, minor = int(parts[0]), int(parts[1])
     patch = int(parts[2]) if len(parts) > 2 else 0
     if minor > 99 or patch > 99:
-        raise UsageError(f"--trt-version '{version}': minor and patch must be below 100")
+        raise OptionError("trt_version", f"'{version}': minor and patch must be below 100", concept=_TRT_VERSION)
     if major >= 10:
         return major * 10000 + minor * 100 + patch
     if minor > 9:
-        raise UsageError(f"--trt-version '{version}': TensorRT {major}.x minor versions are below 10")
+        raise OptionError("trt_version", f"'{version}': TensorRT {major}.x minor versions are below 10", concept=_TRT_VERSION)
     return major * 1000 + minor * 100 + patch
 
 
@@ -248,4 +251,5 @@ def check_names(names: Iterable[str], expected: Iterable[str], known: Iterable[s
         parts.append(f"{len(missing)} model tensor(s) missing from it: {show(missing)}")
     if unknown:
         parts.append(f"{len(unknown)} name(s) not in the model: {show(unknown)}")
-    raise UsageError(f"{source} does not match the model ({'; '.join(parts)}); use --recalibrate to rebuild it")
+    raise OptionError("", f"{source} does not match the model ({'; '.join(parts)}); use {{recalibrate}} to rebuild it",
+                      others={"recalibrate": "recalibrate=True"})

@@ -32,7 +32,7 @@ import numpy as np
 from .. import histogram as H
 from ..cache import check_names
 from ..data import DataOptions, DataSource, iter_batches, open_data
-from ..errors import TrtrepoError, UsageError, onnxruntime_run_error
+from ..errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from ..fsutil import temp_dir
 from ..modelio import ModelIO, with_outputs
 from ..progress import active as progress_active
@@ -103,13 +103,15 @@ class Calibrator:
                  channel_tensors: Sequence[str] = ()) -> None:
         num_bins, histogram_sample = histograms.num_bins, histograms.sample
         if batch_size < 1:
-            raise UsageError(f"--batch-size must be positive, got {batch_size}")
+            raise OptionError("batch_size", f"must be positive, got {batch_size}")
         if memory_budget_mb is not None and not (math.isfinite(memory_budget_mb) and memory_budget_mb > 0):
-            raise UsageError(f"--memory-budget-mb must be a positive number, got {memory_budget_mb}")
+            raise OptionError("memory_budget_mb", f"must be a positive number, got {memory_budget_mb}",
+                              concept="the memory budget (MB)")
         if not MIN_NUM_BINS <= num_bins <= MAX_NUM_BINS:
-            raise UsageError(f"--num-bins {num_bins}: expected {MIN_NUM_BINS}..{MAX_NUM_BINS} (entropy compares "
-                             f"quantizations into {MIN_NUM_BINS} levels, and with fewer bins every method falls back to "
-                             f"the maximum; each calibrated tensor keeps one int64 count per bin)")
+            raise OptionError("num_bins", f"{num_bins}: expected {MIN_NUM_BINS}..{MAX_NUM_BINS} (entropy compares "
+                              f"quantizations into {MIN_NUM_BINS} levels, and with fewer bins every method falls back to "
+                              f"the maximum; each calibrated tensor keeps one int64 count per bin)",
+                              concept="the number of histogram bins")
         if histogram_sample is not None and histogram_sample < 1:
             raise UsageError(f"histogram_sample must be positive, got {histogram_sample}")
         self.histogram_sample = histogram_sample
@@ -150,7 +152,7 @@ class Calibrator:
     def source(self) -> Any:
         if self._source is None:
             if self._data_spec is None:
-                raise UsageError("calibration needs data (--data)")
+                raise OptionError("", "calibration needs data (give {data_spec})", others={"data_spec": "a data spec"})
             how = self._data_how
             self._source = open_data(self._data_spec, io=self.io, preprocess=how.preprocess, labels=how.labels, limit=how.limit,
                                      seed=how.seed, skip_non_images=how.skip_non_images)

@@ -12,7 +12,7 @@ from typing import Any
 from .. import histogram as H
 from ..cache import format_cache, format_dynamic_range, trt_version_int
 from ..data import DataOptions
-from ..errors import UsageError
+from ..errors import OptionError
 from ..fsutil import atomic_write_text
 from .budget import DEFAULT_MEMORY_BUDGET_MB
 from .calibrator import Calibrator, HistogramOptions
@@ -60,11 +60,13 @@ def run_calibrate(model: str | Path, options: CalibrateOptions) -> CalibrateResu
     model or data they are computed from."""
     trt_version_int(options.trt_version)  # validate before any work
     if options.method not in H.METHODS:
-        raise UsageError(f"--method '{options.method}': expected one of {', '.join(H.METHODS)}")
+        raise OptionError("method", f"'{options.method}': expected one of {', '.join(H.METHODS)}",
+                          concept="the calibration method")
     _check_outputs(options.outputs(), inputs={"model": model, "data": options.data.spec if options.data else None})
     reuse = options.cache is not None and Path(options.cache).is_file() and not options.recalibrate
     if not reuse and options.data is None:
-        raise UsageError("--data is required (or --cache naming an existing calibration cache to reuse)")
+        raise OptionError("data_spec", "is required (or {cache_path} naming an existing calibration cache to reuse)",
+                          concept="the calibration data", others={"cache_path": "a cache path"})
     started = time.perf_counter()
     cal = Calibrator(model, options.data, batch_size=options.data.batch_size if options.data else 32,
                      histograms=HistogramOptions(num_bins=options.num_bins), progress=options.progress,
@@ -89,16 +91,23 @@ def run_calibrate(model: str | Path, options: CalibrateOptions) -> CalibrateResu
     return CalibrateResult(ranges, stats, options.cache if reuse else None, [p for p, _ in texts], seconds)
 
 
+# each output of CalibrateOptions.outputs(): its setting (the calibrate command's parameter) and concept
+_OUTPUTS = {"cache": ("cache_path", "the calibration cache"), "ranges": ("ranges_path", "the ranges file"),
+            "dynamic_range": ("dynamic_range_path", "the dynamic-range file")}
+
+
 def _check_outputs(outputs: Mapping[str, str], inputs: Mapping[str, Any]) -> None:
     seen: dict[Path, str] = {}
     sources = {Path(str(v)).resolve(): k for k, v in inputs.items() if isinstance(v, (str, Path)) and Path(str(v)).exists()}
+    concepts = dict(_OUTPUTS.values())
     for param, value in outputs.items():
         p = Path(value).resolve()
-        flag = "--" + param.replace("_", "-")
+        setting, concept = _OUTPUTS[param]
         if p.is_dir():
-            raise UsageError(f"{flag} {value}: is a directory")
+            raise OptionError(setting, f"{value}: is a directory", concept=concept)
         if p in seen:
-            raise UsageError(f"{flag} and {seen[p]} name the same file {value}")
+            raise OptionError(setting, f"and {{{seen[p]}}} name the same file {value}", concept=concept, others=concepts)
         if p in sources:
-            raise UsageError(f"{flag} {value}: is the {sources[p]} being calibrated; it would be overwritten")
-        seen[p] = flag
+            raise OptionError(setting, f"{value}: is the {sources[p]} being calibrated; it would be overwritten",
+                              concept=concept)
+        seen[p] = setting

@@ -15,7 +15,7 @@ import numpy as np
 
 from .. import histogram as H
 from ..cache import check_range, read_cache, scale_of, write_cache, write_dynamic_range
-from ..errors import TrtrepoError, UsageError
+from ..errors import OptionError, TrtrepoError, UsageError
 from ..fsutil import atomic_path, atomic_write_text
 
 
@@ -78,9 +78,9 @@ class Statistics:
     def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
         """Ranges (tensor -> amax) with a registered ``method`` (:data:`trtrepo.histogram.METHODS`)."""
         if method not in H.METHODS:
-            raise UsageError(f"--method '{method}': expected one of {', '.join(H.METHODS)}")
+            raise OptionError("method", f"'{method}': expected one of {', '.join(H.METHODS)}", concept="the calibration method")
         if not 0.0 < percentile <= 100.0:
-            raise UsageError(f"--percentile {percentile}: expected a value in (0, 100]")
+            raise OptionError("percentile", f"{percentile}: expected a value in (0, 100]")
         opts = dict(options)
         if "percentile" in H.METHODS[method].options:
             opts["percentile"] = percentile
