@@ -50,8 +50,9 @@ def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
         ref, data, precision = MODELS[name]
         path = fp32[ref]
         if precision == "INT8":
-            path = quantize_for_deploy(QuantizeRequest(fp32[ref], root / f"{name}.onnx", data=f"{data}:calib", method="minmax",
-                                                       options=QuantizeOptions(target="onnxruntime"))).path
+            path = quantize_for_deploy(QuantizeRequest.of(fp32[ref], root / f"{name}.onnx", data=f"{data}:calib", method="minmax",
+                                                       options=QuantizeOptions(target="onnxruntime"),
+                                               accept_accuracy_loss=True)).path
         add_onnx_model(root / "repo", name, path, backend="python", options=ModelOptions(execution_env=str(env)))
         onnx[name] = Path(fp32[ref])
     return onnx

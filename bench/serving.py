@@ -36,8 +36,9 @@ def build_repository(root: Path) -> Path:
     if env is None:
         sys.exit("no numpy<2 environment for the Python backend: run scripts/install_tritonserver.sh")
     fp32 = export_onnx("demo", root / "demo.onnx").path
-    int8 = quantize_for_deploy(QuantizeRequest(fp32, root / "demo_int8.onnx", data="demo:calib", method="entropy",
-                                               options=QuantizeOptions(target="onnxruntime"))).path
+    int8 = quantize_for_deploy(QuantizeRequest.of(fp32, root / "demo_int8.onnx", data="demo:calib", method="entropy",
+                                               options=QuantizeOptions(target="onnxruntime"),
+                                               accept_accuracy_loss=True)).path
     repo = root / "repo"
     add_onnx_model(repo, "int8_batching", int8, backend="python", options=ModelOptions(execution_env=str(env)))
     add_onnx_model(repo, "int8_no_batching", int8, backend="python",

@@ -63,9 +63,10 @@ def build_repository(work: Path) -> Path:
         sys.exit("no numpy<2 environment for the Python backend: run scripts/install_tritonserver.sh")
     work.mkdir(parents=True, exist_ok=True)
     t0 = time.perf_counter()
-    int8 = quantize_for_deploy(QuantizeRequest(CACHE / "model.onnx", work / "mobilenet_v2_int8.onnx",
+    int8 = quantize_for_deploy(QuantizeRequest.of(CACHE / "model.onnx", work / "mobilenet_v2_int8.onnx",
                                                data=str(CACHE / "calib256.npz"), method="minmax",
-                                               options=QuantizeOptions(target="onnxruntime"))).path
+                                               options=QuantizeOptions(target="onnxruntime"),
+                                               accept_accuracy_loss=True)).path
     print(f"[validate_time] quantized in {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
     add_onnx_model(repo, "mobilenet_v2", int8, backend="python", options=ModelOptions(execution_env=str(env)))
     return repo

@@ -12,7 +12,8 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtrepo.autoquant import AccuracyCheck, run_quantize
+from trtrepo.autoquant import AccuracyCheck, QuantizeSettings, run_quantize
+from trtrepo.data import DataOptions
 from trtrepo.evaluate import ExpectedDrop, OutputMetrics
 from trtrepo.quantize import QuantizeOptions
 
@@ -78,8 +79,9 @@ def test_deploy_ships_fp32_unless_accuracy_loss_is_accepted(hard_case, tmp_path,
     from trtrepo.deploy import DeployOptions, deploy
 
     model, data = hard_case
-    report = deploy(DeployOptions(source=str(model), data=str(data), backend="onnxruntime", repo=str(tmp_path / "repo"),
-                                  workdir=str(tmp_path / "work"), accept_accuracy_loss=accept))
+    report = deploy(DeployOptions(source=str(model), data=DataOptions(str(data)), backend="onnxruntime",
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"),
+                                  int8=QuantizeSettings(accept_accuracy_loss=accept, target_from_backend=True)))
     (deployed,) = report.models
     step = next(s for s in report.steps if s.step == "int8")
     if accept:
@@ -298,9 +300,10 @@ def test_deploy_eval_data_is_the_set_the_check_runs_on(tmp_path):
     samples: the label rule), not on a fifth of --data."""
     from trtrepo.deploy import DeployOptions, deploy
 
-    report = deploy(DeployOptions(source="demo", data="demo:calib", limit=300, eval_data="demo:val", backend="onnxruntime",
-                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"), method="minmax",
-                                  weight_rounding="nearest", smooth_quant=None))
+    report = deploy(DeployOptions(source="demo", data=DataOptions("demo:calib", limit=300), backend="onnxruntime",
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work"),
+                                  int8=QuantizeSettings(eval_data="demo:val", method="minmax", weight_rounding="nearest",
+                                                        smooth_quant=None, target_from_backend=True)))
     (deployed,) = report.models
     step = next(s for s in report.steps if s.step == "int8")
     assert deployed.precision == "int8" and "passed" in step.detail

@@ -10,7 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from trtrepo.autoquant import QuantizeSettings
 from trtrepo.contracts.profile import BatchProfile
+from trtrepo.data import DataOptions
 from trtrepo.deploy import DeployOptions, build_options
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import make_session
@@ -63,7 +65,8 @@ def text_repo(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     folder = tmp_path_factory.mktemp("text_repo")
     report = deploy(DeployOptions(source="demo-text", backend="python", repo=str(folder / "repo"),
-                                  workdir=str(folder / "work"), limit=256, metric_output="embedding"))
+                                  workdir=str(folder / "work"), data=DataOptions("", limit=256),
+                                  int8=QuantizeSettings(metric_output="embedding", target_from_backend=True)))
     assert [m.precision for m in report.models] == ["int8"]
     assert any(s.step == "int8" and s.status == "done" and "chosen on embedding" in s.detail for s in report.steps)
     return folder

@@ -12,8 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
+from trtrepo.autoquant import QuantizeSettings
 from trtrepo.autoquant.front import MAX_ROWS, FrontRow, QualityFront
 from trtrepo.cli import cli
+from trtrepo.data import DataOptions
+from trtrepo.quantize import QuantizeOptions
 
 DAMAGED_CONV = "/features/features.4/features.4.0/Conv"
 DAMAGED_INPUT = "/features/features.3/relu/Relu_output_0"  # that Conv's only input
@@ -80,9 +83,9 @@ def test_deploy_ships_fp32_saying_why_when_no_candidate_passes(demo_onnx, damage
     from trtrepo.deploy import DeployOptions, deploy
 
     _, every = damaged
-    report = deploy(DeployOptions(source=str(demo_onnx), data="demo:calib", limit=128, ranges=str(every),
-                                  backend="onnxruntime", target="tensorrt", repo=str(tmp_path / "repo"),
-                                  workdir=str(tmp_path / "work")))
+    report = deploy(DeployOptions(source=str(demo_onnx), data=DataOptions("demo:calib", limit=128), backend="onnxruntime",
+                                  int8=QuantizeSettings(ranges=str(every), placement=QuantizeOptions(target="tensorrt")),
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work")))
     assert report.models[0].precision == "fp32"
     front = report.front
     assert front is not None and front.shipped is None and front.reason.startswith("no candidate passed; best: ")
@@ -132,7 +135,7 @@ def test_the_layers_are_ranked_on_calibration_samples_never_on_the_held_out_ones
     from trtrepo.autoquant.gate import AccuracyCheck
     from trtrepo.data import open_data
 
-    req = QuantizeRequest(str(demo_onnx), str(tmp_path / "m.onnx"), data=open_data("demo:calib", limit=200), method="minmax",
+    req = QuantizeRequest.of(str(demo_onnx), str(tmp_path / "m.onnx"), data=open_data("demo:calib", limit=200), method="minmax",
                           check=AccuracyCheck(max_top1_drop=-1.0), accept_accuracy_loss=True,
                           front=FrontOptions(ks=(1, 2), measure_speed=False))
     report = quantize_request(req).report.to_dict()
@@ -151,8 +154,9 @@ def test_on_the_onnxruntime_target_every_row_is_timed_and_a_slower_candidate_nev
     from trtrepo.deploy import DeployOptions, deploy
 
     one, _ = damaged
-    report = deploy(DeployOptions(source=str(demo_onnx), data="demo:calib", limit=128, ranges=str(one),
-                                  backend="onnxruntime", repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work")))
+    report = deploy(DeployOptions(source=str(demo_onnx), data=DataOptions("demo:calib", limit=128), backend="onnxruntime",
+                                  int8=QuantizeSettings(ranges=str(one), target_from_backend=True),
+                                  repo=str(tmp_path / "repo"), workdir=str(tmp_path / "work")))
     front = report.front
     assert front is not None and front.speed_measured
     assert all(r.speed is not None and r.speed_stable is not None for r in front.rows)

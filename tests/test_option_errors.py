@@ -9,8 +9,6 @@ import ast
 import re
 from pathlib import Path
 
-import pytest
-
 from trtrepo.errors import OptionError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -247,7 +247,7 @@ def test_exclusions_by_op_type_and_node_pattern():
     assert list(next(n for n in qm.graph.node if n.name == "add").input) == ["r", "c"]
     with pytest.raises(UsageError, match="nothing to quantize: every quantizable operator stays float: .* excluded by --exclude-op"):
         insert_qdq(model, ranges, QuantizeOptions(exclude_ops=("Conv",), exclude_nodes=("add",)))
-    with pytest.raises(UsageError, match="--exclude-node"):
+    with pytest.raises(UsageError, match="the node pattern 'conv\\['"):
         QuantizeOptions(exclude_nodes=("conv[",))
 
 
@@ -467,12 +467,16 @@ def test_cli_bad_options(demo_onnx, tmp_path, run_cli):
     assert res.exit_code == 2 and "--accuracy-target" in res.stderr
     res = run_cli("quantize", demo_onnx, "-o", out, "--cache", tmp_path / "c", "--method", "auto")
     assert res.exit_code == 2 and "--method auto" in res.stderr
-    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--method", "minmax")
-    assert res.exit_code == 2 and "--method minmax calibrates on --data; it cannot be combined with --ranges" in res.stderr
-    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--cache", tmp_path / "c")
-    assert res.exit_code == 2 and "only one of --ranges, --cache" in res.stderr
-    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "r.json", "--smooth-quant", "0.8")
-    assert res.exit_code == 2 and "SmoothQuant needs calibration on --data, not --ranges" in res.stderr
+    rj = tmp_path / "r.json"
+    rj.write_text('{"tensors": {"input": {"amax": 1.0}}}')
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", rj, "--method", "minmax")
+    assert res.exit_code == 2 and f"--method minmax calibrates on --data; it cannot be combined with the ranges given in {rj}" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", rj, "--cache", tmp_path / "c")
+    assert res.exit_code == 2 and "--ranges and --cache exclude each other" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", rj, "--smooth-quant", "0.8")
+    assert res.exit_code == 2 and f"--smooth-quant 0.8: SmoothQuant needs calibration on --data, not the ranges given in {rj}" in res.stderr
+    res = run_cli("quantize", demo_onnx, "-o", out, "--ranges", tmp_path / "absent.json")
+    assert res.exit_code == 2 and "Invalid value for '--ranges'" in res.stderr and "absent.json: ranges file not found" in res.stderr
     before = demo_onnx.read_bytes()
     res = run_cli("quantize", demo_onnx, "-o", demo_onnx, "--data", "demo:calib")
     assert res.exit_code == 2 and "which this command reads; it would be overwritten" in res.stderr and demo_onnx.read_bytes() == before
@@ -490,21 +494,23 @@ def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli
 
 def test_quantize_request_is_checked_before_any_file_is_read(tmp_path):
     from trtrepo.autoquant import QuantizeRequest
+    from trtrepo.quantize import RangesFile
 
     absent, out = tmp_path / "absent.onnx", tmp_path / "q.onnx"
-    with pytest.raises(UsageError, match="give only one of --ranges, --cache"):
-        QuantizeRequest(absent, out, ranges="r.json", cache="c.cache")
-    with pytest.raises(UsageError, match="--method minmax calibrates on --data"):
-        QuantizeRequest(absent, out, ranges="r.json", method="minmax")
-    with pytest.raises(UsageError, match="no ranges: give"):
+    given_ranges = RangesFile(tmp_path / "r.json", {})
+    with pytest.raises(UsageError, match="the ranges file and the calibration cache exclude each other"):
+        QuantizeRequest.of(absent, out, ranges=given_ranges, cache="c.cache")
+    with pytest.raises(UsageError, match="the calibration method minmax calibrates on calibration data; .*r.json"):
+        QuantizeRequest.of(absent, out, ranges=given_ranges, method="minmax")
+    with pytest.raises(UsageError, match="no ranges: give a ranges file, a calibration cache or calibration data"):
         QuantizeRequest(absent, out)
-    with pytest.raises(UsageError, match="--method 'nope'"):
-        QuantizeRequest(absent, out, data="demo:calib", method="nope")
+    with pytest.raises(UsageError, match="the calibration method 'nope'"):
+        QuantizeRequest.of(absent, out, data="demo:calib", method="nope")
     with pytest.raises(UsageError, match="would overwrite the input model"):
         QuantizeRequest(absent, absent, data="demo:calib")
-    with pytest.raises(UsageError, match="SmoothQuant needs calibration on --data, not --cache"):
-        QuantizeRequest(absent, out, cache="c.cache", smooth_quant=0.5)
-    given = QuantizeRequest(absent, out, cache="c.cache")  # smooth_quant "auto" means none with a cache
+    with pytest.raises(UsageError, match="SmoothQuant needs calibration on calibration data, not the ranges given in c.cache"):
+        QuantizeRequest.of(absent, out, cache="c.cache", smooth_quant=0.5)
+    given = QuantizeRequest.of(absent, out, cache="c.cache")  # smooth_quant "auto" means none with a cache
     assert given.resolved_method == "entropy" and given.smooth_request() is None
     here = QuantizeRequest(absent, out, data="demo:calib")
     assert here.resolved_method == "auto" and here.smooth_request() == "auto"
@@ -594,8 +600,9 @@ def test_quantize_for_deploy(demo_onnx, tmp_path):
     from trtrepo.data import open_data
 
     source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
-    res = quantize_for_deploy(QuantizeRequest(demo_onnx, tmp_path / "d.onnx", data=source, method="auto",
-                                              options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest"))
+    res = quantize_for_deploy(QuantizeRequest.of(demo_onnx, tmp_path / "d.onnx", data=source, method="auto",
+                                                 options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest",
+                                                 accept_accuracy_loss=True))
     assert res.method == "entropy" and Path(res.path).is_file()
     ops = integer_kernels(res.path, tmp_path)
     assert "QLinearConv" in ops
@@ -703,7 +710,7 @@ def test_reduce_range_weights_are_7_bit_and_exact_without_the_session_option():
 
 
 def test_reduce_range_is_refused_for_the_tensorrt_target():
-    with pytest.raises(UsageError, match="--reduce-range"):
+    with pytest.raises(UsageError, match=r"7-bit weights \(reduce range\) is for the ONNX Runtime target \(TensorRT"):
         QuantizeOptions(target="tensorrt", reduce_range=True)
 
 

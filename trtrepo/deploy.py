@@ -15,27 +15,26 @@ import logging
 import re
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from . import autoquant
-from .autoquant import QuantizeRequest, QuantizeRunResult, quantize_request
+from .autoquant import QuantizeRequest, QuantizeRunResult, QuantizeSettings, quantize_request
 from .autoquant.front import FrontOptions, QualityFront
 from .contracts import backends, builtin
 from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
-from .data import Preprocess, open_data
+from .data import DataOptions, DataSource, Preprocess
 from .engine import BuildOptions, build_engine, gpu_status, tensorrt_status
-from .errors import UsageError
-from .evaluate import AccuracyTarget
+from .errors import OptionError, UsageError
 from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, qdq_counts
 from .objectstore import checkout, open_store, publish
 from .progress import status, task
-from .quantize import QDQ_TARGETS, NothingToQuantize, QuantizeOptions, qdq_target, target_names
+from .quantize import NothingToQuantize, backend_target
 from .quantsummary import QuantizeSummary
 from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model, check_file_loads, type_problem
 from .server import local_backends, missing_backend_warning
@@ -56,13 +55,8 @@ class DeployOptions:
     python_variant: bool = False
     ensemble: bool = False
     precision: str = "auto"
-    data: str | None = None  # calibration data spec (demo:calib for the demo)
-    eval_data: str | None = None  # --eval-data: evaluation set for the INT8 choices and check (default: a fifth of --data)
-    preprocess: str | None = None  # preprocessing spec file (ensemble; image-folder data)
-    data_labels: str | None = None
-    limit: int | None = None
-    seed: int | None = 0
-    batch_size: int = 32
+    data: DataOptions | None = None  # --data and how to open it (spec "": none; the demos' own split then)
+    int8: QuantizeSettings = field(default_factory=QuantizeSettings)  # the INT8 request (trtrepo quantize's)
     class_labels: str | None = None  # labels file for the classification output
     model: ModelOptions = field(default_factory=ModelOptions)
     version: int | None = None
@@ -70,38 +64,20 @@ class DeployOptions:
     template_dir: str | None = None
     workdir: str | None = None
     weights: str | None = None
-    shapes: tuple[str, ...] = ()  # TensorRT profile per input, --shape NAME:MIN,OPT,MAX (default: from the data)
-    metric_output: str | None = None  # output the INT8 method is chosen on (default: the first output)
-    reduce_range: bool = False  # 7-bit weights for the ONNX Runtime backends (x86 CPUs without VNNI)
-    method: str = "auto"  # calibration method (auto: chosen on held-out data)
-    smooth_quant: str | float | None = "auto"  # SmoothQuant alpha, auto or None
-    weight_rounding: str = "auto"  # Conv/Gemm weight rounding (trtrepo quantize --weight-rounding)
-    accept_accuracy_loss: bool = False  # ship INT8 even when the held-out check against FP32 fails
+    shapes: tuple[Any, ...] = ()  # TensorRT profile per input: (name, ShapeRange) or NAME:MIN,OPT,MAX (default: from the data)
     input_shapes: tuple[str, ...] = ()  # --input-shape of a PyTorch source (default: from --data)
-    skip_non_images: bool = False  # --skip-non-images: an image folder's other files are skipped (named in a note)
     output_names: tuple[str, ...] = ()  # --output-names of a PyTorch source (default: output, output0, ...)
-    cache: str | None = None  # TensorRT calibration cache (trtrepo calibrate --cache): quantize without calibrating
-    ranges: str | None = None  # ranges JSON (trtrepo calibrate --ranges): the same
-    exclude_ops: tuple[str, ...] = ()  # op types left in float (trtrepo quantize --exclude-op)
-    exclude_nodes: tuple[str, ...] = ()  # node names / regexes left in float (--exclude-node)
-    accuracy_target: str | None = None  # --accuracy-target: keep INT8 where it is harmless (trtrepo quantize's)
-    target: str = "auto"  # Q/DQ placement rules: auto = the backend's (tensorrt for plans, onnxruntime otherwise)
     s3_endpoint: str | None = None  # --s3-endpoint of an s3:// --repo (trtrepo.objectstore)
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
             raise UsageError(f"--backend {self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
-        if self.target != "auto" and self.target not in QDQ_TARGETS:
-            raise UsageError(f"--target {self.target!r}: one of {', '.join(('auto', *target_names()))}")
         if self.precision not in PRECISIONS:
             raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
             check_model_name(self.name, "--name")
-        if self.cache and self.ranges:
-            raise UsageError("give only one of --cache, --ranges")
-        for flag, path in (("--cache", self.cache), ("--ranges", self.ranges)):
-            if path is not None and not Path(path).is_file():
-                raise UsageError(f"{flag} {path}: file not found")
+        if self.int8.cache is not None and not Path(self.int8.cache).is_file():
+            raise OptionError("cache", f"{self.int8.cache}: file not found", concept="the calibration cache")
 
 
 @dataclass
@@ -215,10 +191,8 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
     with _timed(report, "export") as step:
         src = resolve_source(opts.source, opts.weights)
         data = None
-        if src.is_torch and not opts.input_shapes and opts.data is not None and builtin.builtin(src.kind) is None:
-
-            data = open_data(opts.data, preprocess=opts.preprocess, labels=opts.data_labels, limit=opts.limit,
-                             seed=opts.seed, skip_non_images=opts.skip_non_images)
+        if src.is_torch and not opts.input_shapes and _given(opts.data) and builtin.builtin(src.kind) is None:
+            data = opts.data.open()  # type: ignore[union-attr]
         inputs, axes = resolve_inputs(src, opts.input_shapes, data)
         if opts.output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
             raise UsageError(f"--output-names does not apply to {opts.source} (its outputs are named already)")
@@ -236,42 +210,42 @@ class CalibrationData:
 
     def __init__(self, opts: DeployOptions, io: ModelIO) -> None:
         self.spec = _default_data(opts)
-        self._opts, self._io = opts, io
+        self._how = opts.data or DataOptions(spec="")
+        self._eval, self._io = opts.int8.eval_data, io
         self._source: Any = None
 
     def source(self) -> Any:
         if self.spec is None:
             return None
         if self._source is None:
-
-            o = self._opts
-            self._source = open_data(self.spec, io=self._io, preprocess=o.preprocess, labels=o.data_labels,
-                                     limit=o.limit, seed=o.seed, skip_non_images=o.skip_non_images)
+            self._source = replace(self._how, spec=self.spec).open(self._io)
         return self._source
 
     def eval_source(self) -> Any:
-        """``--eval-data`` opened like ``--data`` (same preprocessing; its own labels), or None."""
-        o = self._opts
-        if o.eval_data is None:
-            return None
-
-        return open_data(o.eval_data, io=self._io, preprocess=o.preprocess, skip_non_images=o.skip_non_images)
+        """The evaluation data opened like the data (same preprocessing; its own labels), or None."""
+        if self._eval is None or isinstance(self._eval, DataSource):
+            return self._eval
+        return DataOptions(spec=self._eval, preprocess=self._how.preprocess, seed=None,
+                           skip_non_images=self._how.skip_non_images).open(self._io)
 
     def skipped(self) -> list[str]:
         """Files of an image folder skipped by --skip-non-images (empty when not opened)."""
         return [str(p) for p in getattr(self._source, "skipped", None) or []]
 
 
-def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, work: Path,
+def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, int8: QuantizeSettings, work: Path,
                report: DeployReport, calibration: CalibrationData | None = None) -> tuple[Path, str]:
-    """The single call point of calibration + quantization. Returns (model to deploy, precision)."""
+    """The single call point of calibration + quantization, for ``int8``: the request with its
+    placement resolved for the backend (:func:`int8_for_backend`). Returns (model to deploy, precision)."""
 
     with _timed(report, "int8") as step:
         qdq = qdq_counts(onnx_path)
         if sum(qdq) > 0:  # already quantized (trtrepo quantize, ModelOpt, NNCF, ...): deployed as given
-            if opts.precision == "fp32" or opts.cache or opts.ranges:
-                raise UsageError(f"{opts.source}: already a Q/DQ INT8 model ({qdq[0]} Q, {qdq[1]} DQ nodes); "
-                                 f"--precision fp32, --cache and --ranges do not apply")
+            if opts.precision == "fp32" or int8.given:
+                raise OptionError("", f"{opts.source}: already a Q/DQ INT8 model ({qdq[0]} Q, {qdq[1]} DQ nodes); "
+                                  "{precision} fp32, {cache} and {ranges} do not apply",
+                                  others={"precision": "precision", "cache": "a calibration cache",
+                                          "ranges": "a ranges file"})
             step.status = "done"
             step.detail = f"Q/DQ model given ({qdq[0]} QuantizeLinear, {qdq[1]} DequantizeLinear): deployed as is"
             report.notes.append("INT8 accuracy vs FP32 was NOT measured (a quantized model was given; "
@@ -286,51 +260,42 @@ def _int8_step(opts: DeployOptions, onnx_path: Path, io: ModelIO, target: str, w
             # those of an INT8 model that is not shipped say so
             # one progress task for the step too (trtrepo.progress: the phases of quantize_request)
             with collecting(log, where="deploy --json's warnings") as run, task("int8"):
-                path, precision = _quantize(opts, onnx_path, target, work, report, step, calibration)
+                path, precision = _quantize(opts, onnx_path, int8, work, report, step, calibration)
                 if precision != "int8":
                     run.not_shipped("the FP32 model was deployed")
                 report.quantize_warnings = run.groups()
             return path, precision
         except NothingToQuantize as exc:  # a model INT8 cannot speed up: FP32, saying why
             if opts.precision == "int8":
-                raise UsageError(f"--precision int8: {exc.message}") from exc
+                raise OptionError("precision", f"int8: {exc.message}") from exc
             step.status, step.detail = "fallback", f"{exc.message}: deploying the FP32 ONNX model"
             return onnx_path, "fp32"
 
 
-def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport, step: Any,
+def _quantize(opts: DeployOptions, onnx_path: Path, int8: QuantizeSettings, work: Path, report: DeployReport, step: Any,
               calibration: CalibrationData) -> tuple[Path, str]:
-    """Quantize with ``--cache``/``--ranges`` or by calibrating on the data; FP32 without data."""
+    """Quantize with given ranges or by calibrating on the data; FP32 without data."""
 
     data = calibration.spec
-    if opts.cache or opts.ranges:  # ranges computed earlier (trtrepo calibrate): no calibration here
-        return _int8_from_ranges(opts, onnx_path, target, work, report, step, calibration)
+    target = int8.placement.target.name
+    if int8.given:  # ranges computed earlier (trtrepo calibrate): no calibration here
+        return _int8_from_ranges(opts, onnx_path, int8, work, report, step, calibration)
     if data is None:
-        if opts.eval_data is not None:
-            raise UsageError(f"--eval-data {opts.eval_data}: evaluates the INT8 model that --data calibrates; give --data too")
-        reason = "no calibration data (give --data)"
+        if int8.eval_data is not None:
+            raise OptionError("eval_data", f"{int8.eval_data}: evaluates the INT8 model that {{data_spec}} calibrates; "
+                              "give it too", others={"data_spec": "the data"})
         if opts.precision == "int8":
-            raise UsageError(f"--precision int8: {reason}")
-        step.status, step.detail = "fallback", f"{reason}: deploying the FP32 ONNX model"
+            raise OptionError("precision", "int8: no calibration data (give {data_spec})", others={"data_spec": "data"})
+        step.status, step.detail = "fallback", "no calibration data (give --data): deploying the FP32 ONNX model"
         return onnx_path, "fp32"
     source = calibration.source()
-    out = work / "model.int8.onnx"
-    if opts.reduce_range:
-        qdq = qdq_target(target)
-        if not qdq.reduce_range:
-            able = " or ".join(t.display for t in QDQ_TARGETS.values() if t.reduce_range)
-            built = any(s.engine for s in backends.BACKENDS.values() if s.quantize_target == qdq.name)
-            raise UsageError(f"--reduce-range applies to the {able} backends, not to a {qdq.display} "
-                             f"{'plan' if built else 'model'}")
-    accuracy_target = AccuracyTarget.parse(opts.accuracy_target) if isinstance(opts.accuracy_target, str) else opts.accuracy_target
+    # the stage writes a model that fails the check too: deploy decides (_ship_or_fall_back)
     result = autoquant.quantize_for_deploy(QuantizeRequest(
-        onnx_path, out, data=source, method=opts.method,
-        options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=tuple(opts.exclude_ops),
-                                exclude_nodes=tuple(opts.exclude_nodes)),
-        batch_size=opts.batch_size, metric_output=opts.metric_output or None, smooth_quant=opts.smooth_quant,
-        accuracy_target=accuracy_target, weight_rounding=opts.weight_rounding, eval_data=calibration.eval_source(),
-        front=front_options(opts, target)))
-    method = f", {result.method}" + (f" chosen on {opts.metric_output}" if opts.metric_output else "") if result.method else ""
+        onnx_path, work / "model.int8.onnx", data=source, int8=replace(int8, accept_accuracy_loss=True,
+                                                                          eval_data=calibration.eval_source()),
+        batch_size=_batch_size(opts), front=front_options(opts, int8)))
+    metric = int8.metric_output
+    method = f", {result.method}" + (f" chosen on {metric}" if metric else "") if result.method else ""
     alpha = result.report.smooth_quant.alpha
     if alpha is not None:
         method += f", smooth-quant {alpha}"
@@ -338,19 +303,27 @@ def _quantize(opts: DeployOptions, onnx_path: Path, target: str, work: Path, rep
     return _ship_or_fall_back(result, opts, onnx_path, step, report, "too few samples to hold some out")
 
 
-def front_options(opts: DeployOptions, target: str) -> FrontOptions | None:
+def _batch_size(opts: DeployOptions) -> int:
+    return opts.data.batch_size if opts.data is not None else DataOptions(spec="").batch_size
+
+
+def _given(data: DataOptions | None) -> bool:
+    return data is not None and bool(data.spec)
+
+
+def front_options(opts: DeployOptions, int8: QuantizeSettings) -> FrontOptions | None:
     """The accuracy/speed front searched when INT8 everywhere fails the check (not with
     --accept-accuracy-loss, which ships all-INT8, nor with --accuracy-target, which chooses the
     layers itself): timed on the CPU for a target whose runtime is ONNX Runtime's integer kernels
     (TensorRT's speed is the engine's to measure); ``front.png`` and ``quantize.json`` go to
     --workdir, else to ``deploy-NAME`` beside a local repository (``trtrepo tune``'s
     ``tune-NAME`` convention), else to ``deploy-NAME`` in the current folder."""
-    if opts.accept_accuracy_loss or opts.accuracy_target:
+    if int8.accept_accuracy_loss or int8.accuracy_target:
         return None
     name = opts.name or default_name(opts.source)
     folder = Path(opts.workdir) if opts.workdir else (
         Path.cwd() if is_remote(opts.repo) else Path(opts.repo).resolve().parent) / f"deploy-{name}"
-    return FrontOptions(measure_speed=qdq_target(target).integer_kernels, report_dir=folder)
+    return FrontOptions(measure_speed=int8.placement.target.integer_kernels, report_dir=folder)
 
 
 def _ship_or_fall_back(result: QuantizeRunResult, opts: DeployOptions, onnx_path: Path, step: Any, report: DeployReport,
@@ -370,10 +343,11 @@ def _ship_or_fall_back(result: QuantizeRunResult, opts: DeployOptions, onnx_path
             step.detail += f"; {front.reason}"
             report.notes.append(f"{front.reason}{where}")
     failed = check is not None and check.ok is False
-    report.accuracy = result.report.accuracy_summary(shipped="fp32" if failed and not opts.accept_accuracy_loss else "int8")
+    accept = opts.int8.accept_accuracy_loss
+    report.accuracy = result.report.accuracy_summary(shipped="fp32" if failed and not accept else "int8")
     if check is not None and failed:
         failures = "; ".join(check.failures)
-        if not opts.accept_accuracy_loss:
+        if not accept:
             step.status = "fallback"
             step.detail += f"; INT8 FAILED the held-out check vs FP32 ({failures}): deploying the FP32 model " \
                            "(--accept-accuracy-loss ships the INT8 model anyway)"
@@ -393,26 +367,25 @@ def _ship_or_fall_back(result: QuantizeRunResult, opts: DeployOptions, onnx_path
     return result.path, "int8"
 
 
-def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, target: str, work: Path, report: DeployReport,
+def _int8_from_ranges(opts: DeployOptions, onnx_path: Path, int8: QuantizeSettings, work: Path, report: DeployReport,
                       step: Any, calibration: CalibrationData) -> tuple[Path, str]:
-    """``--cache`` / ``--ranges``: quantize with the given ranges (no calibration); with ``--data`` the
-    held-out check against FP32 runs on it, else the report says accuracy was NOT measured."""
+    """Given ranges (a ranges file or a calibration cache): quantize with them (no calibration);
+    with data the held-out check against FP32 runs on it, else the report says accuracy was NOT
+    measured."""
 
-    given = "--cache" if opts.cache else "--ranges"
+    flag = "--ranges" if int8.ranges is not None else "--cache"
     result = quantize_request(QuantizeRequest(
-        onnx_path, work / "model.int8.onnx", ranges=opts.ranges, cache=opts.cache, data=calibration.source(),
-        eval_data=calibration.eval_source(),
-        options=QuantizeOptions(target=target, reduce_range=opts.reduce_range, exclude_ops=opts.exclude_ops,
-                                exclude_nodes=opts.exclude_nodes),
-        metric_output=opts.metric_output, batch_size=opts.batch_size, front=front_options(opts, target)))
-    step.detail = f"Q/DQ INT8 for {target} from {given} {opts.cache or opts.ranges} (no calibration)"
-    return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{given} without --data")
+        onnx_path, work / "model.int8.onnx", data=calibration.source(),
+        int8=replace(int8, accept_accuracy_loss=True, eval_data=calibration.eval_source()),
+        batch_size=_batch_size(opts), front=front_options(opts, int8)))
+    step.detail = f"Q/DQ INT8 for {int8.placement.target.name} from {flag} {int8.given} (no calibration)"
+    return _ship_or_fall_back(result, opts, onnx_path, step, report, f"{flag} without --data")
 
 
 def _default_data(opts: DeployOptions) -> str | None:
     """The calibration data: --data, else the built-in demos' own calibration split."""
     plugin = builtin.builtin(opts.source)
-    return opts.data or (plugin.calib_spec if plugin is not None else None)
+    return opts.data.spec if _given(opts.data) else (plugin.calib_spec if plugin is not None else None)  # type: ignore[union-attr]
 
 
 def batch_profile(opts: DeployOptions, io: ModelIO | None = None, source: Any = None) -> BatchProfile:
@@ -494,12 +467,26 @@ def _labels(opts: DeployOptions) -> Any:
 
 
 def _preprocess_spec(opts: DeployOptions) -> Any:
-    if opts.preprocess:
-        return Preprocess.load(opts.preprocess)
+    if opts.data is not None and opts.data.preprocess:
+        return Preprocess.load(opts.data.preprocess)
     plugin = builtin.builtin(opts.source)
     if plugin is not None and plugin.preprocess is not None:
         return plugin.preprocess()
     raise UsageError("--ensemble needs the preprocessing spec (--preprocess FILE, see 'trtrepo preprocess')")
+
+
+def int8_for_backend(int8: QuantizeSettings, spec: Any, report: DeployReport) -> QuantizeSettings:
+    """The INT8 request placed for the backend ``spec``: ``--target auto`` takes the backend's
+    target record (``QuantizeOptions`` checks it against the rest of the placement, 7-bit weights
+    included, once); a target named for another backend is noted."""
+    own = backend_target(spec)
+    if int8.target_from_backend:
+        return replace(int8, placement=replace(int8.placement, target=own), target_from_backend=False)
+    chosen = int8.placement.target
+    if chosen is not own:
+        report.notes.append(f"--target {chosen.name}: Q/DQ placed by {chosen.name}'s rules for the {spec.name} backend "
+                            f"(its own rules are {own.name}'s)")
+    return int8
 
 
 def deploy(opts: DeployOptions) -> DeployReport:
@@ -534,13 +521,9 @@ def deploy(opts: DeployOptions) -> DeployReport:
                 if opts.backend != "auto":
                     raise UsageError(f"{unused}; drop them (--max-batch-size sets Triton's batch range)")
                 report.warnings.append(f"{unused} (backend auto chose {backend} on this machine)")
-        target = spec.quantize_target if opts.target == "auto" else opts.target
-        qdq_target(target)  # registered (a backend plug-in may name a Q/DQ target that is not)
-        if target != spec.quantize_target:
-            report.notes.append(f"--target {target}: Q/DQ placed by {target}'s rules for the {backend} backend "
-                                f"(its own rules are {spec.quantize_target}'s)")
+        int8 = int8_for_backend(opts.int8, spec, report)
         calibration = CalibrationData(opts, io)  # opened once, when a step first needs it
-        model_path, precision = _int8_step(opts, onnx_path, io, target, work, report, calibration)
+        model_path, precision = _int8_step(opts, onnx_path, io, int8, work, report, calibration)
         plan = _build_step(opts, model_path, backend, work, report, io, calibration)
 
         with _timed(report, "repository") as step:
@@ -580,7 +563,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
     if precision == "fp32":
         report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")
     elif plan is None:
-        report.notes.extend(_cpu_int8_notes(backend, opts.reduce_range))
+        report.notes.extend(_cpu_int8_notes(backend, int8.placement.reduce_range))
     return report
 
 

@@ -58,13 +58,13 @@ from .modelio import with_outputs, without_weights
 from .progress import phase
 from .quantize import (
     GraphView,
+    QdqTarget,
     QParams,
     QuantizeOptions,
     _as_range,
     activation_qparams,
     insert_qdq,
     plan_qdq,
-    qdq_target,
     weight_qparams,
 )
 
@@ -84,7 +84,7 @@ SEQUENTIAL_BATCHES = 4  # batches (of BATCH_SIZE) a sequential step passes throu
 FP32_PATCH_BYTES = 256 << 20  # FP32 input patches a sequential step holds ahead of the layers that use them
 
 
-def sequential_inputs(target: str) -> bool:
+def sequential_inputs(target: QdqTarget) -> bool:
     """Whether AdaRound takes each layer's quantized input from the Q/DQ network with the weights
     rounded so far (:func:`round_weights_sequential`) rather than the FP32 input fake-quantized
     locally (:func:`round_weights`). Sequential for a target whose Q/DQ graph run in float is what
@@ -92,7 +92,7 @@ def sequential_inputs(target: str) -> bool:
     QLinearConv, QLinearAdd, ... differ from that float simulation by about as much as the
     quantization error itself, so corrections fitted to the simulation miss; docs/benchmarks.md,
     "Issue 26: weight steps on the trained MobileNetV2")."""
-    return not qdq_target(target).integer_kernels
+    return not target.integer_kernels
 
 
 @dataclass

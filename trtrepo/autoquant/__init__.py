@@ -40,6 +40,7 @@ from .select import (
     choose_weight_rounding,
     select_method,
 )
+from .settings import QuantizeSettings
 
 __all__ = [
     "AUTO_MIN_GROUPS",
@@ -60,6 +61,7 @@ __all__ = [
     "QuantizeReport",
     "QuantizeRequest",
     "QuantizeRunResult",
+    "QuantizeSettings",
     "RoundingChoice",
     "WeightRounding",
     "SMOOTHED_RANGE_RULE",

@@ -315,7 +315,7 @@ def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection
     best, candidates, chosen, fb = selection.best, selection.candidates, selection.chosen, selection.fb
     eval_src, calib_src, target, metrics = held_out.data, calibration.data, held_out.target, held_out.metrics
     return QuantizeReport(
-        model=str(onnx_path), output=str(out), target=options.target, method_requested=calibration.method_requested,
+        model=str(onnx_path), output=str(out), target=options.target.name, method_requested=calibration.method_requested,
         method=best.label,
         calibration_samples=None if calib_src is None else len(calib_src),
         evaluation_data=None if eval_src is None else {"name": eval_src.name, "samples": len(eval_src)},

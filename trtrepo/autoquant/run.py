@@ -24,7 +24,7 @@ from .. import histogram as H
 from ..arrayfile import subset_rows
 from ..calibrate import DEFAULT_MEMORY_BUDGET_MB, Calibrator
 from ..data import DataOptions, DataSource, open_data
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..evaluate import AccuracyTarget, OutputMetrics
 from ..fsutil import report_json, write_report
 from ..modelio import ModelIO
@@ -36,16 +36,15 @@ from ..quantize import (
     _result,
     load_model,
     ranges_from_cache,
-    ranges_from_json,
     save_model,
 )
-from ..smoothquant import parse_alpha, smooth_candidates
+from ..smoothquant import smooth_candidates
 from ..warngroups import collecting
 from .fallback import check_reachable, fallback
 from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
 from .gate import EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
-from .ranges import AUTO_MIN_SAMPLES, DEFAULT_HOLDOUT, activation_ranges, calibration_tensors, split_holdout
+from .ranges import AUTO_MIN_SAMPLES, activation_ranges, calibration_tensors, split_holdout
 from .report import (
     CalibrationFacts,
     HeldOutCheck,
@@ -66,103 +65,99 @@ from .select import (
     choose_weight_rounding,
     select_method,
 )
+from .settings import QuantizeSettings
 
 log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
 class QuantizeRequest:
-    """One ``trtrepo quantize`` run (module doc of :mod:`trtrepo.autoquant`), checked on construction.
+    """One ``trtrepo quantize`` run (module doc of :mod:`trtrepo.autoquant`), checked on construction:
+    the model, the output, the data and the INT8 request (:class:`QuantizeSettings`, shared with
+    ``deploy``), then how this run is carried out.
 
-    Exactly one of ``ranges`` (JSON), ``cache`` (TensorRT cache) or ``data`` (calibrate here)
-    gives the ranges; with ranges or a cache, ``data``/``eval_data`` only serve evaluation.
-    ``data``: a :class:`~trtrepo.data.DataOptions` (a spec and how to open it), a bare spec or an
-    open :class:`~trtrepo.data.DataSource`; ``eval_data`` is opened as given. ``batch_size`` is
-    the batch of calibration and evaluation. ``metric_output`` names the output that ``auto`` and
-    ``accuracy_target`` are measured on (default: the first output; an embedding output wants
-    ``cosine=``). ``method``: a registered method or "auto"; None: auto when calibrating here.
-    ``smooth_quant``: SmoothQuant alpha, "auto" (chosen on the held-out data; nothing with ranges
-    or a cache, which were computed without it) or None. ``check``: the held-out accuracy check
-    against FP32 the run ends with (result in ``report.accuracy_check``, a warning when it fails;
-    None skips it); when it fails and ``accept_accuracy_loss`` is False, :class:`AccuracyLoss` is
-    raised and nothing is written. ``weight_rounding``: see :func:`choose_weight_rounding`.
-    ``front``: when the check fails on all-INT8 (and no accuracy target chose the layers), search
-    the accuracy/speed front (:mod:`trtrepo.autoquant.front`): the fastest candidate with the most
-    sensitive layers in float that passes becomes the model, else ``report.front`` says why
-    nothing did; ``front.png`` and the report go to ``report_dir``, else ``front.report_dir``."""
+    Exactly one of ``int8.ranges``, ``int8.cache`` or ``data`` (calibrate here) gives the ranges;
+    with ranges or a cache, ``data`` and ``int8.eval_data`` only serve evaluation. ``data``: a
+    :class:`~trtrepo.data.DataOptions` (a spec and how to open it), a bare spec or an open
+    :class:`~trtrepo.data.DataSource`. ``batch_size`` is the batch of calibration and evaluation;
+    ``seed`` that of the held-out split. ``check``: the held-out accuracy check against FP32 the
+    run ends with (result in ``report.accuracy_check``; None skips it); when it fails and
+    ``int8.accept_accuracy_loss`` is False, :class:`AccuracyLoss` is raised and nothing is
+    written. ``front``: when the check fails on all-INT8 (and no accuracy target chose the
+    layers), search the accuracy/speed front (:mod:`trtrepo.autoquant.front`): the fastest
+    candidate with the most sensitive layers in float that passes becomes the model, else
+    ``report.front`` says why nothing did; ``front.png`` and the report go to ``report_dir``,
+    else ``front.report_dir``. ``rounding_budget_s``: see :func:`choose_weight_rounding`."""
 
     model: str | Path
     output: str | Path
-    ranges: str | Path | None = None
-    cache: str | Path | None = None
     data: DataOptions | DataSource | str | None = None
-    method: str | None = None
-    options: QuantizeOptions = field(default_factory=QuantizeOptions)
-    accuracy_target: AccuracyTarget | None = None
-    eval_data: DataSource | str | None = None
-    holdout: float = DEFAULT_HOLDOUT
-    metric_output: str | None = None
+    int8: QuantizeSettings = field(default_factory=QuantizeSettings)
     seed: int = 0  # of the held-out split
     batch_size: int = 32
     threads: int | None = None
     report_dir: str | Path | None = None
     force: bool = True
     progress: bool = False
-    smooth_quant: float | str | None = "auto"
     check: AccuracyCheck | None = field(default_factory=AccuracyCheck)
     memory_budget_mb: float | None = None
-    weight_rounding: str = "auto"
     rounding_budget_s: float | None = None
-    accept_accuracy_loss: bool = True
-    equalize: bool = True
     front: FrontOptions | None = None  # all-INT8 fails the check: search the accuracy/speed front (deploy)
 
     def __post_init__(self) -> None:
-        given = self.given
-        if len(given) > 1:
-            raise UsageError("give only one of --ranges, --cache")
-        if given and self.method is not None:
-            raise UsageError(f"--method {self.method} calibrates on --data; it cannot be combined with {given[0]} "
-                             "(ranges are used as given)")
+        s, given = self.int8, self.int8.given
+        data = {"data_spec": "calibration data"}
+        if given and s.method is not None:
+            raise OptionError("method", f"{s.method} calibrates on {{data_spec}}; it cannot be combined with the ranges "
+                              f"given in {given} (they are used as given)", concept="the calibration method",
+                              others=data)
         if not given and self.data is None:
-            raise UsageError("no ranges: give --ranges R.json, --cache C.cache or --data SPEC")
+            raise OptionError("", "no ranges: give {ranges}, {cache} or {data_spec}",
+                              others={"ranges": "a ranges file", "cache": "a calibration cache", **data})
         if self.resolved_method != "auto" and self.resolved_method not in H.METHODS:
-            raise UsageError(f"--method '{self.resolved_method}': expected one of {', '.join(H.method_names(auto=True))}")
+            raise OptionError("method", f"'{self.resolved_method}': expected one of "
+                              f"{', '.join(H.method_names(auto=True))}", concept="the calibration method")
         if Path(self.model).resolve() == Path(self.output).resolve():
-            raise UsageError(f"-o {self.output}: would overwrite the input model")
-        if given and parse_alpha(self.smooth_quant) not in (None, "auto"):
-            raise UsageError(f"--smooth-quant {self.smooth_quant}: SmoothQuant needs calibration on --data, not {given[0]}")
+            raise OptionError("output", f"{self.output}: would overwrite the input model", concept="the output")
+        if given and s.smooth_quant not in (None, "auto"):
+            raise OptionError("smooth_quant", f"{s.smooth_quant}: SmoothQuant needs calibration on {{data_spec}}, not "
+                              f"the ranges given in {given}", concept="the SmoothQuant alpha", others=data)
 
-    @property
-    def given(self) -> list[str]:
-        """The flags of the ranges given as files (empty: calibrate here)."""
-        return [n for n, v in (("--ranges", self.ranges), ("--cache", self.cache)) if v is not None]
+    @classmethod
+    def of(cls, model: str | Path, output: str | Path, *, options: QuantizeOptions | None = None,
+           **fields_: Any) -> QuantizeRequest:
+        """The flat keyword form for scripts and tests: keywords that name a
+        :class:`QuantizeSettings` field go to ``int8`` (``options``: its ``placement``), the others
+        to the request."""
+        names = {f.name for f in fields(QuantizeSettings)}
+        int8 = {k: fields_.pop(k) for k in list(fields_) if k in names}
+        if options is not None:
+            int8["placement"] = options
+        return cls(model, output, int8=QuantizeSettings(**int8), **fields_)
 
     @property
     def resolved_method(self) -> str:
         """The method: as given, else auto when calibrating here; with ranges/a cache it names their source."""
-        return self.method or ("auto" if not self.given else "entropy")
+        return self.int8.method or ("auto" if not self.int8.given else "entropy")
 
     def smooth_request(self) -> float | str | None:
         """The SmoothQuant alpha asked for; "auto" means none with ranges or a cache."""
-        return None if self.given else parse_alpha(self.smooth_quant)
+        return None if self.int8.given else self.int8.smooth_quant
 
 
 def run_quantize(onnx_path: str | Path, out_path: str | Path, *, data: Any = None,
-                 data_args: Mapping[str, Any] | None = None, accuracy_target: AccuracyTarget | str | None = None,
+                 data_args: Mapping[str, Any] | None = None, accept_accuracy_loss: bool = True,
                  **request: Any) -> QuantizeRunResult:
-    """The keyword form of :func:`quantize_request`, kept for scripts, benchmarks and tests:
-    ``request`` holds :class:`QuantizeRequest`'s other fields; ``data_args`` are
-    :func:`~trtrepo.data.open_data`'s keywords for ``data`` (preprocess, labels, limit, seed,
-    skip_non_images), made into a :class:`~trtrepo.data.DataOptions`; ``accuracy_target`` may be
-    given as text (``top1-drop=1``)."""
-    if isinstance(accuracy_target, str):
-        accuracy_target = AccuracyTarget.parse(accuracy_target)
-    if request.get("options", ...) is None:
-        del request["options"]  # None: the default options
+    """The keyword form of :func:`quantize_request`, kept for scripts, benchmarks and tests
+    (:meth:`QuantizeRequest.of`: :class:`QuantizeSettings` fields and the request's in one
+    flat list); ``data_args`` are :func:`~trtrepo.data.open_data`'s keywords for ``data``
+    (preprocess, labels, limit, seed, skip_non_images), made into a
+    :class:`~trtrepo.data.DataOptions`. Unlike the commands, a failed check writes the model
+    (with a warning) unless ``accept_accuracy_loss=False``."""
     if data_args and data is not None:
         data = DataOptions(spec=data, **{"seed": None, **data_args})
-    return quantize_request(QuantizeRequest(onnx_path, out_path, data=data, accuracy_target=accuracy_target, **request))
+    return quantize_request(QuantizeRequest.of(onnx_path, out_path, data=data,
+                                               accept_accuracy_loss=accept_accuracy_loss, **request))
 
 
 def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
@@ -182,17 +177,18 @@ def quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
 
 
 def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
-    options, method, check = req.options, req.resolved_method, req.check
+    options, method, check = req.int8.placement, req.resolved_method, req.check
     onnx_path = Path(req.model)
     model = fp32_model = load_model(onnx_path)
     io = ModelIO.from_onnx(model, source=onnx_path)
     outputs = [o.name for o in model.graph.output]
-    metric_output = req.metric_output
+    metric_output = req.int8.metric_output
     if metric_output is not None and metric_output not in outputs:
-        raise UsageError(f"--metric-output '{metric_output}': {onnx_path.name} has no such output (outputs: {', '.join(outputs)})")
-    accuracy_target = None if req.accuracy_target is None else req.accuracy_target.on_output(metric_output)
+        raise OptionError("metric_output", f"'{metric_output}': {onnx_path.name} has no such output (outputs: "
+                          f"{', '.join(outputs)})")
+    accuracy_target = None if req.int8.accuracy_target is None else req.int8.accuracy_target.on_output(metric_output)
     if Path(req.output).exists() and not req.force:
-        raise UsageError(f"{req.output}: already exists (use --force to overwrite)")
+        raise OptionError("", f"{req.output}: already exists (use {{force}} to overwrite)", others={"force": "force=True"})
 
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -200,7 +196,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     need_eval = method == "auto" or accuracy_target is not None or check is not None or sq_request == "auto"
     calib_src, eval_src = _open_sources(req, io, need_eval=need_eval, strict=method == "auto" or accuracy_target is not None)
     if accuracy_target is not None and eval_src is None:
-        raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
+        raise OptionError("accuracy_target", "needs evaluation data ({data_spec} or {eval_data})",
+                          others={"data_spec": "data", "eval_data": "evaluation data"})
 
     # A top-1 target on --metric-output makes that output a classification output too.
     top1_on = metric_output if accuracy_target is not None and accuracy_target.kind != "cosine" else None
@@ -213,7 +210,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
 
     model, per_method, stats, equalization = _ranges(req, model, onnx_path, calib_src, evaluator, sq_request, timings)
     if sq_request is not None and stats is None and sq_request != "auto":
-        raise UsageError("--smooth-quant needs calibration data (--data): ranges and caches carry no per-channel statistics")
+        raise OptionError("smooth_quant", "needs calibration data ({data_spec}): ranges and caches carry no per-channel "
+                          "statistics", concept="SmoothQuant", others={"data_spec": "data"})
     c = _choose(req, model, stats, per_method, evaluator, sq_request, accuracy_target, calib_src, timings)
     gated = metric_output or outputs[0]
     metrics, held_out = _held_out_check(req, c.metrics, c.chosen, model, evaluator, gated, eval_src, onnx_path)
@@ -239,7 +237,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
                          equalization, SmoothQuantReport.of(sq_request, c.smooth)),
         seconds=timings,
         integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
-                         if options.qdq.integer_kernels else None))
+                         if options.target.integer_kernels else None))
     report_dir = req.report_dir if req.report_dir is not None or front is None else req.front.report_dir  # type: ignore[union-attr]
     if front is not None:
         if report_dir is not None:
@@ -260,18 +258,19 @@ def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
     """(calibration data, held-out data). Calibrating here without ``eval_data``, a ``holdout``
     part of ``data`` is held out when anything is evaluated; too few samples for that is an error
     when ``strict`` (auto or an accuracy target), else a warning that accuracy is not checked."""
-    if req.given:  # the ranges are given: the data only serves evaluation
-        if req.eval_data is not None:
-            return None, _open(req.eval_data, io)
+    eval_data = req.int8.eval_data
+    if req.int8.given:  # the ranges are given: the data only serves evaluation
+        if eval_data is not None:
+            return None, _open(eval_data, io)
         return None, None if req.data is None else _open(req.data, io)
     assert req.data is not None  # checked by the request
     source = _open(req.data, io)
-    if req.eval_data is not None:
-        return source, _open(req.eval_data, io)
+    if eval_data is not None:
+        return source, _open(eval_data, io)
     if not need_eval:
         return source, None
     try:
-        calib_src, eval_src = split_holdout(source, req.holdout, req.seed)
+        calib_src, eval_src = split_holdout(source, req.int8.holdout, req.seed)
     except UsageError:
         if strict:
             raise
@@ -288,14 +287,14 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
     """(model, ranges per method, statistics, equalization entry of the report): read from
     ``--ranges`` / ``--cache``, or collected on ``calib_src`` after activation equalization (one
     calibration pass serves every method tried)."""
-    if req.ranges is not None:
-        return model, {"ranges": ranges_from_json(req.ranges)}, None, dict(_NOT_EQUALIZED)
-    if req.cache is not None:
-        return model, {"cache": activation_ranges(ranges_from_cache(req.cache, model))}, None, dict(_NOT_EQUALIZED)
+    if req.int8.ranges is not None:
+        return model, {"ranges": dict(req.int8.ranges.ranges)}, None, dict(_NOT_EQUALIZED)
+    if req.int8.cache is not None:
+        return model, {"cache": activation_ranges(ranges_from_cache(req.int8.cache, model))}, None, dict(_NOT_EQUALIZED)
     # only the input tensor names are used: no prepared (renamed) copy of the weights needed
     channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
     with phase("equalization"):
-        equalization = _equalize(model, calib_src, evaluator, req.options, req.equalize, req.threads)
+        equalization = _equalize(model, calib_src, evaluator, req.int8.placement, req.int8.equalize, req.threads)
     calib_path = onnx_path
     if equalization.get("applied"):
         model = equalization.pop("model")
@@ -305,7 +304,7 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
     equalization.pop("model", None)
     t_cal = time.perf_counter()
     cal = Calibrator(calib_path, calib_src, batch_size=req.batch_size, progress=req.progress,
-                     tensors=calibration_tensors(model, req.options), channel_tensors=channel_tensors,
+                     tensors=calibration_tensors(model, req.int8.placement), channel_tensors=channel_tensors,
                      memory_budget_mb=req.memory_budget_mb or DEFAULT_MEMORY_BUDGET_MB)
     stats = cal.collect()
     timings["calibration"] = time.perf_counter() - t_cal
@@ -325,7 +324,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
             calib_src: DataSource | None, timings: dict[str, float]) -> Selection:
     """SmoothQuant, then the method, then the weight rounding, then (with an accuracy target)
     the layers left in float, each measured on the held-out data."""
-    options, metric_output = req.options, req.metric_output
+    options, metric_output = req.int8.placement, req.int8.metric_output
     metric = "cosine" if (accuracy_target is not None and accuracy_target.kind == "cosine") else None
     smooth = choose_smoothing(model, stats, next(iter(per_method.values())), options, evaluator, sq_request,
                               metric_output=metric_output, metric=metric)
@@ -334,7 +333,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     assert best.quantized is not None
     rounding = choose_weight_rounding(base_model, per_method[best.label], options, calib_src, evaluator, best,
-                                      WeightRounding(req.weight_rounding, req.rounding_budget_s),
+                                      WeightRounding(req.int8.weight_rounding, req.rounding_budget_s),
                                       metric_output=metric_output, metric=metric, threads=req.threads)
     timings.update(rounding.seconds)
     if rounding.model is not None and rounding.best is not None:
@@ -344,7 +343,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     fb = None
     if accuracy_target is not None:
         if evaluator is None:  # pragma: no cover - eval_src is required above
-            raise UsageError("--accuracy-target needs evaluation data (--data or --eval-data)")
+            raise OptionError("accuracy_target", "needs evaluation data")
         with phase("accuracy target (layers in float)", note=str(accuracy_target)):
             fb = fallback(base_model, per_method[best.label], options, evaluator, accuracy_target, best)
         chosen, metrics = fb.chosen, fb.metrics
@@ -377,7 +376,7 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
     if failures:
         log.warning("INT8 ACCURACY LOSS on %d held-out samples: %s", len(eval_src) if eval_src is not None else 0,
                     "; ".join(failures))
-        if not req.accept_accuracy_loss:
+        if not req.int8.accept_accuracy_loss:
             raise AccuracyLoss(f"{onnx_path.name}: INT8 fails the held-out check vs FP32: {'; '.join(failures)}; "
                                f"nothing written to {req.output} (accept the loss to write it anyway)")
     return metrics, HeldOutCheck.of(check, gated, failures, ungated, verdict)
@@ -394,7 +393,7 @@ def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tu
     start_metrics = c.metrics if c.metrics is not None else evaluator(c.chosen.model)
     ranker, confirm = _front_evaluators(models[1], calib_src, evaluator, req)
     with phase("accuracy/speed front", note="timing all-INT8"):
-        front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.options, evaluator, req.check, gated,
+        front, qm, m = search_front(c.base_model, c.per_method[c.best.label], req.int8.placement, evaluator, req.check, gated,
                                     (c.chosen, start_metrics), models[1], req.front, (ranker, confirm))
     if qm is None or m is None:  # FP32 ships: the report keeps all-INT8's failed check
         return front, c, start_metrics, failed
@@ -421,15 +420,15 @@ def _front_evaluators(fp32_model: Any, calib_src: DataSource | None, evaluator: 
 def quantize_for_deploy(req: QuantizeRequest) -> QuantizeRunResult:
     """What ``trtrepo deploy`` calls: :func:`quantize_request` on ``req`` (one collection pass on
     ``req.data``, a data spec or :class:`~trtrepo.data.DataSource`), except that ``auto`` without
-    ``req.eval_data`` falls back to entropy (ModelOpt's default) below :data:`AUTO_MIN_SAMPLES`
+    ``req.int8.eval_data`` falls back to entropy (ModelOpt's default) below :data:`AUTO_MIN_SAMPLES`
     samples, too few to hold a fifth out. With ``eval_data`` (a separate evaluation set) every
     sample of ``req.data`` calibrates. The run ends with the held-out check against FP32
     (``result.report.accuracy_check``). Returns the path, the method used and the report."""
-    if req.resolved_method == "auto" and req.eval_data is None and req.data is not None:
+    if req.resolved_method == "auto" and req.int8.eval_data is None and req.data is not None:
         source = req.data if isinstance(req.data, DataSource) else _open(req.data, ModelIO.from_onnx(load_model(req.model)))
         if len(source) < AUTO_MIN_SAMPLES:
             log.info("%d samples: too few to hold some out; using entropy", len(source))
-            req = replace(req, data=source, method="entropy")
+            req = replace(req, data=source, int8=replace(req.int8, method="entropy"))
         else:
             req = replace(req, data=source)
     return quantize_request(req)

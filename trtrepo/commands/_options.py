@@ -2,10 +2,17 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
+from dataclasses import fields
 from typing import Any, TypeVar
 
 import click
+
+from .. import histogram as H
+from ..quantize import QDQ_TARGETS, QuantizeOptions, qdq_target, target_names
+from ..weightopt import ROUNDING_STEPS
+from ._types import ACCURACY_TARGET, RANGES, SMOOTH_QUANT
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -46,3 +53,107 @@ s3_endpoint_option = click.option(
     "--s3-endpoint", default=None, metavar="URL",
     help="http(s)://HOST:PORT of an S3-compatible service for an s3:// repository (default: AWS, or "
          "$AWS_ENDPOINT_URL_S3 / $AWS_ENDPOINT_URL). Credentials: boto3's chain (AWS_ACCESS_KEY_ID, ...).")
+
+
+def quantize_options(f: F) -> F:
+    """The INT8 request of ``quantize`` and ``deploy``, declared once: adds the options below and
+    calls the command with ``int8=`` a :class:`~trtrepo.autoquant.QuantizeSettings` built from
+    them by name (an option named like a ``QuantizeSettings`` field sets it; one named like a
+    :class:`~trtrepo.quantize.QuantizeOptions` field sets ``placement``). A new INT8 knob is a
+    field there and an option here. ``--target auto`` is the backend's target in ``deploy`` and
+    TensorRT's in ``quantize``. Apply directly above ``def`` (below ``@io_paths``, which sees the
+    file options as given)."""
+    opts = [
+        click.option("--method", type=click.Choice(H.method_names(auto=True)), default=None,
+                     help="Range calibrator [default: auto: quantizes with every registered method and keeps the best on "
+                          "held-out data]."),
+        click.option("--smooth-quant", "smooth_quant", type=SMOOTH_QUANT, default="auto", show_default=True,
+                     help="SmoothQuant on MatMul/Gemm inputs: migrate activation outliers into the weights with ALPHA in "
+                          "(0, 1]; auto compares 0.5/0.65/0.8/0.95 and none on held-out data. A smoothed input's range is "
+                          "the exact min/max of the smoothed statistics whatever --method says."),
+        click.option("--weight-rounding", type=click.Choice(("auto",) + ROUNDING_STEPS), default="auto", show_default=True,
+                     help="How Conv/Gemm weights are rounded to INT8: auto measures bias correction and AdaRound against "
+                          "nearest rounding on the held-out data and keeps the best; nearest is the fastest."),
+        click.option("--equalize/--no-equalize", default=True, show_default=True,
+                     help="Activation equalization of Conv -> ReLU/ReLU6 -> depthwise Conv chains before calibration "
+                          "(kept only when the FP32 outputs stay within 1e-4 of their range)."),
+        click.option("--target", type=click.Choice(("auto", *target_names())), default="auto", show_default=True,
+                     help="Q/DQ placement: " + "; ".join(f"{t.name}: {t.help}" for t in QDQ_TARGETS.values())
+                          + "; auto: the backend's in deploy (tensorrt for a plan, onnxruntime for the ONNX Runtime and "
+                            "Python backends), tensorrt in quantize."),
+        click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
+                     help="Leave every node of this op type in float (repeatable)."),
+        click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
+                     help="Leave nodes whose name matches (exact or full-match regex) in float (repeatable)."),
+        click.option("--quantize-attention", is_flag=True,
+                     help="Also quantize the attention MatMuls of two activations (Q.K^T, P.V), left in float by default "
+                          "as TensorRT/ModelOpt do; the additive-mask path stays float regardless."),
+        click.option("--reduce-range", is_flag=True,
+                     help="onnxruntime target: 7-bit weights, so that the model stays exact on x86 CPUs without VNNI in "
+                          "runtimes that do not set session.x64quantprecision (e.g. Triton's onnxruntime backend)."),
+        click.option("--ranges", "ranges", type=RANGES, default=None,
+                     help="Ranges JSON from 'trtrepo calibrate --ranges' (amax, and min/max for the onnxruntime target): "
+                          "quantize with it, no calibration (--data then only serves the check against FP32)."),
+        click.option("--cache", "cache", type=click.Path(dir_okay=False), default=None,
+                     help="TensorRT calibration cache from 'trtrepo calibrate --cache', used like --ranges; refused when "
+                          "made for another model."),
+        click.option("--accuracy-target", type=ACCURACY_TARGET, default=None,
+                     help="top1-drop=POINTS, top1=PERCENT or cosine=MIN: leave the fewest, most sensitive layers in float "
+                          "that meet it."),
+        click.option("--accept-accuracy-loss", is_flag=True,
+                     help="Ship the INT8 model even when the held-out check against FP32 fails or cannot decide (label "
+                          "accuracy drop <= 1 point with labels; else the expected top-1 drop under FP32's softmax, the "
+                          "upper end of its 95 % interval < 1 point; cosine >= 0.99 for embeddings). Without it quantize "
+                          "writes nothing and exits 1, deploy ships FP32."),
+        click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
+                     help="Held-out evaluation data for the INT8 choices and the check against FP32, opened like --data "
+                          "(default: a --holdout part of --data that calibration does not use). A few hundred samples "
+                          "give a settled verdict."),
+        click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2,
+                     show_default=True, help="Fraction of --data held out when --eval-data is not given."),
+        click.option("--metric-output", default=None, metavar="OUTPUT",
+                     help="Output the INT8 choices and the check are measured on (default: the first; e.g. an embedding "
+                          "output with --accuracy-target cosine=0.99)."),
+    ]
+    names = [o(lambda: None).__click_params__[0].name for o in opts]  # type: ignore[attr-defined]
+
+    @functools.wraps(f)
+    def composed(*args: Any, **kw: Any) -> Any:
+        return f(*args, int8=build_settings({n: kw.pop(n) for n in names}), **kw)
+
+    for o in reversed(opts):
+        composed = o(composed)
+    return composed  # type: ignore[return-value]
+
+
+def build_settings(values: dict[str, Any]) -> Any:
+    """:class:`~trtrepo.autoquant.QuantizeSettings` from the option group's values, by name; the
+    ``--target`` name becomes its record here (the CLI edge), ``auto`` the backend's."""
+    from ..autoquant import QuantizeSettings  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+
+    target = values.pop("target")
+    placement_fields = {f.name for f in fields(QuantizeOptions)}
+    placement = {k: values.pop(k) for k in list(values) if k in placement_fields}
+    if target != "auto":
+        placement["target"] = qdq_target(target)
+    return QuantizeSettings(placement=QuantizeOptions(**placement), target_from_backend=target == "auto", **values)
+
+
+DATA_FIELDS = ("data_spec", "preprocess", "labels", "limit", "seed", "batch_size", "skip_non_images")
+
+
+def composed_data(f: F) -> F:
+    """Calls the command with ``data=`` one :class:`~trtrepo.data.DataOptions` made of the
+    :func:`data_options` values (``spec`` ``""`` when ``--data`` was not given: ``--data ''`` is
+    refused, so the empty spec only means "none"). Apply directly above ``def`` (below
+    ``@io_paths``, which checks the files as given)."""
+
+    @functools.wraps(f)
+    def composed(*args: Any, **kw: Any) -> Any:
+        from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+
+        v = {n: kw.pop(n) for n in DATA_FIELDS}
+        spec = v.pop("data_spec") or ""
+        return f(*args, data=DataOptions(spec=spec, **v), **kw)
+
+    return composed  # type: ignore[return-value]

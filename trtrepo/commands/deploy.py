@@ -4,20 +4,22 @@ from __future__ import annotations
 
 from dataclasses import asdict
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from .. import histogram as H
 from ..contracts import backends, builtin
 from ..contracts.location import is_remote
 from ..errors import UsageError
-from ..quantize import target_names
-from ..weightopt import ROUNDING_STEPS
 from ._inputs import io_paths
 from ._model_options import build_model_options, model_config_options
-from ._options import data_options, not_empty, s3_endpoint_option
+from ._options import composed_data, data_options, quantize_options, s3_endpoint_option
 from ._output import json_option, summary_output
+from ._types import SHAPE
+
+if TYPE_CHECKING:
+    from ..autoquant import QuantizeSettings
+    from ..data import DataOptions
 
 
 @click.command("deploy")
@@ -38,51 +40,15 @@ from ._output import json_option, summary_output
 @click.option("--class-labels", type=click.Path(dir_okay=False, exists=True), default=None,
               help="Class names file for the output's label_filename (the demo's are 0-9).")
 @click.option("--workdir", type=click.Path(file_okay=False), default=None, help="Keep intermediate files (ONNX, Q/DQ, plan) here.")
-@click.option("--shape", "shapes", multiple=True, metavar="NAME:MIN,OPT,MAX",
+@click.option("--shape", "shapes", type=SHAPE, multiple=True,
               help="TensorRT profile of an input with dynamic axes (trtexec-like dims, e.g. input_ids:1x8,8x16,32x32; "
                    "repeatable). Default: from the calibration data's smallest, median and largest sizes.")
-@click.option("--exclude-op", "exclude_ops", multiple=True, metavar="OP",
-              help="Leave every node of this op type in float (repeatable; as in trtrepo quantize).")
-@click.option("--exclude-node", "exclude_nodes", multiple=True, metavar="PATTERN",
-              help="Leave nodes whose name matches (exact or regex) in float (repeatable).")
-@click.option("--accuracy-target", default=None, metavar="KIND=VALUE",
-              help="top1-drop=0.5 | top1=99 | cosine=0.999: leave the fewest layers in float that meet it (as in "
-                   "trtrepo quantize).")
-@click.option("--cache", "cache_path", type=click.Path(dir_okay=False), default=None,
-              help="TensorRT calibration cache from 'trtrepo calibrate --cache': quantize with it, no calibration "
-                   "(--data then only serves the check against FP32).")
-@click.option("--ranges", "ranges_path", type=click.Path(dir_okay=False), default=None,
-              help="Ranges JSON from 'trtrepo calibrate --ranges', used like --cache.")
 @click.option("--output-names", default=None, metavar="A,B",
               help="Names of a PyTorch source's outputs, in the order forward() returns them (default: output, or "
                    "output0, output1, ...); give validate the same.")
 @click.option("--input-shape", "input_shapes", multiple=True, metavar="[NAME:]DIMS",
               help="Input shape of a PyTorch source without the batch axis, e.g. 3x224x224 or pixels:3x224x224 "
                    "(repeat per input). Default: read off the --data samples.")
-@click.option("--metric-output", default=None, metavar="OUTPUT",
-              help="Output the INT8 calibration method is chosen on (default: the first output; e.g. the embedding "
-                   "of a model whose first output is not a classifier).")
-@click.option("--reduce-range", is_flag=True,
-              help="7-bit INT8 weights for the ONNX Runtime backends: exact on x86 CPUs without VNNI even where "
-                   "session.x64quantprecision is not set (Triton's onnxruntime backend).")
-@click.option("--method", type=click.Choice(H.method_names(auto=True)), default="auto",
-              show_default=True, help="INT8 range calibrator; auto keeps the best of the registered methods on held-out data.")
-@click.option("--target", type=click.Choice(["auto", *target_names()]), default="auto", show_default=True,
-              help="Q/DQ placement rules (trtrepo quantize --target); auto: the backend's (tensorrt for a plan, "
-                   "onnxruntime for the ONNX Runtime and Python backends).")
-@click.option("--smooth-quant", "smooth_quant", default="auto", show_default=True, metavar="off|auto|ALPHA",
-              help="SmoothQuant on MatMul/Gemm inputs (auto: alpha chosen on held-out data, or none).")
-@click.option("--weight-rounding", type=click.Choice(("auto",) + ROUNDING_STEPS), default="auto", show_default=True,
-              help="How Conv/Gemm weights are rounded to INT8 (as in trtrepo quantize): auto keeps the best of bias "
-                   "correction, AdaRound and nearest rounding on held-out data; nearest is the fastest.")
-@click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
-              help="Evaluation data for the INT8 choices and the check against FP32, opened like --data (default: "
-                   "a fifth of --data held out). Give a few hundred samples for a settled verdict.")
-@click.option("--accept-accuracy-loss", is_flag=True,
-              help="Ship the INT8 model even when the held-out check against FP32 fails or cannot decide (the rule "
-                   "of 'trtrepo quantize': label accuracy drop <= 1 point with labels; else the expected top-1 drop "
-                   "under FP32's softmax, the upper end of its 95 % interval < 1 point; cosine >= 0.99 for "
-                   "embeddings); without it the FP32 model is deployed instead.")
 @click.option("--tune", "tune_after", is_flag=True,
               help="Then search the model's serving config on a local tritonserver and write the best one "
                    "('trtrepo tune --apply' with --data, concurrency 8; the report in REPO/../tune-NAME).")
@@ -91,16 +57,14 @@ from ._output import json_option, summary_output
 @data_options(required=False)
 @model_config_options
 @json_option
-@io_paths({"source": "SOURCE", "weights": "--weights", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "class_labels": "--class-labels", "cache_path": "--cache", "ranges_path": "--ranges", "eval_data": "--eval-data"},
+@io_paths({"source": "SOURCE", "weights": "--weights", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels", "class_labels": "--class-labels", "cache": "--cache", "ranges": "--ranges", "eval_data": "--eval-data"},
           {"repo": "--repo", "workdir": "--workdir"})
+@quantize_options
+@composed_data
 def command(as_json: bool, source: str, repo: str, name: str | None, backend: str, python_variant: bool, ensemble: bool, precision: str,
-            weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[str, ...],
-            exclude_ops: tuple[str, ...], exclude_nodes: tuple[str, ...], accuracy_target: str | None,
-            cache_path: str | None, ranges_path: str | None, output_names: str | None, input_shapes: tuple[str, ...],
-            metric_output: str | None, reduce_range: bool, method: str, target: str, smooth_quant: str,
-            weight_rounding: str, accept_accuracy_loss: bool, eval_data: str | None,
-            tune_after: bool, tune_budget_s: float, s3_endpoint: str | None, data_spec: str | None, preprocess: str | None,
-            labels: str | None, limit: int | None, seed: int, batch_size: int, skip_non_images: bool, **kw: Any) -> None:
+            weights: str | None, class_labels: str | None, workdir: str | None, shapes: tuple[Any, ...],
+            output_names: str | None, input_shapes: tuple[str, ...], tune_after: bool, tune_budget_s: float,
+            s3_endpoint: str | None, data: DataOptions, int8: QuantizeSettings, **kw: Any) -> None:
     """Export SOURCE (default: the embedded demo), quantize to INT8, build (with TensorRT) and write a
     Triton model repository (default model_repository/), then print a summary table.
 
@@ -115,16 +79,10 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
     model = build_model_options(kw)
     opts = DeployOptions(
         source=source, repo=repo, name=name, backend=backend, python_variant=python_variant, ensemble=ensemble,
-        precision=precision, data=data_spec, eval_data=eval_data, preprocess=preprocess, data_labels=labels, limit=limit, seed=seed,
-        skip_non_images=skip_non_images,
-        batch_size=batch_size, class_labels=class_labels, model=model, version=kw.pop("version"), force=kw.pop("force"),
-        template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights, shapes=tuple(shapes),
-        metric_output=metric_output, reduce_range=reduce_range, method=method, smooth_quant=smooth_quant,
-        weight_rounding=weight_rounding,
-        accept_accuracy_loss=accept_accuracy_loss, input_shapes=tuple(input_shapes), cache=cache_path,
-        output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else (),
-        ranges=ranges_path, exclude_ops=tuple(exclude_ops), exclude_nodes=tuple(exclude_nodes),
-        accuracy_target=accuracy_target, target=target, s3_endpoint=s3_endpoint,
+        precision=precision, data=data, int8=int8, class_labels=class_labels, model=model, version=kw.pop("version"),
+        force=kw.pop("force"), template_dir=kw.pop("template_dir"), workdir=workdir, weights=weights,
+        shapes=tuple(shapes), input_shapes=tuple(input_shapes),
+        output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else (), s3_endpoint=s3_endpoint,
     )
     with summary_output(as_json) as emit:
         report = deploy(opts)
@@ -132,7 +90,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
             click.echo(line)
         for w in report.warnings:
             click.echo(f"warning: {w}", err=True)
-        tuned = _tune(report, source, repo, data_spec, preprocess, tune_budget_s) if tune_after else None
+        tuned = _tune(report, source, repo, data.spec or None, data.preprocess, tune_budget_s) if tune_after else None
         click.echo(f"serve it with: trtrepo serve {repo}" + (f" --s3-endpoint {s3_endpoint}" if s3_endpoint else ""))
 
         emit({"command": "deploy", "source": source, "repo": str(repo),

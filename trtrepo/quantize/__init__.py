@@ -64,7 +64,7 @@ from __future__ import annotations
 
 from .graph import GraphView, load_model, model_tensor_names, prepare_model, weight_axis, weights_as_inputs
 from .insert import QParams, QuantizedModel, activation_qparams, insert_qdq, quantize_weight, warn_float, weight_qparams
-from .modelfiles import QuantizeResult, _result, quantize_model, ranges_from_cache, ranges_from_json, save_model
+from .modelfiles import QuantizeResult, RangesFile, _result, quantize_model, ranges_from_cache, ranges_from_json, save_model
 from .options import (
     CHECK_FULL_BYTES,
     MIN_OPSET,
@@ -78,6 +78,7 @@ from .options import (
     QuantPoint,
     RangeLike,
     _as_range,
+    backend_target,
     qdq_target,
     register_target,
     target_names,
@@ -114,6 +115,7 @@ __all__ = [
     "QdqPlan",
     "QuantPoint",
     "QuantizeOptions",
+    "RangesFile",
     "QuantizeResult",
     "QuantizedModel",
     "REQUIRED_RULES",
@@ -133,6 +135,7 @@ __all__ = [
     "model_tensor_names",
     "plan_qdq",
     "prepare_model",
+    "backend_target",
     "qdq_target",
     "quantize_model",
     "quantize_weight",

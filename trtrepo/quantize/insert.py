@@ -20,11 +20,11 @@ from .options import (
     CHECK_FULL_BYTES,
     WEIGHTED_OPS,
     ActivationRange,
+    QdqTarget,
     QuantizeOptions,
     QuantPoint,
     RangeLike,
     _as_range,
-    qdq_target,
 )
 from .plan import NothingToQuantize, QdqPlan, _why_nothing, plan_qdq
 from .rules import REQUIRED_RULES
@@ -48,14 +48,14 @@ class QParams:
     axis: int | None = None
 
 
-def activation_qparams(rng: ActivationRange, target: str, nonneg: bool = False, tensor: str = "") -> QParams:
+def activation_qparams(rng: ActivationRange, target: QdqTarget, nonneg: bool = False, tensor: str = "") -> QParams:
     """By the target's ``activations`` scheme: ``symmetric`` (TensorRT): int8, ``scale = amax / 127``,
     zp 0; ``asymmetric`` (ONNX Runtime): uint8 over ``[max(lo, -amax), min(hi, amax)]`` widened to
     contain 0 (``[0, amax]`` for a non-negative tensor without measured bounds, else ``[-amax, amax]``)."""
     amax = float(rng.amax)
     if not np.isfinite(amax) or amax < 0:
         raise UsageError(f"tensor '{tensor}': invalid range amax={rng.amax!r}")
-    if qdq_target(target).activations == "symmetric":
+    if target.activations == "symmetric":
         scale = amax / _INT8_MAX if amax > 0 else 1.0
         return QParams(np.asarray(scale, np.float32), np.asarray(0, np.int8))
     lo = rng.lo if rng.lo is not None else (0.0 if nonneg else -amax)
@@ -334,7 +334,7 @@ class _QdqWriter:
                         self.rewires[(node.name, idx)] = act_dq_out[p.tensor]
         return act_q
 
-    def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: str,
+    def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: QdqTarget,
                 qmax: float) -> tuple[dict[tuple[str, int | None], tuple[str, QParams]], list[Detail]]:
         """Per-channel (or per-tensor) symmetric weights, by the target's ``weights`` form: ``qdq``:
         FP32 behind Q -> DQ (TensorRT quantizes them at build time); ``int8``: int8 initializers
@@ -355,7 +355,7 @@ class _QdqWriter:
                 z = self.add_init(f"{p.tensor}_zero_point", qp.zero_point)
                 axis_kw: dict[str, Any] = {"axis": p.axis} if p.axis is not None else {}
                 dq_out = self.fresh(f"{p.tensor}_dequantized")
-                if qdq_target(target).weights == "qdq":
+                if target.weights == "qdq":
                     q_out = self.fresh(f"{p.tensor}_quantized")
                     nodes = [self.node("QuantizeLinear", [p.tensor, s, z], q_out, p.tensor, **axis_kw),
                              self.node("DequantizeLinear", [q_out, s, z], dq_out, p.tensor, **axis_kw)]

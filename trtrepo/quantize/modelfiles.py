@@ -18,6 +18,26 @@ from .insert import QuantizedModel, insert_qdq
 from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
 
 
+@dataclass(frozen=True)
+class RangesFile:
+    """Ranges given in a ranges JSON (``trtrepo calibrate --ranges``, or written by hand: per
+    tensor an ``amax``, optionally ``min``/``max``): ``--ranges FILE`` read once at the edge,
+    the path kept for messages and the report."""
+
+    path: Path
+    ranges: dict[str, ActivationRange]
+
+    @classmethod
+    def read(cls, path: str | Path) -> RangesFile:
+        return cls(Path(path), ranges_from_json(path))
+
+    def __str__(self) -> str:  # messages and the commands' input protection name the file
+        return str(self.path)
+
+    def __fspath__(self) -> str:
+        return str(self.path)
+
+
 def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
     plus the signed min/max where the file holds them (written with the statistics)."""
@@ -94,7 +114,7 @@ def quantize_model(onnx_path: str | Path, ranges: Mapping[str, RangeLike], out_p
 def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: str | None) -> QuantizeResult:
     return QuantizeResult(
         path=path,
-        target=options.target,
+        target=options.target.name,
         method=method,
         layers=list(qm.plan.layers),
         layers_in_float=list(qm.plan.excluded),

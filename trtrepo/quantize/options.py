@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..plugins import QDQ_TARGETS as _GROUP
 from ..plugins import Registry
 
@@ -97,11 +97,24 @@ def target_names() -> tuple[str, ...]:
 
 
 def qdq_target(name: str) -> QdqTarget:
-    """The registered target ``name``; a :class:`UsageError` naming the choices otherwise."""
+    """The registered target ``name``; a :class:`UsageError` naming the choices otherwise. The one
+    name lookup: the CLI's ``--target`` and the backend's ``quantize_target`` come here once, and
+    the library passes the record on (``QuantizeOptions.target``)."""
     target = QDQ_TARGETS.get(name)
     if target is None:
-        raise UsageError(f"--target '{name}' is not one of {', '.join(QDQ_TARGETS)}")
+        raise OptionError("target", f"'{name}' is not one of {', '.join(QDQ_TARGETS)}", concept="the Q/DQ target")
     return target
+
+
+def backend_target(spec: Any) -> QdqTarget:
+    """The target a backend's INT8 model is placed for (``BackendSpec.quantize_target``, a name a
+    plug-in backend may give for a target that is not registered: refused here)."""
+    return qdq_target(spec.quantize_target)
+
+
+def default_target() -> QdqTarget:
+    """``QuantizeOptions.target`` when none is given: TensorRT's placement."""
+    return qdq_target("tensorrt")
 
 
 # --------------------------------------------------------------------------------------------
@@ -110,10 +123,12 @@ def qdq_target(name: str) -> QdqTarget:
 
 @dataclass(frozen=True)
 class QuantizeOptions:
-    """Where Q/DQ go. ``exclude_nodes`` are node names or regular expressions (full match);
-    ``exclude_ops`` op types. Excluded nodes keep float inputs, weights and outputs."""
+    """Where Q/DQ go: for ``target`` (the :class:`QdqTarget` record; a registered name is accepted
+    from scripts and turned into its record here, once). ``exclude_nodes`` are node names or
+    regular expressions (full match); ``exclude_ops`` op types. Excluded nodes keep float inputs,
+    weights and outputs."""
 
-    target: str = "tensorrt"
+    target: QdqTarget = field(default_factory=default_target)
     exclude_ops: tuple[str, ...] = ()
     exclude_nodes: tuple[str, ...] = ()
     per_channel: bool = True
@@ -137,12 +152,15 @@ class QuantizeOptions:
     transformer_safe: bool = True
 
     def __post_init__(self) -> None:
-        target = qdq_target(self.target)
+        if isinstance(self.target, str):
+            object.__setattr__(self, "target", qdq_target(self.target))
+        target = self.target
         object.__setattr__(self, "exclude_ops", tuple(self.exclude_ops))
         object.__setattr__(self, "exclude_nodes", tuple(self.exclude_nodes))
-        if self.reduce_range and not target.reduce_range:
-            able = ", ".join(t.name for t in QDQ_TARGETS.values() if t.reduce_range)
-            raise UsageError(f"--reduce-range is for --target {able} ({target.display} quantizes weights to 8 bits)")
+        if self.reduce_range and not target.reduce_range:  # the one reduce-range check (quantize and deploy)
+            able = " or ".join(t.display for t in QDQ_TARGETS.values() if t.reduce_range)
+            raise OptionError("reduce_range", f"is for the {able} target ({target.display} quantizes weights to 8 "
+                              "bits)", concept="7-bit weights (reduce range)")
         if target.check is not None:
             target.check(self)
         if not self.outlier_ratio > 1.0:
@@ -151,12 +169,8 @@ class QuantizeOptions:
             try:
                 re.compile(pattern)
             except re.error as exc:
-                raise UsageError(f"--exclude-node '{pattern}': not a valid regular expression ({exc})") from exc
-
-    @property
-    def qdq(self) -> QdqTarget:
-        """The registered :class:`QdqTarget` of ``target``."""
-        return qdq_target(self.target)
+                raise OptionError("exclude_nodes", f"'{pattern}': not a valid regular expression ({exc})",
+                                  concept="the node pattern") from exc
 
     def with_excluded_nodes(self, names: Iterable[str]) -> QuantizeOptions:
         """A copy that also excludes the given exact node names."""

@@ -41,7 +41,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     ``ranges``, tensors with unquantizable ranges (and the mask path behind them) stay float
     too (:func:`find_float_nodes`)."""
     options = options or QuantizeOptions()
-    target = options.qdq
+    target = options.target
     view = view or GraphView(model)
     points: list[QuantPoint] = []
     excluded: list[str] = []
@@ -84,7 +84,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
-    return QdqPlan(kept, layers, excluded, options.target, kept_float, auto_float, dict(reasons.tensors))
+    return QdqPlan(kept, layers, excluded, target.name, kept_float, auto_float, dict(reasons.tensors))
 
 
 def _units_on_quantized_inputs(view: GraphView, points: list[QuantPoint]) -> list[QuantPoint]:
@@ -144,7 +144,7 @@ def _why_nothing(plan: QdqPlan, options: QuantizeOptions) -> str:
     if plan.excluded:
         why.append(f"{len(plan.excluded)} excluded by --exclude-op/--exclude-node ({some(plan.excluded)})")
     if plan.kept_float:
-        why.append(f"{len(plan.kept_float)} small convolution(s) kept in float for {options.target} (reduction "
+        why.append(f"{len(plan.kept_float)} small convolution(s) kept in float for {options.target.name} (reduction "
                    f"Cin*kh*kw below {options.ort_min_reduction}: its float kernel is faster; {some(plan.kept_float)})")
     if plan.auto_float:
         first = next(iter(plan.auto_float.items()))

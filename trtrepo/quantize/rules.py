@@ -51,7 +51,7 @@ def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) 
     ``options.ort_min_reduction``, e.g. the first 3x3 conv of a one-channel image model) in float.
     ONNX Runtime's QLinearConv is slower than its float NCHWc kernel there (measured on the demo's
     first conv, 1 -> 16 channels, 3x3)."""
-    if not options.qdq.small_conv_float or options.ort_min_reduction <= 0 or node.op_type != "Conv":
+    if not options.target.small_conv_float or options.ort_min_reduction <= 0 or node.op_type != "Conv":
         return False
     if len(node.input) < 2 or not view.is_constant(node.input[1]) or int(view.attr(node, "group", 1)) != 1:
         return False
@@ -174,7 +174,7 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
                     tensors[out] = f"downstream of the mask tensor '{t}'"
                     stack.append(out)
 
-    if options.qdq.transformer_safe and options.transformer_safe:
+    if options.target.transformer_safe and options.transformer_safe:
         for node in view.nodes:
             if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
                 continue
