@@ -11,7 +11,7 @@ import pytest
 
 from trtrepo import cache as C
 from trtrepo.calibrate import Ranges
-from trtrepo.errors import UsageError
+from trtrepo.errors import OptionError, UsageError
 
 
 def test_hex_encoding_matches_hand_computed_values() -> None:
@@ -96,7 +96,7 @@ def test_parse_accepts_crlf_and_names_with_colons_and_spaces() -> None:
 
 def test_check_names_lists_mismatches() -> None:
     C.check_names(["a", "b", "(Unnamed Layer* 3) [Shuffle]_output"], ["a", "b"], known=["a", "b", "c"])
-    with pytest.raises(UsageError) as info:
+    with pytest.raises(OptionError) as info:
         C.check_names(["a", "zz"], ["a", "b"], known=["a", "b"], source="m.cache")
     msg = str(info.value)
     assert "m.cache does not match" in msg and "missing from it: b" in msg and "not in the model: zz" in msg

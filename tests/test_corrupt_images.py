@@ -17,9 +17,10 @@ from PIL import Image
 
 from trtrepo import demo
 from trtrepo.data import check_image_folder, image_problem, open_data, scan_image_folder
-from trtrepo.errors import UsageError
+from trtrepo.errors import OptionError
 
 NOT_AN_IMAGE = "not an image (cannot identify image file); --skip-non-images skips such files"
+SKIP = {"skip_non_images": "--skip-non-images"}  # the CLI's flag for the setting the library's message names
 
 TINY = textwrap.dedent('''
     from torch import nn
@@ -99,9 +100,10 @@ def test_a_file_replaced_after_a_check_is_checked_again(tmp_path):
         Image.fromarray(images[i], mode="L").save(tmp_path / f"{i}.png")
     assert scan_image_folder(tmp_path) == (sorted(tmp_path.iterdir()), [])
     (tmp_path / "1.png").write_text("overwritten by a text editor\n")
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(OptionError) as err:
         scan_image_folder(tmp_path)
-    assert err.value.message == f"{tmp_path / '1.png'}: {NOT_AN_IMAGE}"
+    assert err.value.with_flags(SKIP) == f"{tmp_path / '1.png'}: {NOT_AN_IMAGE}"
+    assert err.value.message.endswith("; skip_non_images=True skips such files")
 
 
 def test_the_error_counts_the_other_unreadable_files(tmp_path):
@@ -109,10 +111,10 @@ def test_the_error_counts_the_other_unreadable_files(tmp_path):
     Image.fromarray(images[0], mode="L").save(tmp_path / "a.png")
     for name in ("b.png", "c.jpg", "d.webp"):
         (tmp_path / name).write_text("text")
-    with pytest.raises(UsageError) as err:
+    with pytest.raises(OptionError) as err:
         open_data(str(tmp_path), preprocess=demo.preprocess())
-    assert err.value.message == (f"{tmp_path / 'b.png'}: not an image (cannot identify image file) (2 more file(s) of "
-                                 f"{tmp_path} as well); --skip-non-images skips such files")
+    assert err.value.with_flags(SKIP) == (f"{tmp_path / 'b.png'}: not an image (cannot identify image file) (2 more "
+                                          f"file(s) of {tmp_path} as well); --skip-non-images skips such files")
 
 
 def test_skip_non_images_skips_unreadable_files_naming_them(project, caplog):

@@ -144,7 +144,7 @@ def test_limit_and_seed_are_deterministic(demo_onnx):
     assert list(a.indices) != list(c.indices)
     assert list(a.indices) == sorted(a.indices)
     np.testing.assert_array_equal(collect(a)["input"], collect(b)["input"])
-    with pytest.raises(UsageError, match="--limit must be positive"):
+    with pytest.raises(UsageError, match="the sample limit must be positive"):
         open_data("demo:val", limit=0)
 
 

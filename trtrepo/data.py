@@ -36,7 +36,7 @@ import numpy as np
 
 from .arrayfile import ArrayHeader, Pick, data_budget, npy_header, npz_headers, read_npy, read_npz, subset_rows
 from .contracts import builtin
-from .errors import UsageError, one_line
+from .errors import OptionError, UsageError, one_line
 from .modelio import ModelIO, TensorSpec
 from .preprocessing import Preprocess
 
@@ -47,6 +47,9 @@ IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".webp")
 LABEL_KEYS = ("labels", "label", "y")
 MAX_ITERABLE_SAMPLES = 1_000_000  # samples read from an iterable callable without --limit (and arrayfile.data_budget() bytes)
 MAX_LABEL = 2**31 - 1  # the largest class index when the model does not say how many classes it has
+# how errors name the settings (the command line shows the flags: --limit, --skip-non-images)
+_LIMIT = "the sample limit"
+_SKIP = {"skip_non_images": "skip_non_images=True"}
 
 # --------------------------------------------------------------------------------------------
 # Preprocessing
@@ -92,7 +95,7 @@ class DataSource:
         """Deterministic subset: ``limit`` samples drawn without replacement with ``seed``
         (original order kept); the first ``limit`` when ``seed`` is None."""
         if limit is not None and limit <= 0:
-            raise UsageError(f"--limit must be positive, got {limit}")
+            raise OptionError("limit", f"must be positive, got {limit}", concept=_LIMIT)
         n = len(self._indices)
         rows = subset_rows(n, limit, seed)
         return self.take(np.arange(n) if rows is None else rows)
@@ -224,8 +227,8 @@ def scan_image_folder(folder: Path, skip_non_images: bool = False) -> tuple[list
         raise UsageError(f"{folder}: image folder is empty")
     bad: list[tuple[Path, str | None]] = [(p, None) for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
     if bad and not skip_non_images:
-        raise UsageError(f"{bad[0][0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
-                         f"--skip-non-images skips such files)")
+        raise OptionError("", f"{bad[0][0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
+                          f"{{skip_non_images}} skips such files)", others=_SKIP)
     unreadable: list[tuple[Path, str | None]] = []
     for p in files:
         why = _checked_problem(p) if p.suffix.lower() in IMAGE_EXTENSIONS else None
@@ -234,7 +237,7 @@ def scan_image_folder(folder: Path, skip_non_images: bool = False) -> tuple[list
     if unreadable and not skip_non_images:
         path, why = unreadable[0]
         more = f" ({len(unreadable) - 1} more file(s) of {folder} as well)" if len(unreadable) > 1 else ""
-        raise UsageError(f"{path}: {why}{more}; --skip-non-images skips such files")
+        raise OptionError("", f"{path}: {why}{more}; {{skip_non_images}} skips such files", others=_SKIP)
     bad = sorted(bad + unreadable)
     if not bad:
         return files, []
@@ -486,10 +489,10 @@ def open_data(
         if isinstance(preprocess, (str, Path)):
             preprocess = Preprocess.load(preprocess)
         if limit is not None and limit <= 0:
-            raise UsageError(f"--limit must be positive, got {limit}")
+            raise OptionError("limit", f"must be positive, got {limit}", concept=_LIMIT)
         source = _open_spec(str(spec), preprocess, labels, io, limit, skip_non_images, seed)
     if labels is not None and isinstance(spec, DataSource):
-        raise UsageError("--labels cannot be combined with an in-memory data source")
+        raise OptionError("labels", "cannot be combined with an in-memory data source")
     source = _bind_names(source, io)
     if limit is not None and limit > len(source):
         log.warning("--limit %d: %s holds %d samples; all of them are used", limit, source.name, len(source))
@@ -506,12 +509,13 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
     if found is not None:
         plugin, split = found
         if label_array is not None:
-            raise UsageError(f"--labels cannot be combined with the {plugin.name} data (it has its own labels)")
+            raise OptionError("labels", f"cannot be combined with the {plugin.name} data (it has its own labels)")
         return plugin.open_data(split)
     path = Path(spec)
     if path.is_dir():
         if preprocess is None:
-            raise UsageError(f"{path}: an image folder needs a preprocessing spec (--preprocess FILE)")
+            raise OptionError("", f"{path}: an image folder needs a preprocessing spec ({{preprocess}} FILE)",
+                              others={"preprocess": "preprocess"})
         if preprocess.input_name is None and io is not None:
             if len(io.inputs) != 1:
                 raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
@@ -547,10 +551,10 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
                 items.append(_to_sample(item, spec))
                 total += sum(int(np.asarray(v).nbytes) for v in items[-1].inputs.values())
                 if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > data_budget()):
-                    raise UsageError(f"'{spec}': the callable yields more than "
-                                     f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
-                                     f"({total / 2**30:.1f} GiB so far); give --limit (an iterable is read up to "
-                                     f"--limit, first samples first)")
+                    raise OptionError("", f"'{spec}': the callable yields more than "
+                                      f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
+                                      f"({total / 2**30:.1f} GiB so far); give {{limit}} (an iterable is read up to "
+                                      f"{{limit}}, first samples first)", others={"limit": _LIMIT})
             src = ListSource(spec, items)
         else:
             raise UsageError(f"'{spec}': the callable returned a {type(result).__name__}, not an iterable or dataset")
@@ -665,7 +669,7 @@ def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None =
     shapes differ from the batch's (variable sequence lengths). When ``io`` is given, each batch
     is checked against it and cast to the model's input dtypes; errors name the tensor."""
     if batch_size <= 0:
-        raise UsageError(f"--batch-size must be positive, got {batch_size}")
+        raise OptionError("batch_size", f"must be positive, got {batch_size}")
     pending: list[Sample] = []
     indices: list[int] = []
     key: tuple[tuple[str, tuple[int, ...]], ...] | None = None
