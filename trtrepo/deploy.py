@@ -71,9 +71,9 @@ class DeployOptions:
 
     def __post_init__(self) -> None:
         if self.backend != "auto" and backends.for_option(self.backend) is None:
-            raise UsageError(f"--backend {self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
+            raise OptionError("backend", f"{self.backend!r}: one of {', '.join(('auto', *backends.options()))}")
         if self.precision not in PRECISIONS:
-            raise UsageError(f"--precision {self.precision!r}: one of {', '.join(PRECISIONS)}")
+            raise OptionError("precision", f"{self.precision!r}: one of {', '.join(PRECISIONS)}")
         if self.name is not None:
             check_model_name(self.name, "--name")
         if self.int8.cache is not None and not Path(self.int8.cache).is_file():
@@ -195,7 +195,8 @@ def _export_step(opts: DeployOptions, work: Path, report: DeployReport) -> tuple
             data = opts.data.open()  # type: ignore[union-attr]
         inputs, axes = resolve_inputs(src, opts.input_shapes, data)
         if opts.output_names and (not src.is_torch or builtin.builtin(src.kind) is not None):
-            raise UsageError(f"--output-names does not apply to {opts.source} (its outputs are named already)")
+            raise OptionError("output_names", f"does not apply to {opts.source} (its outputs are named already)",
+                              concept="naming the outputs")
         result = export_onnx(src, work / "model.onnx", inputs=inputs, dynamic_axes=axes or None,
                              output_names=list(opts.output_names) or None)
         checked = f", max abs error vs PyTorch {result.max_abs_error:.2g}" if result.max_abs_error is not None else ""
@@ -395,8 +396,9 @@ def batch_profile(opts: DeployOptions, io: ModelIO | None = None, source: Any = 
     ``--max-batch-size`` N >= 1 is refused on a model without a batch axis."""
     profile = BatchProfile.for_deploy(opts.model.max_batch_size, opts.shapes)
     if io is not None and profile.batched and opts.model.max_batch_size and not io.has_batch_axis:
-        raise UsageError(f"--max-batch-size {opts.model.max_batch_size}: the model has no dynamic batch axis 0 on every "
-                         f"input and output; give --max-batch-size 0")
+        raise OptionError("max_batch_size", f"{opts.model.max_batch_size}: the model has no dynamic batch axis 0 on "
+                          "every input and output; give {max_batch_size} 0",
+                          others={"max_batch_size": "the max batch size"})
     if io is not None and source is not None:
         profile = profile.with_data_shapes(io, source)
     return profile
@@ -438,10 +440,12 @@ def _build_step(opts: DeployOptions, onnx_path: Path, backend: str, work: Path, 
 
         trt = tensorrt_status()
         if not trt.available:
-            raise UsageError(f"--backend tensorrt: TensorRT {trt.detail}; use --backend onnxruntime or python")
+            raise OptionError("backend", f"tensorrt: TensorRT {trt.detail}; use {{backend}} onnxruntime or python",
+                              others={"backend": "the backend"})
         gpu = gpu_status()
         if not gpu.available:
-            raise UsageError(f"--backend tensorrt: no GPU ({gpu.detail}); use --backend onnxruntime or python")
+            raise OptionError("backend", f"tensorrt: no GPU ({gpu.detail}); use {{backend}} onnxruntime or python",
+                              others={"backend": "the backend"})
         source = None
         if io is not None and not opts.shapes:
             source = (calibration or CalibrationData(opts, io)).source()
@@ -472,7 +476,8 @@ def _preprocess_spec(opts: DeployOptions) -> Any:
     plugin = builtin.builtin(opts.source)
     if plugin is not None and plugin.preprocess is not None:
         return plugin.preprocess()
-    raise UsageError("--ensemble needs the preprocessing spec (--preprocess FILE, see 'trtrepo preprocess')")
+    raise OptionError("ensemble", "needs the preprocessing spec ({preprocess}, see 'trtrepo preprocess')",
+                      concept="the image ensemble", others={"preprocess": "a preprocess spec file"})
 
 
 def int8_for_backend(int8: QuantizeSettings, spec: Any, report: DeployReport) -> QuantizeSettings:
@@ -517,10 +522,11 @@ def deploy(opts: DeployOptions) -> DeployReport:
         if opts.shapes:  # a mistyped or misfitting --shape is an error whatever the backend
             batch_profile(opts, io).check_shapes(io)
             if not spec.engine:
-                unused = f"--shape: the {backend} backend builds no TensorRT engine, so the shapes are not used"
+                unused = f": the {backend} backend builds no TensorRT engine, so the shapes are not used"
                 if opts.backend != "auto":
-                    raise UsageError(f"{unused}; drop them (--max-batch-size sets Triton's batch range)")
-                report.warnings.append(f"{unused} (backend auto chose {backend} on this machine)")
+                    raise OptionError("shapes", f"{unused}; drop them ({{max_batch_size}} sets Triton's batch range)",
+                                      concept="the shape ranges", others={"max_batch_size": "the max batch size"})
+                report.warnings.append(f"--shape{unused} (backend auto chose {backend} on this machine)")
         int8 = int8_for_backend(opts.int8, spec, report)
         calibration = CalibrationData(opts, io)  # opened once, when a step first needs it
         model_path, precision = _int8_step(opts, onnx_path, io, int8, work, report, calibration)

@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..evaluate import (
     AccuracyTarget,
     OutputMetrics,
@@ -59,8 +59,8 @@ def check_reachable(target: AccuracyTarget, evaluator: Evaluator) -> None:
     """Refuse a target that the FP32 model (every layer in float) misses on the evaluation data."""
     fp32 = evaluator.fp32_metrics()
     if not target.met(fp32):
-        raise UsageError(f"--accuracy-target {target} cannot be met even with every layer in float "
-                         f"(the FP32 model itself gives {target.measure(fp32):.6g} on {evaluator.source.name})")
+        raise OptionError("accuracy_target", f"{target} cannot be met even with every layer in float (the FP32 model "
+                          f"itself gives {target.measure(fp32):.6g} on {evaluator.source.name})")
 
 
 # Layer roles (what the fallback leaves in float as a group before single layers).
@@ -181,8 +181,8 @@ def fallback(model: Any, ranges: Mapping[str, ActivationRange], options: Quantiz
         chosen, sensitivity = search.by_sensitivity(layers)
     if chosen is None:
         best = max((s.value for s in search.steps), key=search._score)
-        raise UsageError(f"--accuracy-target {target} is only met with every layer in float (best with INT8 left: "
-                         f"{best:.6g}{'; time budget ran out' if search.out_of_time() else ''}); nothing written")
+        raise OptionError("accuracy_target", f"{target} is only met with every layer in float (best with INT8 left: "
+                          f"{best:.6g}{'; time budget ran out' if search.out_of_time() else ''}); nothing written")
     # the smallest float set that met the target (bisection may have found several)
     met = [s for s in search.steps if s.met]
     final = min(met, key=lambda s: (len(s.layers_in_float), -(s.speed or 0.0)))

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..calibrate import select_tensors
-from ..errors import UsageError
+from ..errors import OptionError
 from ..quantize import (
     ActivationRange,
     QuantizeOptions,
@@ -33,12 +33,12 @@ CACHE_BYTES = 512 * 2**20  # held-out batches kept in memory up to this size
 def split_holdout(source: Any, fraction: float = DEFAULT_HOLDOUT, seed: int = 0) -> tuple[Any, Any]:
     """Deterministic split into (calibration, held-out) parts; no sample is in both."""
     if not 0.0 < fraction < 1.0:
-        raise UsageError(f"--holdout {fraction}: expected a fraction between 0 and 1")
+        raise OptionError("holdout", f"{fraction}: expected a fraction between 0 and 1", concept="the held-out fraction")
     n = len(source)
     k = int(round(n * fraction))
     if n < 2 or k < 1 or k >= n:
-        raise UsageError(f"{source.name}: {n} samples are too few to hold out {fraction:.0%} for evaluation; "
-                         "give more data or --eval-data")
+        raise OptionError("", f"{source.name}: {n} samples are too few to hold out {fraction:.0%} for evaluation; "
+                          "give more data or {eval_data}", others={"eval_data": "evaluation data"})
     held = np.sort(np.random.default_rng(seed).choice(n, size=k, replace=False))
     calib = np.setdiff1d(np.arange(n), held)
     return source.take(calib), source.take(held)
