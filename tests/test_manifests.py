@@ -276,14 +276,14 @@ def test_plans_of_several_tensorrt_versions_are_refused():
 
 
 @pytest.mark.parametrize(("kw", "message"), [
-    ({"max_replicas": 0}, r"^--max-replicas 0: below --min-replicas 1$"),
-    ({"min_replicas": 0}, r"^--min-replicas 0: must be at least 1"),
-    ({"replicas": 5}, r"^--replicas 5: outside --min-replicas 1 \.\. --max-replicas 4$"),
-    ({"cpu_request": "3"}, r"^--cpu-request 3: more than --cpu-limit 2$"),
-    ({"memory_limit": "4GB"}, r"^--memory-limit 4GB: not a Kubernetes quantity"),
-    ({"repository_poll_secs": 5}, r"^--repository-poll-secs 5: only with --model-control-mode poll$"),
-    ({"name": "Triton"}, r"^--name Triton: must be a DNS-1035 label"),
-    ({"s3_endpoint": "minio:9000"}, r"^--s3-endpoint minio:9000: expected http://HOST\[:PORT\]"),
+    ({"max_replicas": 0}, r"^the maximum replicas 0: below the minimum replicas 1$"),
+    ({"min_replicas": 0}, r"^the minimum replicas 0: must be at least 1"),
+    ({"replicas": 5}, r"^the replicas 5: outside the minimum replicas 1 \.\. the maximum replicas 4$"),
+    ({"cpu_request": "3"}, r"^the CPU request 3: more than the CPU limit 2$"),
+    ({"memory_limit": "4GB"}, r"^the memory limit 4GB: not a Kubernetes quantity"),
+    ({"repository_poll_secs": 5}, r"^the repository poll interval 5: only with the model control mode poll$"),
+    ({"name": "Triton"}, r"^the name Triton: must be a DNS-1035 label"),
+    ({"s3_endpoint": "minio:9000"}, r"^the S3 endpoint minio:9000: expected http://HOST\[:PORT\]"),
 ])
 def test_bad_options_name_the_option(kw, message):
     with pytest.raises(UsageError, match=message):
@@ -291,31 +291,31 @@ def test_bad_options_name_the_option(kw, message):
 
 
 def test_storage_urls():
-    assert parse_storage_url("model_repository", "REPO_URL") is None
-    loc = parse_storage_url("s3://https://minio.example/bucket/a/b", "REPO_URL")
+    assert parse_storage_url("model_repository", "repo_url") is None
+    loc = parse_storage_url("s3://https://minio.example/bucket/a/b", "repo_url")
     assert loc is not None and loc.triton_url() == "s3://https://minio.example:443/bucket/a/b" and loc.kserve_uri() == "s3://bucket/a/b"
-    with pytest.raises(UsageError, match=r"^REPO_URL http://x/y: not an object-storage URL Triton reads"):
-        parse_storage_url("http://x/y", "REPO_URL")
-    with pytest.raises(UsageError, match=r"^REPO_URL as://acct: expected as://ACCOUNT/CONTAINER"):
-        parse_storage_url("as://acct", "REPO_URL")
+    with pytest.raises(UsageError, match=r"^the repository http://x/y: not an object-storage URL Triton reads"):
+        parse_storage_url("http://x/y", "repo_url")
+    with pytest.raises(UsageError, match=r"^the repository as://acct: expected as://ACCOUNT/CONTAINER"):
+        parse_storage_url("as://acct", "repo_url")
     # Triton ignores a custom endpoint when the bucket or prefix falls outside its URL pattern
     with pytest.raises(UsageError, match=r"Triton needs a bucket of \[0-9a-z.-\]"):
-        parse_storage_url("s3://bucket/my repo", "REPO_URL", "http://minio:9000")
-    with pytest.raises(UsageError, match=r"^REPO_URL s3://My_Bucket/repo: no valid bucket name"):
-        parse_storage_url("s3://My_Bucket/repo", "REPO_URL")
+        parse_storage_url("s3://bucket/my repo", "repo_url", "http://minio:9000")
+    with pytest.raises(UsageError, match=r"^the repository s3://My_Bucket/repo: no valid bucket name"):
+        parse_storage_url("s3://My_Bucket/repo", "repo_url")
     # Triton's HOST:PORT form is HTTP; an --s3-endpoint beside an endpoint in the URL must agree
-    assert parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL").triton_url() == "s3://http://minio:9000/b3t/p"
-    assert parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL", "http://minio:9000/").endpoint == ("http", "minio", 9000)
-    with pytest.raises(UsageError, match=r"^--s3-endpoint http://minio:9001: REPO_URL .* names another endpoint"):
-        parse_storage_url("s3://minio:9000/b3t/p", "REPO_URL", "http://minio:9001")
-    with pytest.raises(UsageError, match=r"^--s3-endpoint http://minio:9000: only for s3:// repositories, not gs://"):
-        parse_storage_url("gs://b/p", "REPO_URL", "http://minio:9000")
+    assert parse_storage_url("s3://minio:9000/b3t/p", "repo_url").triton_url() == "s3://http://minio:9000/b3t/p"
+    assert parse_storage_url("s3://minio:9000/b3t/p", "repo_url", "http://minio:9000/").endpoint == ("http", "minio", 9000)
+    with pytest.raises(UsageError, match=r"^the S3 endpoint http://minio:9001: the repository .* names another endpoint"):
+        parse_storage_url("s3://minio:9000/b3t/p", "repo_url", "http://minio:9001")
+    with pytest.raises(UsageError, match=r"^the S3 endpoint http://minio:9000: only for s3:// repositories, not gs://"):
+        parse_storage_url("gs://b/p", "repo_url", "http://minio:9000")
 
 
 def test_remote_facts_are_read_from_s3_only():
     from trtrepo.manifests import repository_facts
 
-    with pytest.raises(UsageError, match=r"^REPO_URL gs://b/p: trtrepo reads s3:// repositories only; read a local copy"):
+    with pytest.raises(UsageError, match=r"^the repository gs://b/p: trtrepo reads s3:// repositories only; read a local copy"):
         repository_facts("gs://b/p")
 
 
@@ -324,7 +324,7 @@ def test_write_refuses_existing_files_without_force(tmp_path):
     out = tmp_path / "k8s"
     out.mkdir()
     (out / "hpa.yaml").write_text("mine\n")
-    with pytest.raises(UsageError, match=rf"^{out / 'hpa.yaml'}: already exists \(use --force to overwrite\)$"):
+    with pytest.raises(UsageError, match=rf"^{out / 'hpa.yaml'}: already exists \(use force=True to overwrite\)$"):
         write_manifests(files, out)
     assert sorted(p.name for p in out.iterdir()) == ["hpa.yaml"] and (out / "hpa.yaml").read_text() == "mine\n"
     written = write_manifests(files, out, force=True)

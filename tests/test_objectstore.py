@@ -46,8 +46,8 @@ def test_urls_in_trtreps_and_tritons_forms(monkeypatch):
     assert parse_url("s3://models/repo").url == "s3://https://s3.example.com:443/models/repo"  # Triton needs the port
     with pytest.raises(UsageError, match="with a custom S3 endpoint Triton needs a bucket"):
         parse_url("s3://models/my repo")
-    bad = [("s3://http://127.0.0.1:9000/models/repo", "http://127.0.0.1:9001", "--s3-endpoint http://127.0.0.1:9001"),
-           ("s3://models/repo", "127.0.0.1:9000", "--s3-endpoint 127.0.0.1:9000"),
+    bad = [("s3://http://127.0.0.1:9000/models/repo", "http://127.0.0.1:9001", "the S3 endpoint http://127.0.0.1:9001"),
+           ("s3://models/repo", "127.0.0.1:9000", "the S3 endpoint 127.0.0.1:9000"),
            ("s3:///repo", None, "expected s3://BUCKET"), ("s3://Models/repo", None, "no valid bucket"),
            ("s3://models/a/../b", None, "'..'"), ("gs://models/repo", None, "s3:// repositories only")]
     for url, endpoint, words in bad:

@@ -59,7 +59,7 @@ def test_add_onnx_model_allocates_new_versions_and_never_overwrites(tmp_path, de
     assert (repo / "demo" / "1" / "model.onnx").is_file() and (repo / "demo" / "2" / "model.onnx").is_file()
     assert (repo / "demo" / "labels.txt").read_text().split() == [str(i) for i in range(10)]
     before = snapshot(repo)
-    with pytest.raises(UsageError, match=r"version 1 already exists \(use --force"):
+    with pytest.raises(UsageError, match=r"version 1 already exists \(use force=True to replace it, or leave the version out"):
         add_onnx_model(repo, "demo", demo_onnx, version=1)
     assert snapshot(repo) == before
     r3, _ = add_onnx_model(repo, "demo", demo_onnx, version=1, force=True, options=ModelOptions(max_batch_size=4))

@@ -31,7 +31,7 @@ from typing import Any
 from .contracts.backends import for_config
 from .contracts.location import parse_endpoint, parse_storage_url
 from .contracts.plan import read_plan_metadata
-from .errors import UsageError
+from .errors import OptionError, UsageError
 from .fsutil import atomic_write_text
 from .objectstore import snapshot
 from .repository import host_specific, list_repository, read_config
@@ -133,12 +133,13 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
 def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryFacts:
     """Facts of the repository at ``url``: a local folder, or an ``s3://`` / ``gs://`` / ``as://``
     URL whose configs and plan metadata are fetched into a temporary folder first."""
-    location = parse_storage_url(url, "REPO_URL", s3_endpoint)
+    location = parse_storage_url(url, "repo_url", s3_endpoint)
     if location is None:
         return facts_from_folder(url)
     if location.scheme != "s3":
-        raise UsageError(f"REPO_URL {url}: trtrepo reads s3:// repositories only; read a local copy instead: "
-                         f"trtrepo manifests LOCAL_COPY --repository-url {url}")
+        raise OptionError("repo_url", f"{url}: trtrepo reads s3:// repositories only; read a local copy instead, with "
+                                      f"{{repository_url}} {url}", concept=_CONCEPTS["repo_url"],
+                          others={"repository_url": _CONCEPTS["repository_url"]})
 
     with tempfile.TemporaryDirectory(prefix="trtrepo-manifests-") as tmp:
         dest = Path(tmp) / "repo"
@@ -151,10 +152,27 @@ def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryF
 # Options
 
 
-def _quantity(value: str, option: str) -> Decimal:
+# How the library names ManifestOptions' fields in messages (the CLI shows the flags).
+_CONCEPTS = {"repo_url": "the repository", "repository_url": "the URL the pods read", "name": "the name",
+             "namespace": "the namespace", "credentials_secret": "the credentials secret",
+             "service_account": "the service account", "min_replicas": "the minimum replicas",
+             "max_replicas": "the maximum replicas", "replicas": "the replicas",
+             "target_cpu_percent": "the target CPU percentage", "gpus": "the GPUs per pod",
+             "cpu_request": "the CPU request", "cpu_limit": "the CPU limit", "memory_request": "the memory request",
+             "memory_limit": "the memory limit", "image": "the image", "model_control_mode": "the model control mode",
+             "repository_poll_secs": "the repository poll interval", "startup_seconds": "the startup seconds",
+             "http_port": "the HTTP port", "grpc_port": "the gRPC port", "metrics_port": "the metrics port"}
+
+
+def _option(setting: str, detail: str, *others: str) -> OptionError:
+    """An :class:`OptionError` about ``setting`` whose ``detail`` may name ``others`` as ``{name}``."""
+    return OptionError(setting, detail, concept=_CONCEPTS[setting], others={o: _CONCEPTS[o] for o in others})
+
+
+def _quantity(value: str, setting: str) -> Decimal:
     m = _QUANTITY.match(str(value))
     if not m:
-        raise UsageError(f"{option} {value}: not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
+        raise _option(setting, f"{value}: not a Kubernetes quantity (e.g. 500m, 2, 4Gi)")
     return Decimal(m.group(1)) * _SUFFIX[m.group(2) or ""]
 
 
@@ -190,48 +208,50 @@ class ManifestOptions:
 
     def __post_init__(self) -> None:
         if len(self.name) > 63 or not _DNS_1035.match(self.name):
-            raise UsageError(f"--name {self.name}: must be a DNS-1035 label (lowercase letters, digits and '-', starting "
-                             f"with a letter, at most 63 characters)")
+            raise _option("name", f"{self.name}: must be a DNS-1035 label (lowercase letters, digits and '-', starting "
+                                  f"with a letter, at most 63 characters)")
         if len(self.namespace) > 63 or not _DNS_LABEL.match(self.namespace):
-            raise UsageError(f"--namespace {self.namespace}: must be a DNS-1123 label (lowercase letters, digits and '-', "
-                             f"at most 63 characters)")
-        for option, value in (("--credentials-secret", self.credentials_secret), ("--service-account", self.service_account)):
+            raise _option("namespace", f"{self.namespace}: must be a DNS-1123 label (lowercase letters, digits and '-', "
+                                       f"at most 63 characters)")
+        for setting, value in (("credentials_secret", self.credentials_secret), ("service_account", self.service_account)):
             if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
-                raise UsageError(f"{option} {value}: must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')")
+                raise _option(setting, f"{value}: must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')")
         if self.min_replicas < 1:
-            raise UsageError(f"--min-replicas {self.min_replicas}: must be at least 1 (the HorizontalPodAutoscaler's minimum)")
+            raise _option("min_replicas", f"{self.min_replicas}: must be at least 1 (the HorizontalPodAutoscaler's minimum)")
         if self.max_replicas < self.min_replicas:
-            raise UsageError(f"--max-replicas {self.max_replicas}: below --min-replicas {self.min_replicas}")
+            raise _option("max_replicas", f"{self.max_replicas}: below {{min_replicas}} {self.min_replicas}", "min_replicas")
         if not self.min_replicas <= self.replicas <= self.max_replicas:
-            raise UsageError(f"--replicas {self.replicas}: outside --min-replicas {self.min_replicas} .. --max-replicas "
-                             f"{self.max_replicas}")
+            raise _option("replicas", f"{self.replicas}: outside {{min_replicas}} {self.min_replicas} .. {{max_replicas}} "
+                                      f"{self.max_replicas}", "min_replicas", "max_replicas")
         if self.target_cpu_percent < 1:
-            raise UsageError(f"--target-cpu {self.target_cpu_percent}: must be a positive percentage of the CPU request")
+            raise _option("target_cpu_percent", f"{self.target_cpu_percent}: must be a positive percentage of the CPU request")
         if self.gpus is not None and self.gpus < 0:
-            raise UsageError(f"--gpus {self.gpus}: must be 0 or more")
+            raise _option("gpus", f"{self.gpus}: must be 0 or more")
         for kind in ("cpu", "memory"):
             request, limit = getattr(self, f"{kind}_request"), getattr(self, f"{kind}_limit")
-            if _quantity(request, f"--{kind}-request") > _quantity(limit, f"--{kind}-limit"):
-                raise UsageError(f"--{kind}-request {request}: more than --{kind}-limit {limit}")
-            if _quantity(request, f"--{kind}-request") <= 0:
-                raise UsageError(f"--{kind}-request {request}: must be more than 0")
+            if _quantity(request, f"{kind}_request") > _quantity(limit, f"{kind}_limit"):
+                raise _option(f"{kind}_request", f"{request}: more than {{{kind}_limit}} {limit}", f"{kind}_limit")
+            if _quantity(request, f"{kind}_request") <= 0:
+                raise _option(f"{kind}_request", f"{request}: must be more than 0")
         if self.image is not None and (not self.image or any(c.isspace() for c in self.image)):
-            raise UsageError(f"--image {self.image!r}: not an image reference")
+            raise _option("image", f"{self.image!r}: not an image reference")
         if self.model_control_mode not in ("none", "poll"):
-            raise UsageError(f"--model-control-mode {self.model_control_mode}: choose none or poll")
+            raise _option("model_control_mode", f"{self.model_control_mode}: choose none or poll")
         if self.repository_poll_secs is not None:
             if self.model_control_mode != "poll":
-                raise UsageError(f"--repository-poll-secs {self.repository_poll_secs}: only with --model-control-mode poll")
+                raise _option("repository_poll_secs", f"{self.repository_poll_secs}: only with {{model_control_mode}} poll",
+                              "model_control_mode")
             if self.repository_poll_secs < 1:
-                raise UsageError(f"--repository-poll-secs {self.repository_poll_secs}: must be at least 1")
+                raise _option("repository_poll_secs", f"{self.repository_poll_secs}: must be at least 1")
         if self.startup_seconds < 10:
-            raise UsageError(f"--startup-seconds {self.startup_seconds}: must be at least 10")
-        ports = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
-        for option, port in ports.items():
+            raise _option("startup_seconds", f"{self.startup_seconds}: must be at least 10")
+        ports = {"http_port": self.http_port, "grpc_port": self.grpc_port, "metrics_port": self.metrics_port}
+        for setting, port in ports.items():
             if not 0 < port < 65536:
-                raise UsageError(f"{option} {port}: must be 1-65535")
+                raise _option(setting, f"{port}: must be 1-65535")
         if len(set(ports.values())) < 3:
-            raise UsageError(f"ports {', '.join(f'{k} {v}' for k, v in ports.items())}: must differ")
+            raise OptionError("", f"ports {', '.join(f'{{{k}}} {v}' for k, v in ports.items())}: must differ",
+                              others={k: _CONCEPTS[k] for k in ports})
         if self.s3_endpoint is not None:
             parse_endpoint(self.s3_endpoint)
 
@@ -370,18 +390,19 @@ def manifest_values(repo_url: str, facts: RepositoryFacts, options: ManifestOpti
 def _location(repo_url: str, facts: RepositoryFacts, options: ManifestOptions, notes: list[str]) -> Any:
     """The object-storage location the pods read (a local folder cannot be)."""
     if options.repository_url:
-        location = parse_storage_url(options.repository_url, "--repository-url", options.s3_endpoint)
+        location = parse_storage_url(options.repository_url, "repository_url", options.s3_endpoint)
         if location is None:
-            raise UsageError(f"--repository-url {options.repository_url}: not an object-storage URL (s3://, gs://, as://); "
-                             f"pods cannot read a local folder")
+            raise _option("repository_url", f"{options.repository_url}: not an object-storage URL (s3://, gs://, as://); "
+                                            f"pods cannot read a local folder")
     else:
-        location = parse_storage_url(repo_url, "REPO_URL", options.s3_endpoint)
+        location = parse_storage_url(repo_url, "repo_url", options.s3_endpoint)
         if location is None:
-            raise UsageError(f"REPO_URL {repo_url}: a local folder is not reachable from the cluster; upload it and give "
-                             f"--repository-url s3://BUCKET/PREFIX (or gs://, as://) for the pods to read")
+            raise _option("repo_url", f"{repo_url}: a local folder is not reachable from the cluster; upload it and give "
+                                      f"{{repository_url}} s3://BUCKET/PREFIX (or gs://, as://) for the pods to read",
+                          "repository_url")
     if not facts.models:
         raise UsageError(f"{facts.source or repo_url}: the repository holds no models")
-    if options.repository_url and parse_storage_url(repo_url, "REPO_URL") is None:
+    if options.repository_url and parse_storage_url(repo_url, "repo_url") is None:
         notes.append(f"facts read from the local folder {repo_url}; the pods read {options.repository_url}: upload the "
                      f"repository there first (same layout)")
     return location
@@ -506,5 +527,5 @@ def write_manifests(files: Mapping[str, str], out_dir: str | Path, force: bool =
         existing = [out / n for n in files if (out / n).exists()]
         if existing:
             more = f" (and {len(existing) - 1} more)" if len(existing) > 1 else ""
-            raise UsageError(f"{existing[0]}: already exists{more} (use --force to overwrite)")
+            raise OptionError("", f"{existing[0]}: already exists{more} (use {{force}} to overwrite)", others={"force": "force=True"})
     return [atomic_write_text(out / name, text, force=force) for name, text in files.items()]

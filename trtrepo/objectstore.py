@@ -79,7 +79,7 @@ from pathlib import Path
 from typing import Any
 
 from .contracts.location import StorageLocation, parse_endpoint, parse_storage_url
-from .errors import TrtrepoError, UsageError
+from .errors import OptionError, TrtrepoError, UsageError
 from .fsutil import mkdir_inside, unsafe_relpath, write_inside
 from .repository import MAX_VERSION, ModelEntry, config_io, incomplete_versions, served_versions, versions_of
 from .tritonconfig import parse_config_text, validate_config_text
@@ -120,7 +120,7 @@ def parse_url(url: str, endpoint: str | None = None) -> S3Location:
     names_endpoint = re.match(r"s3://(https?://|[^/]+:[0-9]+/)", url) is not None
     if endpoint is None and not names_endpoint:
         endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or None
-    loc = parse_storage_url(url, "REPO", endpoint)
+    loc = parse_storage_url(url, "repo", endpoint)
     assert loc is not None
     return S3Location(loc.bucket, loc.path, loc.endpoint_url)
 
@@ -620,11 +620,12 @@ def _check_live_state(store: S3Store, remote: RemoteModel, new_text: str, new_ms
     if remote.msg is not None and config_io(remote.msg) != config_io(new_msg):
         old = [v for v in served if v != target]
         if old:
-            raise UsageError(f"{where}: the new version's IO (input/output names, data types, dims, batching) differs "
-                             f"from the live config.pbtxt's (as read under the writer lock: another writer may have "
-                             f"published since this write began), and its version policy would serve the older "
-                             f"version(s) {', '.join(map(str, old))} under the new config; nothing uploaded; use "
-                             f"another --name, or --version-policy latest:1")
+            raise OptionError("", f"{where}: the new version's IO (input/output names, data types, dims, batching) "
+                                  f"differs from the live config.pbtxt's (as read under the writer lock: another writer "
+                                  f"may have published since this write began), and its version policy would serve the "
+                                  f"older version(s) {', '.join(map(str, old))} under the new config; nothing uploaded; "
+                                  f"use another {{name}}, or {{version_policy}} latest:1",
+                              others={"name": "model name", "version_policy": "the version policy"})
     if new_msg.platform == "ensemble":
         steps = {s.model_name for s in new_msg.ensemble_scheduling.step}
         known = {n: msg for n in sorted(steps) if (msg := store.config(n)[1]) is not None}

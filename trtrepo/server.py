@@ -26,7 +26,7 @@ from typing import Any
 
 from .contracts.location import is_remote
 from .contracts.plan import read_plan_metadata
-from .errors import TrtrepoError, UsageError
+from .errors import OptionError, TrtrepoError, UsageError
 from .fsutil import pid_alive, reap_stale, temp_dir
 
 log = logging.getLogger(__name__)
@@ -156,7 +156,7 @@ def busy_ports(host: str, ports: Mapping[str, int]) -> list[tuple[str, int]]:
                 s.bind((host, port))
             except OSError as exc:
                 if exc.errno not in (errno.EADDRINUSE, errno.EACCES):  # not a port's problem: the address's
-                    raise UsageError(f"--host {host}: cannot listen there ({exc.strerror or exc})") from None
+                    raise OptionError("host", f"{host}: cannot listen there ({exc.strerror or exc})", concept="the host address") from None
                 busy.append((label, port))
     return busy
 
@@ -488,7 +488,8 @@ class TritonServer:
         binary = runnable_server_binary(self.binary)
         if binary is None:
             where = self.binary or "PATH, $TRTREPO_TRITONSERVER or .triton/bin"
-            raise UsageError(f"tritonserver not found ({where}); run scripts/install_tritonserver.sh or pass --server-binary")
+            raise OptionError("", f"tritonserver not found ({where}); run scripts/install_tritonserver.sh or pass {{server_binary}}",
+                              others={"server_binary": "a server binary"})
         return [str(binary), f"--model-repository={repo}", f"--http-address={self.host}", f"--grpc-address={self.host}",
                 f"--http-port={self.http_port}", f"--grpc-port={self.grpc_port}", f"--metrics-port={self.metrics_port}",
                 "--allow-metrics=true", "--log-verbose=0", f"--exit-timeout-secs={self.exit_timeout}",

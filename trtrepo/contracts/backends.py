@@ -95,7 +95,7 @@ class BackendSpec:
 
 def _check(specs: Mapping[str, BackendSpec], new: BackendSpec) -> None:
     if new.option is not None and any(s.option == new.option for s in specs.values()):
-        raise ValueError(f"--backend '{new.option}' is already registered")
+        raise ValueError(f"backend option '{new.option}' is already registered")
 
 
 # The registry, by kind: the five below, then the ``trtrepo.backends`` entry points (trtrepo.plugins).

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..errors import UsageError
+from ..errors import OptionError
 
 REMOTE_SCHEMES = ("s3://", "gs://", "as://")
 SCHEMES = ("s3", "gs", "as")
@@ -62,53 +62,67 @@ class StorageLocation:
         return f"{self.scheme}://{self.bucket}/{self.path}" if self.path else f"{self.scheme}://{self.bucket}"
 
 
-def parse_endpoint(value: str, option: str = "--s3-endpoint") -> tuple[str, str, int]:
+# How the library names the settings these URLs come from (the CLI shows the flag or argument).
+_CONCEPTS = {"s3_endpoint": "the S3 endpoint", "repo": "the repository", "repo_url": "the repository",
+             "repository_url": "the URL the pods read"}
+
+
+def _concept(setting: str) -> str:
+    return _CONCEPTS.get(setting, "the " + setting.replace("_", " "))
+
+
+def parse_endpoint(value: str, setting: str = "s3_endpoint") -> tuple[str, str, int]:
     """``http(s)://HOST[:PORT]`` -> (protocol, host, port); the port defaults to 80 / 443 (Triton
-    needs it written out)."""
+    needs it written out). ``setting`` names the value in messages (an :class:`OptionError`)."""
     m = re.fullmatch(r"(https?)://([^/:\s]+)(?::([0-9]{1,5}))?/?", value)
     if not m:
-        raise UsageError(f"{option} {value}: expected http://HOST[:PORT] or https://HOST[:PORT]")
+        raise OptionError(setting, f"{value}: expected http://HOST[:PORT] or https://HOST[:PORT]", concept=_concept(setting))
     proto, host, port = m.group(1), m.group(2), int(m.group(3) or (443 if m.group(1) == "https" else 80))
     if not re.fullmatch(r"[0-9a-zA-Z\-.]+", host) or not 0 < port < 65536:
-        raise UsageError(f"{option} {value}: Triton takes a host of letters, digits, '-' and '.' and a port 1-65535")
+        raise OptionError(setting, f"{value}: Triton takes a host of letters, digits, '-' and '.' and a port 1-65535",
+                          concept=_concept(setting))
     return proto, host, port
 
 
-def parse_storage_url(url: str, option: str = "REPO", s3_endpoint: str | None = None) -> StorageLocation | None:
+def parse_storage_url(url: str, setting: str = "repo", s3_endpoint: str | None = None) -> StorageLocation | None:
     """The location of an object-storage URL; None for a local path (``s3_endpoint`` is then the
-    caller's to judge). ``option`` names the value in messages. An ``s3://`` URL may name its
-    endpoint itself (Triton's forms); ``s3_endpoint`` given as well must be the same one."""
+    caller's to judge). ``setting`` names the value in messages (an :class:`OptionError`: ``repo``,
+    the repository; ``repo_url``; ``repository_url``). An ``s3://`` URL may name its endpoint
+    itself (Triton's forms); ``s3_endpoint`` given as well must be the same one."""
     if "://" not in url:
         return None
+    concept = _concept(setting)
     scheme, rest = url.split("://", 1)
     if scheme not in SCHEMES:
-        raise UsageError(f"{option} {url}: not an object-storage URL Triton reads (s3://, gs://, as://)")
+        raise OptionError(setting, f"{url}: not an object-storage URL Triton reads (s3://, gs://, as://)", concept=concept)
     endpoint = None
     if scheme == "s3":
         # Triton's endpoint forms: s3://http(s)://HOST[:PORT]/BUCKET/..., s3://HOST:PORT/BUCKET/... (HTTP)
         m = re.match(r"(https?)://([^/]*)/?(.*)$", rest) or re.match(r"()([^/]+:[0-9]+)/?(.*)$", rest)
         if m:
-            endpoint = parse_endpoint(f"{m.group(1) or 'http'}://{m.group(2)}", option)
+            endpoint = parse_endpoint(f"{m.group(1) or 'http'}://{m.group(2)}", setting)
             rest = m.group(3)
             if s3_endpoint and parse_endpoint(s3_endpoint) != endpoint:
-                raise UsageError(f"--s3-endpoint {s3_endpoint}: {option} {url} names another endpoint "
-                                 f"({endpoint[0]}://{endpoint[1]}:{endpoint[2]})")
+                raise OptionError("s3_endpoint", f"{s3_endpoint}: {{{setting}}} {url} names another endpoint "
+                                                 f"({endpoint[0]}://{endpoint[1]}:{endpoint[2]})",
+                                  concept=_concept("s3_endpoint"), others={setting: concept})
         elif s3_endpoint:
             endpoint = parse_endpoint(s3_endpoint)
     elif s3_endpoint:
-        raise UsageError(f"--s3-endpoint {s3_endpoint}: only for s3:// repositories, not {scheme}://")
+        raise OptionError("s3_endpoint", f"{s3_endpoint}: only for s3:// repositories, not {scheme}://",
+                          concept=_concept("s3_endpoint"))
     bucket, _, path = rest.partition("/")
     path = path.strip("/")
     if not bucket or (scheme == "as" and not path):
         need = "as://ACCOUNT/CONTAINER[/PREFIX]" if scheme == "as" else f"{scheme}://BUCKET[/PREFIX]"
-        raise UsageError(f"{option} {url}: expected {need}")
+        raise OptionError(setting, f"{url}: expected {need}", concept=concept)
     if scheme == "s3" and not _S3_BUCKET.fullmatch(bucket):
-        raise UsageError(f"{option} {url}: no valid bucket name (3-63 of a-z, 0-9, '.', '-')")
+        raise OptionError(setting, f"{url}: no valid bucket name (3-63 of a-z, 0-9, '.', '-')", concept=concept)
     if path and any(part in ("", ".", "..") for part in path.split("/")):
-        raise UsageError(f"{option} {url}: the prefix has an empty, '.' or '..' component")
+        raise OptionError(setting, f"{url}: the prefix has an empty, '.' or '..' component", concept=concept)
     location = StorageLocation(scheme, bucket, path, endpoint)
     if endpoint is not None and not _TRITON_S3.match(location.triton_url()):
-        raise UsageError(f"{option} {url}: with a custom S3 endpoint Triton needs a bucket of [0-9a-z.-] and a prefix of "
-                         f"[0-9A-Za-z._-] path segments (else it ignores the endpoint and reads AWS); rename the "
-                         f"bucket or prefix")
+        raise OptionError(setting, f"{url}: with a custom S3 endpoint Triton needs a bucket of [0-9a-z.-] and a prefix of "
+                                   f"[0-9A-Za-z._-] path segments (else it ignores the endpoint and reads AWS); rename the "
+                                   f"bucket or prefix", concept=concept)
     return location

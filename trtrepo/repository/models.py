@@ -14,7 +14,7 @@ from typing import Any
 
 from ..contracts import backends
 from ..contracts.plan import plan_metadata_path, read_plan_metadata
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec, external_data_path, load_onnx
 from ..tritonconfig import (
     ModelConfig,
@@ -64,7 +64,7 @@ def add_onnx_model(
     ``("onnx")``: the ONNX Runtime backend, the Python backend running ONNX Runtime, ...)."""
     spec = backends.for_option(backend)
     if spec is None or spec.source != "onnx":
-        raise UsageError(f"--backend {backend!r}: an ONNX model deploys to {' or '.join(map(repr, backends.options('onnx')))}")
+        raise OptionError("backend", f"{backend!r}: an ONNX model deploys to {' or '.join(map(repr, backends.options('onnx')))}")
     onnx_path = Path(onnx_path)
     io = ModelIO.from_onnx(onnx_path)
     options = options or ModelOptions()
@@ -135,8 +135,8 @@ def add_plan_model(
     meta = read_plan_metadata(plan, missing_ok=True)
     if io is None:
         if meta is None:
-            raise UsageError(f"{plan}: no IO description: give the ONNX model (--onnx) or keep "
-                             f"{plan_metadata_path(plan).name} beside it")
+            raise OptionError("", f"{plan}: no IO description: give the ONNX model ({{onnx_for_io}}) or keep "
+                                  f"{plan_metadata_path(plan).name} beside it", others={"onnx_for_io": "io="})
         io = meta.io
     options = options or ModelOptions()
     if labels is not None:

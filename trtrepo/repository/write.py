@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from ..contracts.plan import PlanMetadata
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..fsutil import atomic_write_text
 from ..modelio import ModelIO
 from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
@@ -59,7 +59,7 @@ def add_model(
     repo = Path(repo)
     name = check_model_name(config.name)
     if version is not None and version < 1:
-        raise UsageError(f"--version {version}: versions are integers >= 1")
+        raise OptionError("version", f"{version}: versions are integers >= 1", concept="the model version")
     model_files = dict(model_files or {})
     for rel in (*version_files, *model_files):
         _check_relpath(rel, "file")
@@ -90,14 +90,15 @@ def add_model(
         if version is None:
             version = (max(existing) + 1) if existing else 1
             if version > MAX_VERSION:
-                raise UsageError(f"{model_dir}: no version number left after {max(existing)} (Triton's versions are "
-                                 f"int64); give --version")
+                raise OptionError("", f"{model_dir}: no version number left after {max(existing)} (Triton's versions "
+                                      f"are int64); give {{version}}", others={"version": "a version"})
         elif version > MAX_VERSION:
-            raise UsageError(f"--version {version}: beyond Triton's largest version number {MAX_VERSION}")
+            raise OptionError("version", f"{version}: beyond Triton's largest version number {MAX_VERSION}", concept="the model version")
         replaced = version in existing
         if replaced and not force:
-            raise UsageError(f"{model_dir / str(version)}: version {version} already exists (use --force to replace it, "
-                             f"or leave --version out to add version {max(existing) + 1})")
+            raise OptionError("", f"{model_dir / str(version)}: version {version} already exists (use {{force}} to "
+                                  f"replace it, or leave {{version}} out to add version {max(existing) + 1})",
+                              others={"force": "force=True", "version": "the version"})
         if existing:
             _check_kept_versions(model_dir, text, existing, version)
         _write(repo, model_dir, version, text, version_files, model_files)
@@ -158,6 +159,8 @@ def _check_kept_versions(model_dir: Path, text: str, existing: Sequence[int], ve
         return
     old = [v for v in served_versions(new, sorted({*existing, version})) if v != version]
     if old:
-        raise UsageError(f"model '{model_dir.name}': the new version's IO (input/output names, data types, dims, batching) differs from "
-                         f"the live config.pbtxt's, and its version policy would serve the older version(s) "
-                         f"{', '.join(map(str, old))} under the new config; use another --name, or --version-policy latest:1")
+        raise OptionError("", f"model '{model_dir.name}': the new version's IO (input/output names, data types, dims, "
+                              f"batching) differs from the live config.pbtxt's, and its version policy would serve the "
+                              f"older version(s) {', '.join(map(str, old))} under the new config; use another {{name}}, "
+                              f"or {{version_policy}} latest:1",
+                          others={"name": "model name", "version_policy": "the version policy"})

@@ -11,7 +11,7 @@ from typing import Any
 
 from ..contracts.backends import BACKENDS, for_config
 from ..contracts.plan import PlanMetadata
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..modelio import ModelIO
 from .model import ModelConfig, check_model_name
 from .render import render_config, shipped_templates_dir
@@ -293,8 +293,9 @@ def check_rendered(msg: Any, config: ModelConfig, where: str, template_dir: str 
            "input": tensors(msg.input), "output": tensors(msg.output)}
     for key, value in want.items():
         if got[key] != value:
-            raise UsageError(f"{where}: the rendered template changed '{key}' to {got[key]!r} (trtrepo decided "
-                             f"{value!r}); check the --template-dir template")
+            raise OptionError("", f"{where}: the rendered template changed '{key}' to {got[key]!r} (trtrepo decided "
+                                  f"{value!r}); check the template in {{template_dir}}",
+                              others={"template_dir": "the template folder"})
     if template_dir is not None and _has_own_template(config):
         # a user template lays out; it decides nothing: every field equals what the shipped templates
         # render, whatever the folder holds (the backend's template, or only _macros.j2 that it
@@ -304,11 +305,12 @@ def check_rendered(msg: Any, config: ModelConfig, where: str, template_dir: str 
         diff = _first_difference(config_to_dict(msg), reference)
         if diff is not None:
             path, value, decided = diff
-            raise UsageError(f"{where}: --template-dir {template_dir}: the rendered {config.template} "
-                             + (f"added '{path}' ({value!r})" if decided is None else
-                                f"dropped '{path}' (trtrepo decided {decided!r})" if value is None else
-                                f"changed '{path}' to {value!r} (trtrepo decided {decided!r})")
-                             + "; templates lay out the values trtrepo decides (options set them)")
+            raise OptionError("", f"{where}: {{template_dir}} {template_dir}: the rendered {config.template} "
+                              + (f"added '{path}' ({value!r})" if decided is None else
+                                 f"dropped '{path}' (trtrepo decided {decided!r})" if value is None else
+                                 f"changed '{path}' to {value!r} (trtrepo decided {decided!r})")
+                              + "; templates lay out the values trtrepo decides (options set them)",
+                              others={"template_dir": "the template folder"})
 
 
 def _has_own_template(config: ModelConfig) -> bool:

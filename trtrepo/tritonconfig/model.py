@@ -11,7 +11,7 @@ from pathlib import Path
 from ..contracts.backends import BACKENDS, BackendSpec
 from ..contracts.plan import PlanMetadata
 from ..contracts.profile import DEFAULT_MAX_BATCH
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec
 
 INSTANCE_KINDS = ("KIND_AUTO", "KIND_GPU", "KIND_CPU", "KIND_MODEL")
@@ -101,7 +101,7 @@ class VersionPolicy:
                 return cls("specific", versions=versions)
         except ValueError:
             pass
-        raise UsageError(f"--version-policy {text!r}: expected latest, latest:N, all or specific:V1,V2")
+        raise OptionError("version_policy", f"{text!r}: expected latest, latest:N, all or specific:V1,V2")
 
 
 @dataclass(frozen=True)
@@ -203,24 +203,26 @@ class ModelOptions:
 
     def __post_init__(self) -> None:
         if self.max_batch_size is not None and self.max_batch_size < 0:
-            raise UsageError(f"--max-batch-size {self.max_batch_size}: must be >= 0")
+            raise OptionError("max_batch_size", f"{self.max_batch_size}: must be >= 0")
         if self.max_queue_delay_us < 0:
-            raise UsageError(f"--max-queue-delay {self.max_queue_delay_us}: must be >= 0 microseconds")
+            raise OptionError("max_queue_delay_us", f"{self.max_queue_delay_us}: must be >= 0 microseconds",
+                              concept="the max queue delay")
         if not 1 <= self.instance_count <= MAX_INSTANCE_COUNT:
-            raise UsageError(f"--instance-count {self.instance_count}: expected 1..{MAX_INSTANCE_COUNT} per group "
-                             f"(each instance holds its own copy of the model)")
+            raise OptionError("instance_count", f"{self.instance_count}: expected 1..{MAX_INSTANCE_COUNT} per group "
+                                                f"(each instance holds its own copy of the model)")
         kind = self.instance_kind.upper()
         if kind != "AUTO" and f"KIND_{kind.removeprefix('KIND_')}" not in INSTANCE_KINDS:
-            raise UsageError(f"--instance-kind {self.instance_kind!r}: one of auto, gpu, cpu, model")
+            raise OptionError("instance_kind", f"{self.instance_kind!r}: one of auto, gpu, cpu, model")
         if any(g < 0 for g in self.gpus):
-            raise UsageError(f"--gpus {list(self.gpus)}: GPU ids must be >= 0")
+            raise OptionError("gpus", f"{list(self.gpus)}: GPU ids must be >= 0", concept="the instance GPUs")
         if any(b < 1 for b in self.preferred_batch_sizes):
-            raise UsageError(f"--preferred-batch-size {list(self.preferred_batch_sizes)}: sizes must be >= 1")
+            raise OptionError("preferred_batch_sizes", f"{list(self.preferred_batch_sizes)}: sizes must be >= 1")
         if (self.intra_op_threads is not None and self.intra_op_threads < 0) or self.inter_op_threads < 0:
-            raise UsageError("--intra-op-threads/--inter-op-threads must be >= 0 (0: ONNX Runtime's default)")
+            raise OptionError("intra_op_threads", "and {inter_op_threads} must be >= 0 (0: ONNX Runtime's default)",
+                              concept="the intra-op threads", others={"inter_op_threads": "the inter-op threads"})
         for key, _ in self.parameters:
             if not key:
-                raise UsageError("--parameter: the key must not be empty (KEY=VALUE)")
+                raise OptionError("parameters", ": the key must not be empty (KEY=VALUE)", concept="a config parameter")
         if self.version_policy is not None:
             VersionPolicy.parse(self.version_policy)
 
@@ -260,10 +262,10 @@ def config_from_io(
     engine_max = plan.triton_max_batch(options.profiles) if spec.engine and plan is not None else None
     if not batching:
         if options.max_batch_size:
-            raise UsageError(
-                f"model '{name}': --max-batch-size {options.max_batch_size} but the model has no dynamic batch axis "
-                f"(axis 0 of every input and output); use --max-batch-size 0"
-            )
+            raise OptionError(
+                "", f"model '{name}': {{max_batch_size}} {options.max_batch_size} but the model has no dynamic batch "
+                    f"axis (axis 0 of every input and output); use {{max_batch_size}} 0",
+                others={"max_batch_size": "the max batch size"})
         mbs = 0
     elif options.max_batch_size is not None:
         mbs = options.max_batch_size
@@ -277,7 +279,8 @@ def config_from_io(
         # --max-batch-size 0 leaves to the model (dims [-1, classes])
         cands = [t for t in io.outputs if len(t.sample_shape if io.has_batch_axis else t.shape) == 1]
         if len(cands) != 1:
-            raise UsageError(f"model '{name}': cannot tell which output the labels belong to; give --label-output")
+            raise OptionError("", f"model '{name}': cannot tell which output the labels belong to; give {{label_output}}",
+                              others={"label_output": "the label output"})
         label_output = cands[0].name
     if label_output is not None:
         io.output(label_output)  # names the output when missing
@@ -293,7 +296,8 @@ def config_from_io(
         preferred = tuple(options.preferred_batch_sizes) or (mbs,)
         dyn = DynamicBatching(preferred, options.max_queue_delay_us, options.preserve_ordering)
     elif options.preferred_batch_sizes and mbs <= 1:
-        raise UsageError(f"model '{name}': --preferred-batch-size needs --max-batch-size > 1 (it is {mbs})")
+        raise OptionError("", f"model '{name}': {{preferred_batch_sizes}} needs {{max_batch_size}} > 1 (it is {mbs})",
+                          others={"preferred_batch_sizes": "the preferred batch sizes", "max_batch_size": "the max batch size"})
     groups = (InstanceGroup(_instance_kind(options, kind), options.instance_count, tuple(options.gpus), tuple(options.profiles)),)
 
     warmup: tuple[Warmup, ...] = ()
@@ -311,7 +315,8 @@ def config_from_io(
         params.setdefault("EXECUTION_ENV_PATH", execution_env_value(options.execution_env))
     cuda = CudaOptimization(graphs=True) if options.cuda_graphs else None
     if options.cuda_graphs and not spec.engine:
-        raise UsageError(f"model '{name}': --cuda-graphs applies to the tensorrt backend only (backend is {kind})")
+        raise OptionError("", f"model '{name}': {{cuda_graphs}} applies to the tensorrt backend only (backend is {kind})",
+                          others={"cuda_graphs": "CUDA graphs"})
     if options.cc_model_filenames and not spec.engine:
         raise UsageError(f"model '{name}': cc_model_filenames applies to TensorRT plans only")
     return ModelConfig(

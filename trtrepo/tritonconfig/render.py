@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import __version__
-from ..errors import UsageError, one_line
+from ..errors import OptionError, UsageError, one_line
 from .model import ModelConfig
 
 
@@ -46,7 +46,7 @@ def template_environment(template_dir: str | Path | None = None, package_dir: st
     if template_dir is not None:
         d = Path(template_dir)
         if not d.is_dir():
-            raise UsageError(f"--template-dir {d}: not a directory")
+            raise OptionError("template_dir", f"{d}: not a directory", concept="the template folder")
         loaders.append(_contained_loader(d))
     if package_dir is not None:
         loaders.append(jinja2.FileSystemLoader(str(package_dir)))
@@ -77,8 +77,8 @@ def _contained(folder: Path, name: str) -> Path | None:
     parts = Path(name).parts
     if ".." in parts or Path(name).is_absolute() or any((folder.joinpath(*parts[:i + 1])).is_symlink()
                                                         for i in range(len(parts))):
-        raise UsageError(f"--template-dir {folder}: {name} is a symlink or leaves the folder; templates are read "
-                         f"only from files inside it")
+        raise OptionError("template_dir", f"{folder}: {name} is a symlink or leaves the folder; templates are read "
+                                          f"only from files inside it", concept="the template folder")
     return p if p.is_file() else None
 
 
