@@ -85,7 +85,7 @@ def default_output_paths() -> dict[str, str]:
         if cmd.name == "deploy":
             repo = ROOT / params["repo"]
             opts = DeployOptions(source=params["source"], repo=str(repo), name=params.get("name"))
-            front = front_options(opts, "onnxruntime")
+            front = front_options(opts, opts.int8)
             if front is not None and front.report_dir is not None:
                 found["README: trtrepo deploy, the front's report folder"] = str(Path(front.report_dir).relative_to(ROOT))
     return found

@@ -83,7 +83,7 @@ def test_max_batch_size_zero_is_no_batch_axis_never_32() -> None:
     # a fixed-shape model needs nothing
     fixed = ModelIO(inputs=(TensorSpec("x", "float32", (1, 3), None),), outputs=(TensorSpec("y", "float32", (1, 2), None),))
     assert BatchProfile.for_deploy(0).resolve(fixed) == {}
-    with pytest.raises(UsageError, match="--max-batch-size 8: the model has no dynamic batch axis"):
+    with pytest.raises(UsageError, match="the max batch size 8: the model has no dynamic batch axis"):
         build_options(DeployOptions(model=ModelOptions(max_batch_size=8)), fixed)
 
 
