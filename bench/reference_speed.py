@@ -61,14 +61,14 @@ def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
 def run_one(url: str, name: str, onnx: Path, args: argparse.Namespace) -> dict:
     from trtrepo.data import DataOptions
     from trtrepo.speed import SpeedOptions
-    from trtrepo.validate import ValidateOptions, validate
+    from trtrepo.validate import ReferenceSource, ValidateOptions, validate
 
     ref, data, _ = MODELS[name]
     opts = ValidateOptions(model=name, url=url, protocol="grpc", concurrency=(1,), requests=20, warmup=5, progress=False,
                            batch_size=8, speed=SpeedOptions(batch_sizes=tuple(args.batch_sizes), iterations=args.iterations,
                                                             warmup=args.warmup, device=args.device, threads=args.threads),
                            time_budget=None)  # every timing to the end, as before the budget (issue 41)
-    report = validate(opts, reference=ref, data=DataOptions(f"{data}:val"), onnx=onnx)
+    report = validate(opts, reference=ReferenceSource(ref, onnx=onnx), data=DataOptions(f"{data}:val"))
     return report.speed_vs_reference
 
 

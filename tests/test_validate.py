@@ -271,8 +271,9 @@ def models(tmp_path_factory, demo_onnx):
     from trtrepo.quantize import QuantizeOptions
 
     d = tmp_path_factory.mktemp("validate-models")
-    int8 = quantize_for_deploy(QuantizeRequest(demo_onnx, d / "demo_int8.onnx", data="demo:calib", method="minmax",
-                                               options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest")).path
+    int8 = quantize_for_deploy(QuantizeRequest.of(demo_onnx, d / "demo_int8.onnx", data="demo:calib", method="minmax",
+                                                  options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest",
+                                                  accept_accuracy_loss=True)).path
     text = export_onnx("demo-text", d / "demo_text.onnx").path
     return {"fp32": Path(demo_onnx), "int8": Path(int8), "text": Path(text)}
 
@@ -452,11 +453,11 @@ def test_request_timeout_is_reported_and_nothing_hangs(run_cli, server, models, 
 @pytest.mark.triton
 def test_python_api_mirrors_the_command(server, models):
     from trtrepo.data import DataOptions
-    from trtrepo.validate import validate
+    from trtrepo.validate import ReferenceSource, validate
 
     opts = ValidateOptions(model="demo", url=server.grpc_url, concurrency=(2,), stability=Stability(interval_s=0.5),
                            warmup=2, progress=False, speed=None)
-    report = validate(opts, reference="demo", data=DataOptions("demo:val", limit=50), onnx=models["fp32"],
+    report = validate(opts, reference=ReferenceSource("demo", onnx=models["fp32"]), data=DataOptions("demo:val", limit=50),
                       thresholds=Thresholds(max_top1_drop=0.0))
     assert report.passed and report.server["version"] == "1" and report.server["dynamic_batching"] is True
     level = report.latency["levels"][0]

@@ -131,7 +131,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     """
     from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..speed import SpeedOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-    from ..validate import REFUSED_GRACE_S, Thresholds, ValidateOptions, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..validate import REFUSED_GRACE_S, ReferenceSource, Thresholds, ValidateOptions, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")
@@ -155,9 +155,9 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     with summary_output(as_json) as emit:
         data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                            skip_non_images=skip_non_images)
-        report = validate(options, reference=reference, data=data, report_dir=report_dir, onnx=onnx, weights=weights,
-                          thresholds=thresholds, input_shapes=input_shapes, cache=not no_cache,
-                          output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
+        source = ReferenceSource(reference, weights=weights, onnx=onnx, input_shapes=input_shapes, cache=not no_cache,
+                                 output_names=tuple(n.strip() for n in output_names.split(",")) if output_names else ())
+        report = validate(options, reference=source, data=data, report_dir=report_dir, thresholds=thresholds)
         for line in report.summary_lines():
             click.echo(line)
         if csv_path is not None:

@@ -29,7 +29,8 @@ Four phases, each usable on its own through :class:`TritonTarget`:
    ``validate.md`` and ``latency.png`` atomically; :func:`check_thresholds` decides the exit code.
 
 Every wait is bounded: readiness by ``ready_timeout``, each request by ``timeout`` (the gRPC
-deadline and an asyncio timeout around every call). :func:`validate` runs the whole check.
+deadline and an asyncio timeout around every call). :func:`validate` runs the whole check against
+the model a :class:`ReferenceSource` names.
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from .options import (
     REFUSED_GRACE_S,
     REPORT_SCHEMA,
     SHARED_MEMORY,
+    ReferenceSource,
     Thresholds,
     ValidateOptions,
     _one_line,
@@ -114,6 +116,7 @@ __all__ = [
     "REFUSED_GRACE_S",
     "REPORT_SCHEMA",
     "SHARED_MEMORY",
+    "ReferenceSource",
     "SharedMemory",
     "ThresholdResult",
     "Thresholds",

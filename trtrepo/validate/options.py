@@ -1,10 +1,13 @@
-"""What ``trtrepo validate`` takes: :class:`ValidateOptions`, :class:`Thresholds`, URL and concurrency parsing."""
+"""What ``trtrepo validate`` takes: :class:`ValidateOptions`, :class:`ReferenceSource`, :class:`Thresholds`, URL and
+concurrency parsing."""
 
 from __future__ import annotations
 
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 from ..errors import OptionError
 from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
@@ -117,6 +120,29 @@ class ValidateOptions:
     def server(self, url: str) -> ValidateOptions:
         """These options for one server of the fleet."""
         return replace(self, url=url)
+
+
+@dataclass(frozen=True)
+class ReferenceSource:
+    """The model the served one is compared with, and how to read it: ``source`` is what
+    ``--reference`` takes (a built-in name, a TorchScript or ``.onnx`` file, ``package.module:factory``);
+    ``weights`` a state dict for an entry-point reference; ``onnx`` the ONNX model that was
+    deployed, whose IO contract is used (default: the reference's, exported when it is a PyTorch
+    model); ``input_shapes`` a PyTorch reference's input shapes without the batch axis
+    (``[NAME:]DIMS``; default: read off the data); ``output_names`` its outputs' names; ``cache``
+    False exports a PyTorch reference afresh instead of reusing its cached export
+    (:func:`trtrepo.reference.export_reference`)."""
+
+    source: str
+    weights: str | None = None
+    onnx: str | Path | None = None
+    input_shapes: Sequence[str] = ()
+    output_names: Sequence[str] = ()
+    cache: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "input_shapes", tuple(self.input_shapes))
+        object.__setattr__(self, "output_names", tuple(self.output_names))
 
 
 DEFAULT_MIN_EMBEDDING_COSINE = 0.99  # the same floor as the held-out check of quantize/deploy

@@ -47,7 +47,7 @@ from .contract import (
     stats_diff,
 )
 from .fleet import added_requests, agreement, measure_together, total_row
-from .options import Thresholds, ValidateOptions
+from .options import ReferenceSource, Thresholds, ValidateOptions
 from .report import ValidationReport, level_overhead
 from .shm import _cuda_shm
 
@@ -90,13 +90,12 @@ def _progress(total: int | None, desc: str, enabled: bool | None) -> Any:
     return tqdm(total=total, desc=desc, unit="req", disable=bar_disabled(enabled), leave=False)
 
 
-def validate(options: ValidateOptions, *, reference: str, data: DataOptions, report_dir: str | Path | None = None,
-             onnx: str | Path | None = None, weights: str | None = None, thresholds: Thresholds | None = None,
-             input_shapes: Sequence[str] = (), output_names: Sequence[str] = (), cache: bool = True) -> ValidationReport:
-    """Run the deployment check on the requests of ``data`` (its ``batch_size`` and ``extra`` are
-    not used: ``options.batch_size`` sets the request size); write the report to ``report_dir``
-    when given. A PyTorch reference's export is cached (``cache=False``: exported afresh,
-    :func:`reference_io`).
+def validate(options: ValidateOptions, *, reference: ReferenceSource, data: DataOptions,
+             report_dir: str | Path | None = None, thresholds: Thresholds | None = None) -> ValidationReport:
+    """Run the deployment check against ``reference`` on the requests of ``data`` (its
+    ``batch_size`` and ``extra`` are not used: ``options.batch_size`` sets the request size);
+    write the report to ``report_dir`` when given. A PyTorch reference's export is cached
+    (``reference.cache`` False: exported afresh, :func:`reference_io`).
 
     Raises :class:`UsageError` (exit 2) when the server cannot be reached, the model is unknown
     or the options are wrong, and :class:`ContractError` (exit 1, after the report is written)
@@ -113,18 +112,19 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
 
     started = time.perf_counter()
     load_start = cpu_sample().load1
+    onnx, weights = reference.onnx, reference.weights
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
     speed_device = None
     if speed is not None:  # a device that is not there fails before any work
 
-        speed_device = resolve_reference_device(speed.device, resolve_source(reference, weights).kind)
+        speed_device = resolve_reference_device(speed.device, resolve_source(reference.source, weights).kind)
     raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
-    src = resolve_source(reference, weights)
-    if onnx is None and not input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
+    src = resolve_source(reference.source, weights)
+    if onnx is None and not reference.input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
         raw = data.open()
-    io = reference_io(reference, onnx=onnx, weights=weights, input_shapes=input_shapes, data=raw,
-                      output_names=output_names, cache=cache)
+    io = reference_io(reference.source, onnx=onnx, weights=weights, input_shapes=reference.input_shapes, data=raw,
+                      output_names=reference.output_names, cache=reference.cache)
     source = data.open(io)
     payloads, batch_labels = make_payloads(source, io, options.batch_size)
     if options.shared_memory == "cuda":
@@ -161,7 +161,7 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
                 mismatches.append(Mismatch(f"{other.url}: version", version, other_version))
         server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
                   "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
-                  "extensions": info.get("extensions", []), "reference": reference, "data": getattr(source, "name", str(data.spec)),
+                  "extensions": info.get("extensions", []), "reference": reference.source, "data": getattr(source, "name", str(data.spec)),
                   "max_batch_size": int(config.get("max_batch_size", 0) or 0),
                   "dynamic_batching": "dynamic_batching" in config,
                   "endpoint": "encoded images" if image_input else "tensors", "image_input": image_input}
@@ -180,13 +180,13 @@ def validate(options: ValidateOptions, *, reference: str, data: DataOptions, rep
         timed, call_s = None, None
         if speed is not None and speed_device is not None and image_input is None and server["max_batch_size"] > 0 \
                 and io.has_batch_axis:
-            timed, call_s = _warm_reference(reference, io, speed, speed_device, weights, payloads, options.time_budget)
+            timed, call_s = _warm_reference(reference.source, io, speed, speed_device, weights, payloads, options.time_budget)
         if fleet:
             server["servers"] = list(options.urls)
             report.fleet = {"servers": list(options.urls),
                             "agreement": agreement([target, *fleet], payloads, options.max_server_diff)}
         if options.accuracy:
-            ref = make_reference(reference, io, weights=weights)
+            ref = make_reference(reference.source, io, weights=weights)
             guess = "" if call_s is None else f"at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
             bar = _progress(len(source), "reference", options.progress)
             try:
