@@ -68,7 +68,7 @@ def test_parse_size(text: str, expected: int) -> None:
 
 @pytest.mark.parametrize("text", ["4 parsecs", "", "-1G", "0", "GiB"])
 def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(UsageError, match="--workspace"):
+    with pytest.raises(UsageError, match=f"the workspace size '{text}'"):
         B.parse_size(text)
 
 
@@ -96,9 +96,9 @@ def test_parse_shape_option_errors(text: str, message: str) -> None:
 @pytest.mark.parametrize(("kwargs", "message"), [
     ({"min_batch": 4, "opt_batch": 2}, "batch range"),
     ({"max_batch": 4}, "batch range"),
-    ({"opt_level": 6}, "--opt-level"),
-    ({"legacy_calibrator": "percentile"}, "--legacy-calibrator"),
-    ({"calib_cache": "c.cache"}, "only used with --legacy-calibrator"),
+    ({"opt_level": 6}, "the optimization level must be 0..5, got 6"),
+    ({"legacy_calibrator": "percentile"}, "the legacy calibrator must be one of entropy, minmax, got 'percentile'"),
+    ({"calib_cache": "c.cache"}, "and the calibration cache are only used with the legacy calibrator"),
     ({"shapes": (("x", B.ShapeRange((1,), (1,), (1,))),) * 2}, "more than once"),
 ])
 def test_build_options_validation(kwargs: dict[str, Any], message: str) -> None:
@@ -313,7 +313,7 @@ def test_legacy_calibrator_reuses_trtrepo_cache_without_data(models: tuple[Path,
 
 
 @pytest.mark.parametrize(("cache_text", "opts", "message"), [
-    (None, {}, "needs --data .* or --cache"),
+    (None, {}, "needs the calibration data .* or the calibration cache"),
     ("TRT-101303-EntropyCalibration2\n", {"legacy_calibrator": "minmax"}, "cache holds EntropyCalibration2 ranges"),
     ("garbage\n", {}, "not a TensorRT calibration cache"),
 ])
@@ -609,8 +609,8 @@ def test_fp16_on_the_legacy_route_sets_the_builder_flag(models: tuple[Path, Path
 
 
 @pytest.mark.parametrize(("kwargs", "message"), [
-    ({"keep_fp32_ops": ("Softmax",)}, "only apply with --fp16"),
-    ({"fp16_onnx": "x.onnx"}, "only apply with --fp16"),
+    ({"keep_fp32_ops": ("Softmax",)}, "only apply with fp16=True"),
+    ({"fp16_onnx": "x.onnx"}, "only apply with fp16=True"),
     ({"fp16": True, "legacy_calibrator": "entropy", "fp16_onnx": "x.onnx", "calib_cache": "c"}, "FP16 builder flag instead"),
 ])
 def test_fp16_option_errors(kwargs: dict[str, Any], message: str) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .errors import TrtrepoError, UsageError
+from .errors import OptionError, TrtrepoError, UsageError
 
 # The files and folders the running command reads (set by trtrepo.commands._inputs): no write may
 # replace one of them or land inside one of the folders (an image folder would gain a file).
@@ -69,7 +69,7 @@ def atomic_path(target: str | Path, *, force: bool = True) -> Iterator[Path]:
     check_name_lengths(target)
     check_not_input(target)
     if target.exists() and not force:
-        raise UsageError(f"{target}: already exists (use --force to overwrite)")
+        raise OptionError("", f"{target}: already exists (use {{force}} to overwrite)", others={"force": "force=True"})
     parent = target.parent
     try:
         parent.mkdir(parents=True, exist_ok=True)

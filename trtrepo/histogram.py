@@ -314,7 +314,7 @@ class CalibrationMethod:
 
 def _check(methods: Mapping[str, CalibrationMethod], method: CalibrationMethod) -> None:
     if method.name == "auto":
-        raise ValueError("calibration method 'auto' is reserved: --method auto tries every registered method")
+        raise ValueError("calibration method 'auto' is reserved: it names trying every registered method")
 
 
 # The registry: the four below, then the ``trtrepo.calibration_methods`` entry points (trtrepo.plugins).

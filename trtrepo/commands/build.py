@@ -46,7 +46,7 @@ from ._types import SHAPE
 @click.option("--for-tensorrt", "for_major", type=click.IntRange(8, 99), default=None, metavar="MAJOR",
               help="With --print-trtexec: the TensorRT major version to print for (default: the installed one, else 10 and 11).")
 @click.option("--force/--no-force", default=True, show_default=True, help="Overwrite an existing plan.")
-@io_paths({"model": "MODEL", "calib_cache": "--calib-cache", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
+@io_paths({"model": "MODEL", "calib_cache": "--cache", "data_spec": "--data", "preprocess": "--preprocess", "labels": "--labels"},
           {"output": "-o", "fp16_onnx": "--fp16-onnx"})
 def command(model: str, output: str | None, min_batch: int, opt_batch: int, max_batch: int, shapes: tuple[str, ...],
             workspace: str | None, opt_level: int, timing_cache: str | None, legacy_calibrator: str | None,

@@ -13,11 +13,11 @@ import numpy as np
 from .. import cache as cache_codec
 from ..contracts.profile import ShapeRange
 from ..data import iter_batches
-from ..errors import UsageError
+from ..errors import OptionError, UsageError
 from ..fsutil import atomic_write_bytes
 from ..modelio import ModelIO
 from .env import CudaRuntime, nv_tensorrt_version_int, tensorrt_major
-from .options import CALIBRATORS, BuildOptions
+from .options import CALIBRATORS, SETTINGS, BuildOptions
 from .trtexec import _legacy_on_11_message
 
 log = logging.getLogger(__name__)
@@ -134,17 +134,19 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
     if options.data is not None:
         return
     if not options.calib_cache:
-        raise UsageError("--legacy-calibrator needs --data (calibration samples) or --cache (a calibration cache)")
+        raise OptionError("legacy_calibrator", "needs {data_spec} (calibration samples) or {calib_cache} (a calibration "
+                          "cache)", others=SETTINGS)
     path = Path(options.calib_cache)
     if not path.is_file():
-        raise UsageError(f"{path}: calibration cache not found, and no --data to calibrate from")
+        raise OptionError("", f"{path}: calibration cache not found, and no {{data_spec}} to calibrate from", others=SETTINGS)
     header = cache_codec.header_of(path.read_bytes())
     if header is None:
         raise UsageError(f"{path}: not a TensorRT calibration cache (first line must be TRT-<version>-<algorithm>)")
     want = CALIBRATORS[options.legacy_calibrator]
     if header.algorithm != want:
-        raise UsageError(f"{path}: cache holds {header.algorithm} ranges but --legacy-calibrator {options.legacy_calibrator} "
-                         f"needs {want}; TensorRT would ignore it and there is no --data to calibrate from")
+        raise OptionError("", f"{path}: cache holds {header.algorithm} ranges but {{legacy_calibrator}} "
+                          f"{options.legacy_calibrator} needs {want}; TensorRT would ignore it and there is no {{data_spec}} "
+                          f"to calibrate from", others=SETTINGS)
 
 
 def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[str, ShapeRange]) -> Iterator[dict[str, np.ndarray]]:
@@ -157,7 +159,8 @@ def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[st
     for b in iter_batches(source, batch, io):
         if b.size < batch:
             if served == 0:
-                raise UsageError(f"calibration data has {b.size} sample(s), fewer than one batch of --opt-batch {batch}")
+                raise OptionError("", f"calibration data has {b.size} sample(s), fewer than one batch of {{opt_batch}} {batch}",
+                                  others=SETTINGS)
             log.info("dropping the last %d calibration sample(s) (not a full batch of %d)", b.size, batch)
             break
         served += 1

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..contracts.profile import BatchProfile, ShapeRange
-from ..errors import UsageError
+from ..errors import OptionError
 from ..modelio import ModelIO
 
 log = logging.getLogger(__name__)
@@ -24,6 +24,11 @@ ROUTE_IMPLICIT = "implicit-int8-calibrator"
 ROUTE_QDQ_FP16 = ROUTE_QDQ + "+fp16-onnx"
 ROUTE_IMPLICIT_FP16 = ROUTE_IMPLICIT + "+fp16-flag"
 CALIBRATORS = {"entropy": "EntropyCalibration2", "minmax": "MinMaxCalibration"}
+# How build's errors name its settings (OptionError placeholders; the command line shows build's flags).
+SETTINGS = {"legacy_calibrator": "the legacy calibrator", "calib_cache": "the calibration cache",
+            "data_spec": "the calibration data", "keep_fp32": "the op types kept in FP32",
+            "fp16_onnx": "the FP16 ONNX copy", "fp16": "fp16=True", "allow_fp32": "allow_fp32=True",
+            "opt_batch": "the opt batch", "force": "force=True"}
 
 
 
@@ -39,17 +44,18 @@ _SIZE_UNITS = {
 }
 
 
-def parse_size(text: str | int, what: str = "--workspace") -> int:
-    """``4GiB``, ``512MiB``, ``4G`` (binary, as trtexec), ``1GB`` (decimal) or plain bytes."""
+def parse_size(text: str | int, setting: str = "workspace", concept: str = "the workspace size") -> int:
+    """``4GiB``, ``512MiB``, ``4G`` (binary, as trtexec), ``1GB`` (decimal) or plain bytes; errors
+    name ``setting`` (:class:`~trtrepo.errors.OptionError`)."""
     if isinstance(text, int):
         value = text
     else:
         m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
         if not m or m.group(2).lower() not in _SIZE_UNITS:
-            raise UsageError(f"{what} '{text}': expected a size like 4GiB, 512MiB, 4G or a number of bytes")
+            raise OptionError(setting, f"'{text}': expected a size like 4GiB, 512MiB, 4G or a number of bytes", concept=concept)
         value = int(float(m.group(1)) * _SIZE_UNITS[m.group(2).lower()])
     if value <= 0:
-        raise UsageError(f"{what} '{text}': must be positive")
+        raise OptionError(setting, f"'{text}': must be positive", concept=concept)
     return value
 
 
@@ -71,18 +77,20 @@ class BuildOptions:
 
     def __post_init__(self) -> None:
         if not 0 <= self.opt_level <= 5:
-            raise UsageError(f"--opt-level must be 0..5, got {self.opt_level}")
+            raise OptionError("opt_level", f"must be 0..5, got {self.opt_level}", concept="the optimization level")
         if self.workspace is not None and self.workspace <= 0:
-            raise UsageError("--workspace must be positive")
+            raise OptionError("workspace", "must be positive", concept="the workspace size")
         if self.legacy_calibrator is not None and self.legacy_calibrator not in CALIBRATORS:
-            raise UsageError(f"--legacy-calibrator must be one of {', '.join(CALIBRATORS)}, got '{self.legacy_calibrator}'")
+            raise OptionError("legacy_calibrator", f"must be one of {', '.join(CALIBRATORS)}, got '{self.legacy_calibrator}'",
+                              others=SETTINGS)
         if self.legacy_calibrator is None and (self.data is not None or self.calib_cache is not None):
-            raise UsageError("--data and --cache are only used with --legacy-calibrator (the Q/DQ route needs no data)")
+            raise OptionError("data_spec", "and {calib_cache} are only used with {legacy_calibrator} (the Q/DQ route needs "
+                              "no data)", others=SETTINGS)
         if not self.fp16 and (self.keep_fp32_ops or self.fp16_onnx):
-            raise UsageError("--keep-fp32 and --fp16-onnx only apply with --fp16")
+            raise OptionError("keep_fp32", "and {fp16_onnx} only apply with {fp16}", others=SETTINGS)
         if self.legacy_calibrator is not None and (self.keep_fp32_ops or self.fp16_onnx):
-            raise UsageError("--keep-fp32 and --fp16-onnx belong to the Q/DQ route (the ONNX model is converted to FP16); "
-                             "with --legacy-calibrator, --fp16 sets TensorRT's FP16 builder flag instead")
+            raise OptionError("keep_fp32", "and {fp16_onnx} belong to the Q/DQ route (the ONNX model is converted to FP16); "
+                              "with {legacy_calibrator}, {fp16} sets TensorRT's FP16 builder flag instead", others=SETTINGS)
 
     @property
     def route(self) -> str:

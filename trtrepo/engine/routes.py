@@ -16,10 +16,10 @@ from ..contracts.plan import (
     IOTensor,
 )
 from ..contracts.profile import ShapeRange
-from ..errors import MissingDependencyError, TrtrepoError, UsageError
+from ..errors import MissingDependencyError, OptionError, TrtrepoError, UsageError
 from ..modelio import ModelIO, TensorSpec
 from .env import TENSORRT_INSTALL, CudaRuntime, gpu_status, tensorrt_major, tensorrt_status
-from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions
+from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions
 
 if TYPE_CHECKING:
     from .calib_feed import CalibrationFeed
@@ -316,7 +316,7 @@ class TensorRTEngineBuilder:
         calibrator = None
         if options.route == ROUTE_IMPLICIT:
             if calibration is None:
-                raise UsageError("--legacy-calibrator needs calibration input")
+                raise OptionError("legacy_calibrator", "needs calibration input", others=SETTINGS)
             calibrator = make_calibrator_class(trt, options.legacy_calibrator or "entropy")(calibration)
             enable_implicit_int8(trt, config, opt_profile, calibrator)
             if options.fp16:

@@ -22,13 +22,13 @@ from ..contracts.plan import (
     read_plan_metadata,
 )
 from ..contracts.profile import ShapeRange
-from ..errors import TrtrepoError, UsageError
+from ..errors import OptionError, TrtrepoError
 from ..fp16 import convert_file
 from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
 from ..modelio import ModelIO, load_onnx, qdq_counts
 from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
-from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions, profile_shapes
+from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions, profile_shapes
 from .routes import EngineBuilder, EngineIO, TensorRTEngineBuilder
 from .trtexec import trtexec_command
 
@@ -124,12 +124,12 @@ def prepare_build(onnx_path: str | Path, options: BuildOptions) -> tuple[ModelIO
     io = ModelIO.from_onnx(onnx_path)
     qdq = count_qdq_nodes(onnx_path)
     if options.route == ROUTE_QDQ and qdq == 0 and not options.allow_fp32:
-        raise UsageError(f"{onnx_path}: the model has no QuantizeLinear/DequantizeLinear nodes, so the strongly typed build "
-                         "would give an FP32 engine; run 'trtrepo quantize' first, use --legacy-calibrator (TensorRT <= 10), "
-                         "or pass --allow-fp32")
+        raise OptionError("", f"{onnx_path}: the model has no QuantizeLinear/DequantizeLinear nodes, so the strongly typed "
+                          "build would give an FP32 engine; run 'trtrepo quantize' first, use {legacy_calibrator} "
+                          "(TensorRT <= 10), or pass {allow_fp32}", others=SETTINGS)
     if options.route == ROUTE_IMPLICIT and qdq > 0:
-        raise UsageError(f"{onnx_path}: the model already has {qdq} Q/DQ nodes; --legacy-calibrator needs the FP32 model "
-                         "(build the Q/DQ model without --legacy-calibrator)")
+        raise OptionError("", f"{onnx_path}: the model already has {qdq} Q/DQ nodes; {{legacy_calibrator}} needs the FP32 "
+                          "model (build the Q/DQ model without {legacy_calibrator})", others=SETTINGS)
     return io, profile_shapes(io, options)
 
 
@@ -186,7 +186,7 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     onnx_path = Path(onnx_path)
     output = Path(output)
     if not force and output.exists():
-        raise UsageError(f"{output}: already exists (use --force to overwrite)")
+        raise OptionError("", f"{output}: already exists (use {{force}} to overwrite)", others=SETTINGS)
     io, profile = prepare_build(onnx_path, options)
     if builder is None:
         builder = TensorRTEngineBuilder.load()
