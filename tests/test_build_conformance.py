@@ -92,7 +92,7 @@ def test_route_touches_only_what_the_real_bindings_have(major: int, route: str, 
 def test_legacy_route_on_11_fails_before_touching_tensorrt(route: str, models: Path) -> None:
     result = run_route(11, route, models)
     assert result["violations"] == []
-    assert result["error"].startswith("UsageError: --legacy-calibrator needs TensorRT 8.6-10.x")
+    assert result["error"].startswith("OptionError: the legacy calibrator needs TensorRT 8.6-10.x")
     assert "Q/DQ route" in result["error"]
     # Only the version and the logger (made when the adapter is created) were touched.
     assert {a for a in result["accessed"] if not a.startswith(("ILogger.", "tensorrt.ILogger"))} == {"tensorrt.__version__"}

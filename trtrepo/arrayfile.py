@@ -43,7 +43,7 @@ from typing import IO
 
 import numpy as np
 
-from .errors import UsageError, one_line
+from .errors import OptionError, UsageError, one_line
 from .progress import status
 
 MAX_DATA_BYTES = 2 * 2**30  # bytes one data file may bring into memory: every key's picked rows together
@@ -160,6 +160,9 @@ def _size(n: float) -> str:
     return f"{n / 2**30:.1f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
 
 
+_LIMIT = {"limit": "a sample limit"}  # the setting the advice names (the command line shows --limit)
+
+
 def check_budget(parts: Sequence[tuple[ArrayHeader, np.ndarray | None]], name: str) -> None:
     """Refuse reading ``parts`` (each header with the rows to read of it) of the file ``name``
     when what they hold together exceeds :func:`data_budget`; the message names the largest."""
@@ -170,13 +173,13 @@ def check_budget(parts: Sequence[tuple[ArrayHeader, np.ndarray | None]], name: s
     if total <= budget:
         return
     bound = f"{budget / 2**30:g} GiB" if budget >= 2**30 else f"{budget / 2**20:g} MiB"
-    limit = f"more than the {bound} trtrepo reads from one data file (give fewer samples, --limit, or ${MAX_DATA_ENV})"
+    limit = f"more than the {bound} trtrepo reads from one data file (give fewer samples, {{limit}}, or ${MAX_DATA_ENV})"
     if len(sizes) == 1 or sizes[0][0] > budget:
         size, h, n = sizes[0]
-        raise UsageError(f"{h.where}: {h.describe(n)} are {_size(size)}, {limit}")
+        raise OptionError("", f"{h.where}: {h.describe(n)} are {_size(size)}, {limit}", others=_LIMIT)
     keys = ", ".join(f"'{h.key}' {_size(s)}" for s, h, _ in sizes[:3])
     more = f" and {len(sizes) - 3} more" if len(sizes) > 3 else ""
-    raise UsageError(f"{name}: its arrays ({keys}{more}) are {_size(total)} together, {limit}")
+    raise OptionError("", f"{name}: its arrays ({keys}{more}) are {_size(total)} together, {limit}", others=_LIMIT)
 
 
 class _Progress:
@@ -250,8 +253,8 @@ def _read(f: IO[bytes], h: ArrayHeader, rows: np.ndarray | None, progress: _Prog
 
 def _out_of_memory(h: ArrayHeader, rows: np.ndarray | None) -> UsageError:
     n = h.held_rows(rows)
-    return UsageError(f"{h.where}: not enough memory to read {h.describe(n)} ({_size(n * h.row_bytes)}) "
-                      f"on this machine (give fewer samples, or --limit)")
+    return OptionError("", f"{h.where}: not enough memory to read {h.describe(n)} ({_size(n * h.row_bytes)}) "
+                       f"on this machine (give fewer samples, or {{limit}})", others=_LIMIT)
 
 
 def npy_header(path: Path) -> ArrayHeader:

@@ -130,7 +130,7 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
     if options.legacy_calibrator is None:
         return
     if tensorrt_major(tensorrt_version) >= 11:
-        raise UsageError(_legacy_on_11_message(tensorrt_version))
+        raise OptionError("", _legacy_on_11_message(tensorrt_version), others=SETTINGS)
     if options.data is not None:
         return
     if not options.calib_cache:

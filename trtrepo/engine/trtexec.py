@@ -7,8 +7,8 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from ..contracts.profile import ShapeRange, dims_str
-from ..errors import UsageError
-from .options import ROUTE_IMPLICIT, ROUTE_QDQ, BuildOptions
+from ..errors import OptionError
+from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +26,7 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
     from flags; 11.x has no ``--fp16``); on
     the calibrator route (10.x) ``--fp16`` is added beside ``--int8``."""
     if options.route == ROUTE_IMPLICIT and major >= 11:
-        raise UsageError(_legacy_on_11_message(f"{major}.x"))
+        raise OptionError("", _legacy_on_11_message(f"{major}.x"), others=SETTINGS)
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}"]
     if profile:
         for flag, attr in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
@@ -50,8 +50,9 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
 
 
 def _legacy_on_11_message(version: str) -> str:
-    return (f"--legacy-calibrator needs TensorRT 8.6-10.x: TensorRT {version} removed implicit INT8 calibration "
+    """The detail of an :class:`~trtrepo.errors.OptionError` (its ``others``: :data:`SETTINGS`)."""
+    return (f"{{legacy_calibrator}} needs TensorRT 8.6-10.x: TensorRT {version} removed implicit INT8 calibration "
             "(IInt8*Calibrator, BuilderFlag.INT8). Use the Q/DQ route instead: 'trtrepo quantize' the model and "
-            "'trtrepo build MODEL.qdq.onnx' without --legacy-calibrator")
+            "'trtrepo build MODEL.qdq.onnx' without {legacy_calibrator}")
 
 
