@@ -41,10 +41,10 @@ _SETTINGS = {"min_batch": "the min", "opt_batch": "opt", "max_batch": "max batch
              "shapes": _SHAPE}
 
 
-def parse_dims(text: str, what: str) -> tuple[int, ...]:
+def parse_dims(text: str, what: str = "") -> tuple[int, ...]:
     parts = text.strip().lower().split("x")
     if not text.strip() or not all(p.isdigit() and int(p) > 0 for p in parts):
-        raise UsageError(f"{what}: '{text}' is not a shape like 8x64 (positive dims separated by 'x')")
+        raise UsageError(f"{what + ': ' if what else ''}'{text}' is not a shape like 8x64 (positive dims separated by 'x')")
     return tuple(int(p) for p in parts)
 
 
@@ -93,11 +93,9 @@ def parse_shape_option(text: str) -> tuple[str, ShapeRange]:
     parts = dims.split(",")
     if len(parts) not in (1, 3):
         raise OptionError("shapes", f"'{text}': expected three shapes MIN,OPT,MAX (or one fixed shape)", concept=_SHAPE)
-    shapes = [parse_dims(p, f"{_SHAPE} '{text}'") for p in parts]
-    if len(shapes) == 1:
-        shapes = shapes * 3
     try:
-        return name, ShapeRange(*shapes)
+        shapes = [parse_dims(p) for p in parts]
+        return name, ShapeRange(*(shapes * 3 if len(shapes) == 1 else shapes))
     except UsageError as exc:
         raise OptionError("shapes", f"'{text}': {exc.message}", concept=_SHAPE) from exc
 
