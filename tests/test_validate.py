@@ -648,7 +648,7 @@ def test_both_transports_keep_the_budget_and_raise_a_failure_of_the_open_loop_sc
         res = t.load(payloads, 8, requests=3, keep=True)
         assert res.requests == 3 and sorted(res.outputs) == [0, 1, 2]
         t0 = time.monotonic()
-        with pytest.raises(UsageError, match="--request-distribution 'uniform'"):
+        with pytest.raises(UsageError, match="the request distribution 'uniform': one of constant, poisson"):
             t.measure(payloads, Stability(interval_s=0.5), rate=50.0, distribution="uniform")
         assert time.monotonic() - t0 < 5
 
