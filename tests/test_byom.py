@@ -364,8 +364,10 @@ def test_deploy_with_a_calibration_cache_does_not_calibrate(tmp_path, run_cli, d
     assert "NOT measured" in res.output  # no data for the check against FP32
     deployed = onnx_ops(tmp_path / "r1" / "d" / "1" / "model.onnx")
     assert deployed.count("QuantizeLinear") > 0 and deployed.count("DequantizeLinear") > 0
-    res = run_cli("deploy", demo_onnx, "--repo", tmp_path / "r2", "--cache", cache, "--ranges", cache)
-    assert res.exit_code == 2 and "only one of --cache, --ranges" in res.stderr
+    ranges = tmp_path / "r.json"
+    ranges.write_text('{"tensors": {"input": {"amax": 1.0}}}')
+    res = run_cli("deploy", demo_onnx, "--repo", tmp_path / "r2", "--cache", cache, "--ranges", ranges)
+    assert res.exit_code == 2 and "--ranges and --cache exclude each other" in res.stderr
 
 
 def onnx_ops(path: Path) -> list[str]:

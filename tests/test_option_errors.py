@@ -31,11 +31,18 @@ def test_option_error_names_the_concept_and_maps_to_flags():
     assert str(OptionError("name", "'{model}' is not a model name")) == "the name '{model}' is not a model name"
 
 
-def test_the_cli_names_the_flag_of_the_running_command(run_cli, tmp_path):
-    r = run_cli("quantize", tmp_path / "m.onnx", "-o", tmp_path / "q.onnx", "--data", "demo:calib",
-                "--accuracy-target", "top1-drop=abc")
+def test_the_cli_names_the_flag_of_the_running_command(run_cli, tmp_path, demo_onnx):
+    """A value the library refuses (an output the model lacks) is named by the running command's
+    flag; a value the edge parses (click ParamType) by click's own one line."""
+    r = run_cli("quantize", demo_onnx, "-o", tmp_path / "q.onnx", "--data", "demo:calib", "--limit", "64",
+                "--metric-output", "nope")
     assert r.exit_code == 2
-    assert r.output.strip().splitlines()[-1] == "error: --accuracy-target 'top1-drop=abc': 'abc' is not a number"
+    assert r.stderr.strip() == "error: --metric-output 'nope': demo.onnx has no such output (outputs: logits)"
+    r = run_cli("quantize", demo_onnx, "-o", tmp_path / "q.onnx", "--data", "demo:calib",
+                "--accuracy-target", "top1-drop=abc")
+    assert r.exit_code == 2 and r.stderr.strip().startswith(
+        "error: Invalid value for '--accuracy-target': 'top1-drop=abc': 'abc' is not a number")
+    assert not (tmp_path / "q.onnx").exists()
 
 
 def _flag_raise_lines() -> list[str]:

@@ -294,7 +294,7 @@ def test_demo_text_cosine_target_api_onnxruntime_and_bad_metric_output(text_onnx
                        options=QuantizeOptions(target="onnxruntime"), accuracy_target="cosine=0.999",
                        metric_output="embedding", data_args={"limit": 300})
     assert res.report.steps[-1].met and res.report.metrics["embedding"].cosine_mean >= 0.999
-    with pytest.raises(UsageError, match="--metric-output 'pooled'.*outputs: logits, embedding"):
+    with pytest.raises(UsageError, match="the metric output 'pooled'.*outputs: logits, embedding"):
         run_quantize(text_onnx, tmp_path / "x.onnx", data="demo-text:calib", method="minmax", metric_output="pooled")
     r = run_cli("quantize", text_onnx, "-o", tmp_path / "y.onnx", "--data", "demo-text:calib", "--metric-output", "pooled",
                 "--accuracy-target", "cosine=0.99")

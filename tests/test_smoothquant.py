@@ -92,7 +92,7 @@ def test_parse_alpha(value, expected):
 
 @pytest.mark.parametrize("bad", ["1.5", "-0.1", "often"])
 def test_parse_alpha_refuses_bad_values(bad):
-    with pytest.raises(UsageError, match="--smooth-quant"):
+    with pytest.raises(UsageError, match="the SmoothQuant alpha"):
         parse_alpha(bad)
 
 
