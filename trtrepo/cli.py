@@ -92,18 +92,24 @@ class LazyGroup(click.Group):
 
 def _flags(group: click.Group, ctx: click.Context) -> dict[str, str]:
     """The running command's flags by parameter name (``accuracy_target`` -> ``--accuracy-target``;
-    an argument by its metavar): how an :class:`~trtrepo.errors.OptionError` is named here."""
+    an argument by its metavar): how an :class:`~trtrepo.errors.OptionError` is named here. For a
+    command group (``repo``) the flags of its subcommands together (``repo add``'s among them)."""
     name = ctx.invoked_subcommand
-    cmd = group.get_command(ctx, name) if name else None
     flags: dict[str, str] = {}
-    for p in cmd.params if cmd is not None else ():
-        if p.name is None:
+    todo = [group.get_command(ctx, name)] if name else []
+    while todo:
+        cmd = todo.pop()
+        if isinstance(cmd, click.Group):
+            todo.extend(cmd.get_command(ctx, n) for n in cmd.list_commands(ctx))
             continue
-        if isinstance(p, click.Argument):
-            flags[p.name] = p.human_readable_name
-        else:
-            long = [o for o in p.opts if o.startswith("--")]
-            flags[p.name] = max(long, key=len) if long else p.opts[0]
+        for p in cmd.params if cmd is not None else ():
+            if p.name is None or p.name in flags:
+                continue
+            if isinstance(p, click.Argument):
+                flags[p.name] = p.human_readable_name
+            else:
+                long = [o for o in p.opts if o.startswith("--")]
+                flags[p.name] = max(long, key=len) if long else p.opts[0]
     return flags
 
 
