@@ -667,9 +667,17 @@ def _bind_names(source: DataSource, io: ModelIO | None) -> DataSource:
 def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None = None) -> Iterator[Batch]:
     """Stack samples into batches of up to ``batch_size``. A batch is cut early where a sample's
     shapes differ from the batch's (variable sequence lengths). When ``io`` is given, each batch
-    is checked against it and cast to the model's input dtypes; errors name the tensor."""
+    is checked against it and cast to the model's input dtypes; errors name the tensor.
+
+    A model whose batch is fixed (``io.fixed_batch``: an export with a static axis 0) gets batches
+    of exactly that size whatever ``batch_size`` says, so that calibration, the held-out checks,
+    weight rounding and the speed figure all run it; samples left over that cannot fill a batch are
+    skipped, with a warning (none at batch 1)."""
     if batch_size <= 0:
         raise OptionError("batch_size", f"must be positive, got {batch_size}")
+    fixed = io.fixed_batch if io is not None else None
+    batch_size = fixed or batch_size
+    skipped = 0
     pending: list[Sample] = []
     indices: list[int] = []
     key: tuple[tuple[str, tuple[int, ...]], ...] | None = None
@@ -695,14 +703,22 @@ def iter_batches(source: Iterable[Sample], batch_size: int, io: ModelIO | None =
     for sample in source:
         k = tuple(sorted((name, np.shape(a)) for name, a in sample.inputs.items()))
         if pending and (k != key or len(pending) == batch_size):
-            yield flush()
+            if fixed is None or len(pending) == fixed:
+                yield flush()
+            else:
+                skipped += len(pending)
             pending, indices = [], []
         key = k
         pending.append(sample)
         indices.append(position)
         position += 1
-    if pending:
+    if pending and (fixed is None or len(pending) == fixed):
         yield flush()
+    elif pending:
+        skipped += len(pending)
+    if skipped:
+        log.warning("%s: the model's batch is fixed at %d: %d of %d samples that cannot fill a batch are not used",
+                    getattr(source, "name", "data"), fixed, skipped, position)
 
 
 def collect(source: DataSource, batch_size: int = 64, io: ModelIO | None = None) -> dict[str, np.ndarray]:

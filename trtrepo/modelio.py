@@ -185,6 +185,17 @@ class ModelIO:
         """True when every tensor has a dynamic batch axis at position 0 (Triton batching)."""
         return all(t.batch_axis == 0 and t.shape[0] == -1 for t in (*self.inputs, *self.outputs))
 
+    @property
+    def fixed_batch(self) -> int | None:
+        """The batch every input is fixed at, for a model exported with a static axis 0 (Ultralytics
+        exports batch 1 unless asked otherwise): the steps that run it feed batches of exactly this
+        size (:func:`trtrepo.data.iter_batches`). None when axis 0 is dynamic (the model batches) or
+        the inputs disagree."""
+        if self.has_batch_axis or any(t.rank == 0 or t.shape[0] == -1 for t in self.inputs):
+            return None
+        sizes = {t.shape[0] for t in self.inputs}
+        return sizes.pop() if len(sizes) == 1 else None
+
     def input(self, name: str) -> TensorSpec:
         for t in self.inputs:
             if t.name == name:
