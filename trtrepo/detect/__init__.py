@@ -1,0 +1,56 @@
+"""Detection postprocessing and metrics for YOLO-style heads, as pure numpy (no I/O, numpy only).
+
+The raw head output decoded into boxes (:mod:`.decode`), greedy and class-aware NMS, the full
+postprocessing and the letterbox geometry (:mod:`.nms`), and COCO mAP plus box-count agreement
+of one model's detections against another's (:mod:`.metrics`). The same functions judge an INT8
+detector against its FP32 twin, check served detections, and run inside the Triton ensemble's
+postprocessing model, which is why nothing here imports more than numpy.
+"""
+
+from __future__ import annotations
+
+from .decode import KINDS, Detections, YoloLayout, decode, xywh_to_xyxy
+from .metrics import (
+    COCO_IOU_THRESHOLDS,
+    COCO_MAX_DETS,
+    MapResult,
+    box_iou,
+    count_agreement,
+    count_difference,
+    mean_ap,
+)
+from .nms import (
+    DEFAULT_CONF,
+    DEFAULT_IOU,
+    DEFAULT_MAX_DET,
+    DEFAULT_MAX_NMS,
+    batched_nms,
+    letterbox_params,
+    nms,
+    postprocess,
+    unletterbox,
+)
+
+__all__ = [
+    "COCO_IOU_THRESHOLDS",
+    "COCO_MAX_DETS",
+    "DEFAULT_CONF",
+    "DEFAULT_IOU",
+    "DEFAULT_MAX_DET",
+    "DEFAULT_MAX_NMS",
+    "KINDS",
+    "Detections",
+    "MapResult",
+    "YoloLayout",
+    "batched_nms",
+    "box_iou",
+    "count_agreement",
+    "count_difference",
+    "decode",
+    "letterbox_params",
+    "mean_ap",
+    "nms",
+    "postprocess",
+    "unletterbox",
+    "xywh_to_xyxy",
+]

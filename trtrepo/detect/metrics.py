@@ -1,0 +1,224 @@
+"""Box IoU, COCO mAP and box-count agreement between two sets of detections, as pure numpy
+(no I/O).
+
+Stable API::
+
+    box_iou(a [K, 4], b [M, 4]) -> [K, M] float64
+    mean_ap(predictions, references, iou_thresholds=COCO_IOU_THRESHOLDS, max_dets=100) -> MapResult
+    count_agreement(predictions, references) -> float    # images whose box count matches
+    count_difference(predictions, references) -> float   # mean |count - reference count|
+
+:func:`mean_ap` is pycocotools' ``COCOeval`` (bbox, area range "all", no crowd boxes) over
+in-memory :class:`~trtrepo.detect.decode.Detections`; the references are the ground truth (when
+judging an INT8 model they are the FP32 model's detections, pseudo ground truth; their scores are
+ignored). Step by step, as ``evaluateImg`` and ``accumulate`` do it:
+
+* per image and class, the predictions sorted by score (stable), at most ``max_dets`` of them
+  (COCO's 100; ``None``: all);
+* greedy matching at each IoU threshold ``t``: in that order, a prediction matches the still
+  unmatched reference of its class with the highest IoU ``>= t`` (``t`` capped at ``1 - 1e-10``;
+  equal IoUs go to the later reference, as COCO's loop does); unmatched predictions are false
+  positives;
+* per class, the predictions of all images merged by score (stable, image order first), cumulative
+  precision ``tp / (tp + fp + eps)`` and recall ``tp / references``, precision made monotone
+  (running maximum from the end), read at the 101 recalls ``0, 0.01, .., 1`` (the first point
+  reaching each; 0 past the last recall reached); AP is their mean;
+* classes without reference boxes are skipped (AP undefined; their predictions count nowhere), a
+  class with references but no predictions has AP 0; mAP is the mean over classes and thresholds.
+  ``map50`` is the mean over classes at IoU 0.5 (computed even when 0.5 is not among the
+  thresholds). With no reference box at all, mAP is undefined: NaN, and ``MapResult.note`` says so.
+
+``MapResult.per_image`` is, for each image, the same mAP computed on that image alone (the classes
+with a reference box in it, all thresholds); NaN for an image without reference boxes, whose extra
+predictions :func:`count_agreement` catches instead. ``worst_images`` ranks by it.
+
+The default thresholds are COCO's ``np.linspace(0.5, 0.95, 10)`` (equal to ``np.arange(0.5, 0.96,
+0.05)`` in float64 for these ten values). Matching loops over predictions that overlap a reference
+at the lowest threshold, vectorised over thresholds and references.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from .decode import Detections
+
+COCO_IOU_THRESHOLDS = np.linspace(0.5, 0.95, 10)
+RECALL_POINTS = np.linspace(0.0, 1.0, 101)
+COCO_MAX_DETS = 100
+
+
+def box_iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """IoU of every box of ``a`` ``[K, 4]`` with every box of ``b`` ``[M, 4]`` (xyxy), ``[K, M]``
+    float64. Widths and heights below zero count as zero; a pair whose union is empty (two
+    zero-area boxes) has IoU 0."""
+    p = np.asarray(a, dtype=np.float64).reshape(-1, 4)
+    q = np.asarray(b, dtype=np.float64).reshape(-1, 4)
+    area_p = np.clip(p[:, 2] - p[:, 0], 0, None) * np.clip(p[:, 3] - p[:, 1], 0, None)
+    area_q = np.clip(q[:, 2] - q[:, 0], 0, None) * np.clip(q[:, 3] - q[:, 1], 0, None)
+    iw = np.clip(np.minimum(p[:, None, 2], q[None, :, 2]) - np.maximum(p[:, None, 0], q[None, :, 0]), 0, None)
+    ih = np.clip(np.minimum(p[:, None, 3], q[None, :, 3]) - np.maximum(p[:, None, 1], q[None, :, 1]), 0, None)
+    inter = iw * ih
+    union = area_p[:, None] + area_q[None, :] - inter
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return np.where(union > 0, inter / union, 0.0)
+
+
+@dataclass(frozen=True)
+class MapResult:
+    """What :func:`mean_ap` measured (module docstring for the definitions).
+
+    ``map50_95`` / ``map50``: mAP over the thresholds / at IoU 0.5 (NaN when undefined);
+    ``classes``: the classes evaluated (those with reference boxes); ``images``; ``reference_boxes``
+    and ``predicted_boxes``: all boxes given (before the ``max_dets`` cap); ``per_image``: each
+    image's own mAP50-95 (NaN without reference boxes); ``per_class``: AP50-95 per evaluated class;
+    ``note``: why the mAP is undefined, "" when it is not."""
+
+    map50_95: float
+    map50: float
+    classes: int
+    images: int
+    reference_boxes: int
+    predicted_boxes: int
+    per_image: list[float]
+    per_class: dict[int, float] = field(default_factory=dict)
+    note: str = ""
+
+    def worst_images(self, count: int = 10) -> list[int]:
+        """Indices of the ``count`` images with the lowest per-image mAP, lowest first (images
+        without reference boxes left out; equal values in index order)."""
+        scored = [(v, i) for i, v in enumerate(self.per_image) if not math.isnan(v)]
+        return [i for _, i in sorted(scored)[:max(count, 0)]]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-ready: NaN becomes None, class ids become strings."""
+        def num(v: float) -> float | None:
+            return None if math.isnan(v) else float(v)
+        return {
+            "map50_95": num(self.map50_95), "map50": num(self.map50), "classes": self.classes,
+            "images": self.images, "reference_boxes": self.reference_boxes, "predicted_boxes": self.predicted_boxes,
+            "per_image": [num(v) for v in self.per_image],
+            "per_class": {str(c): num(v) for c, v in sorted(self.per_class.items())},
+            "note": self.note,
+        }
+
+
+def _match(pred: np.ndarray, ref: np.ndarray, thresholds: np.ndarray) -> np.ndarray:
+    """True positives ``[T, K]`` of the predictions ``pred`` (already in score order) against
+    ``ref`` at each threshold, COCO's greedy matching."""
+    nt, k, m = len(thresholds), len(pred), len(ref)
+    tp = np.zeros((nt, k), dtype=bool)
+    if k == 0 or m == 0:
+        return tp
+    ious = box_iou(pred, ref)
+    thr = np.minimum(thresholds, 1 - 1e-10)[:, None]
+    lowest = float(thr.min())
+    matched = np.zeros((nt, m), dtype=bool)
+    rows = np.arange(nt)
+    for d in np.flatnonzero(ious.max(axis=1) >= lowest):
+        row = ious[d][None, :]
+        cand = ~matched & (row >= thr)
+        best = m - 1 - np.argmax(np.where(cand, row, -1.0)[:, ::-1], axis=1)   # ties: the last
+        ok = cand[rows, best]
+        matched[rows[ok], best[ok]] = True
+        tp[ok, d] = True
+    return tp
+
+
+def _average_precision(tp: np.ndarray, references: int) -> np.ndarray:
+    """AP ``[T]`` of predictions in score order with true positives ``tp`` ``[T, K]``, against
+    ``references`` boxes: COCO's 101-point interpolation of the monotone precision."""
+    nt, k = tp.shape
+    if k == 0:
+        return np.zeros(nt)
+    tps = np.cumsum(tp, axis=1).astype(np.float64)
+    fps = np.cumsum(~tp, axis=1).astype(np.float64)
+    recall = tps / references
+    precision = tps / (fps + tps + np.spacing(1))
+    precision = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
+    ap = np.zeros(nt)
+    for t in range(nt):
+        at = np.searchsorted(recall[t], RECALL_POINTS, side="left")
+        q = np.zeros(len(RECALL_POINTS))
+        valid = at < k
+        q[valid] = precision[t, at[valid]]
+        ap[t] = q.mean()
+    return ap
+
+
+def _check_pairs(predictions: Sequence[Detections], references: Sequence[Detections]) -> None:
+    if len(predictions) != len(references):
+        raise ValueError(f"{len(predictions)} images of predictions against {len(references)} of references")
+
+
+def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
+            iou_thresholds: Sequence[float] | np.ndarray = COCO_IOU_THRESHOLDS,
+            max_dets: int | None = COCO_MAX_DETS) -> MapResult:
+    """COCO mAP of ``predictions`` against ``references`` (one :class:`Detections` per image,
+    in the same image order; module docstring for the definition). Raises ValueError when the
+    two differ in image count or no threshold is given."""
+    _check_pairs(predictions, references)
+    thresholds = np.asarray(iou_thresholds, dtype=np.float64).reshape(-1)
+    if thresholds.size == 0:
+        raise ValueError("mAP: no IoU threshold given")
+    main = slice(0, thresholds.size)   # the thresholds asked for; 0.5 may be appended after them
+    at50 = np.flatnonzero(np.isclose(thresholds, 0.5))
+    if at50.size:
+        index50 = int(at50[0])
+    else:
+        thresholds = np.append(thresholds, 0.5)
+        index50 = len(thresholds) - 1
+    scores_of: dict[int, list[np.ndarray]] = {}
+    tp_of: dict[int, list[np.ndarray]] = {}
+    references_of: dict[int, int] = {}
+    per_image: list[float] = []
+    for pred, ref in zip(predictions, references, strict=True):
+        image_aps = []
+        for c in np.union1d(pred.classes, ref.classes).tolist():
+            pi = np.flatnonzero(pred.classes == c)
+            pi = pi[np.argsort(-pred.scores[pi], kind="mergesort")][:max_dets]
+            ri = np.flatnonzero(ref.classes == c)
+            tp = _match(pred.boxes[pi], ref.boxes[ri], thresholds)
+            scores_of.setdefault(c, []).append(pred.scores[pi])
+            tp_of.setdefault(c, []).append(tp)
+            references_of[c] = references_of.get(c, 0) + len(ri)
+            if len(ri):
+                image_aps.append(_average_precision(tp, len(ri))[main])
+        per_image.append(float(np.mean(image_aps)) if image_aps else math.nan)
+    class_aps: dict[int, np.ndarray] = {}
+    for c in sorted(references_of):
+        if references_of[c] == 0:
+            continue
+        scores = np.concatenate(scores_of[c])
+        order = np.argsort(-scores, kind="mergesort")
+        class_aps[c] = _average_precision(np.concatenate(tp_of[c], axis=1)[:, order], references_of[c])
+    counts = {"images": len(references), "reference_boxes": sum(len(r) for r in references),
+              "predicted_boxes": sum(len(p) for p in predictions)}
+    if not class_aps:
+        return MapResult(math.nan, math.nan, 0, per_image=per_image, per_class={},
+                         note="no reference boxes: mAP is undefined", **counts)
+    table = np.stack(list(class_aps.values()))   # [classes, T]
+    return MapResult(float(table[:, main].mean()), float(table[:, index50].mean()), len(class_aps),
+                     per_image=per_image, per_class={c: float(v[main].mean()) for c, v in class_aps.items()}, **counts)
+
+
+def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:
+    """The fraction of images whose prediction count equals the reference's (NaN for no image).
+    Counts depend on ``conf``: compare detections postprocessed with the same settings."""
+    _check_pairs(predictions, references)
+    if not references:
+        return math.nan
+    return sum(len(p) == len(r) for p, r in zip(predictions, references, strict=True)) / len(references)
+
+
+def count_difference(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:
+    """The mean over images of ``|prediction count - reference count|`` (NaN for no image)."""
+    _check_pairs(predictions, references)
+    if not references:
+        return math.nan
+    return sum(abs(len(p) - len(r)) for p, r in zip(predictions, references, strict=True)) / len(references)
