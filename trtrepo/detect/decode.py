@@ -105,7 +105,7 @@ class YoloLayout:
         masks = channels - (4 if chosen == "anchor_free" else 5) - num_classes
         if masks < 0:
             raise ValueError(
-                f"YOLO output shape {list(dims)}: {channels} channels are too few for an {chosen.replace('_', '-')} head "
+                f"YOLO output shape {list(dims)}: {channels} channels (axis {2 if channels_last else 1}) are too few for an {chosen.replace('_', '-')} head "
                 f"with {num_classes} classes; give the layout explicitly")
         return cls(chosen, num_classes, masks, channels_last)
 
