@@ -20,7 +20,8 @@ ignored). Step by step, as ``evaluateImg`` and ``accumulate`` do it:
   equal IoUs go to the later reference, as COCO's loop does); unmatched predictions are false
   positives;
 * per class, the predictions of all images merged by score (stable, image order first), cumulative
-  precision ``tp / (tp + fp + eps)`` and recall ``tp / references``, precision made monotone
+  precision ``tp / (tp + fp)`` (COCO adds ``eps`` to the denominator, which is never 0 here: without
+  it, perfect predictions score exactly 1.0 rather than ``1 - 2e-16``) and recall ``tp / references``, precision made monotone
   (running maximum from the end), read at the 101 recalls ``0, 0.01, .., 1`` (the first point
   reaching each; 0 past the last recall reached); AP is their mean;
 * classes without reference boxes are skipped (AP undefined; their predictions count nowhere), a
@@ -32,8 +33,8 @@ ignored). Step by step, as ``evaluateImg`` and ``accumulate`` do it:
 with a reference box in it, all thresholds); NaN for an image without reference boxes, whose extra
 predictions :func:`count_agreement` catches instead. ``worst_images`` ranks by it.
 
-The default thresholds are COCO's ``np.linspace(0.5, 0.95, 10)`` (equal to ``np.arange(0.5, 0.96,
-0.05)`` in float64 for these ten values). Matching loops over predictions that overlap a reference
+The default thresholds are COCO's ``np.linspace(0.5, 0.95, 10)`` (``np.arange(0.5, 0.96, 0.05)``
+differs from it in the last bits of some values, which matters only to an IoU exactly on one). Matching loops over predictions that overlap a reference
 at the lowest threshold, vectorised over thresholds and references.
 """
 
@@ -139,7 +140,7 @@ def _average_precision(tp: np.ndarray, references: int) -> np.ndarray:
     tps = np.cumsum(tp, axis=1).astype(np.float64)
     fps = np.cumsum(~tp, axis=1).astype(np.float64)
     recall = tps / references
-    precision = tps / (fps + tps + np.spacing(1))
+    precision = tps / (fps + tps)
     precision = np.maximum.accumulate(precision[:, ::-1], axis=1)[:, ::-1]
     ap = np.zeros(nt)
     for t in range(nt):
