@@ -248,3 +248,27 @@ def test_unletterbox_round_trips_and_clips(image_hw) -> None:
     np.testing.assert_allclose(unletterbox(on_input, params, image_hw), boxes, rtol=1e-5, atol=1e-3)
     outside = np.array([[-20, -20, 700, 700]], np.float32)
     np.testing.assert_array_equal(unletterbox(outside, params, image_hw), [[0, 0, w, h]])
+
+
+# ---- imports ----------------------------------------------------------------------------------
+
+def test_detect_imports_numpy_only_and_runs_as_a_copied_folder(tmp_path) -> None:
+    """The Triton postprocessing model imports this package: it must load nothing but numpy,
+    and work as a plain folder copied next to a model.py (relative imports only)."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    source = Path(__file__).resolve().parents[1] / "trtrepo" / "detect"
+    shutil.copytree(source, tmp_path / "detect", ignore=shutil.ignore_patterns("__pycache__"))
+    code = ("import json, sys\nsys.path.insert(0, '.')\nimport numpy as np, detect\n"
+            "out = np.zeros((1, 6, 2), np.float32); out[0, :, 0] = [5, 5, 2, 2, 0.9, 0.1]\n"
+            "(d,) = detect.postprocess(out, detect.YoloLayout('anchor_free', 2))\n"
+            "assert d.boxes.tolist() == [[4, 4, 6, 6]], d\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names)))\n")
+    proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    loaded = {m.split(".")[0] for m in json.loads(proc.stdout)} - {"__main__", "_distutils_hack"}
+    assert loaded == {"numpy", "detect"}, loaded
