@@ -270,5 +270,6 @@ def test_detect_imports_numpy_only_and_runs_as_a_copied_folder(tmp_path) -> None
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] not in sys.stdlib_module_names)))\n")
     proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    loaded = {m.split(".")[0] for m in json.loads(proc.stdout)} - {"__main__", "_distutils_hack"}
+    site_hooks = {"__main__", "_distutils_hack"}   # and the editable install's finder, loaded by its .pth
+    loaded = {m.split(".")[0] for m in json.loads(proc.stdout) if not m.startswith("__editable__")} - site_hooks
     assert loaded == {"numpy", "detect"}, loaded
