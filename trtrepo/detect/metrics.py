@@ -198,14 +198,15 @@ def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
         scores = np.concatenate(scores_of[c])
         order = np.argsort(-scores, kind="mergesort")
         class_aps[c] = _average_precision(np.concatenate(tp_of[c], axis=1)[:, order], references_of[c])
-    counts = {"images": len(references), "reference_boxes": sum(len(r) for r in references),
-              "predicted_boxes": sum(len(p) for p in predictions)}
+    images, reference_boxes = len(references), sum(len(r) for r in references)
+    predicted_boxes = sum(len(p) for p in predictions)
     if not class_aps:
-        return MapResult(math.nan, math.nan, 0, per_image=per_image, per_class={},
-                         note="no reference boxes: mAP is undefined", **counts)
+        return MapResult(math.nan, math.nan, 0, images, reference_boxes, predicted_boxes, per_image,
+                         note="no reference boxes: mAP is undefined")
     table = np.stack(list(class_aps.values()))   # [classes, T]
-    return MapResult(float(table[:, main].mean()), float(table[:, index50].mean()), len(class_aps),
-                     per_image=per_image, per_class={c: float(v[main].mean()) for c, v in class_aps.items()}, **counts)
+    return MapResult(float(table[:, main].mean()), float(table[:, index50].mean()), len(class_aps), images,
+                     reference_boxes, predicted_boxes, per_image,
+                     per_class={c: float(v[main].mean()) for c, v in class_aps.items()})
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:
