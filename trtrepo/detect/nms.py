@@ -41,7 +41,9 @@ a trained head's do; decode alone takes 0.015 s.
 Letterbox: the model's input is the image scaled by ``r = min(H / h, W / w)`` (up or down) and
 centred on an ``H x W`` canvas, as Ultralytics' ``LetterBox(auto=False, center=True)`` places it:
 ``pad_x = round((W - round(w * r)) / 2 - 0.1)``, ``pad_y`` likewise. :func:`unletterbox` undoes
-it as Ultralytics' ``scale_boxes`` does (subtract the padding, divide by ``r``, clip to the image).
+it as Ultralytics' ``scale_boxes`` does (subtract the padding, divide by ``r``, clip to the image),
+with one difference: ``scale_boxes`` recomputes the padding from ``w * r`` unrounded, which can
+sit one pixel off the image's real placement; here the padding is the placement itself.
 """
 
 from __future__ import annotations
