@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Mapping
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -72,8 +73,7 @@ def calibration_tensors(model: Any, options: QuantizeOptions) -> list[str]:
     selected = select_tensors(model)
     graph_inputs = {i.name for i in model.graph.input}
     names = [t for t in selected if t in graph_inputs]
-    no_excl = QuantizeOptions(target=options.target, per_channel=options.per_channel,
-                              transformer_safe=options.transformer_safe, quantize_attention=options.quantize_attention)
+    no_excl = replace(options, exclude_ops=(), exclude_nodes=())  # every placement rule, no user exclusions
     for t in plan_qdq(prepare_model(model), no_excl).activation_tensors():
         if t not in names:
             names.append(t)

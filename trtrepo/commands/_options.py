@@ -88,6 +88,10 @@ def quantize_options(f: F) -> F:
         click.option("--quantize-attention", is_flag=True,
                      help="Also quantize the attention MatMuls of two activations (Q.K^T, P.V), left in float by default "
                           "as TensorRT/ModelOpt do; the additive-mask path stays float regardless."),
+        click.option("--quantize-detector-head", is_flag=True,
+                     help="Also quantize a detector's decode head (box distribution, anchor arithmetic, sigmoid scores, "
+                          "the box/score concat), found in the graph and left in float by default: one INT8 scale over "
+                          "box pixels and class probabilities erases the scores."),
         click.option("--reduce-range", is_flag=True,
                      help="onnxruntime target: 7-bit weights, so that the model stays exact on x86 CPUs without VNNI in "
                           "runtimes that do not set session.x64quantprecision (e.g. Triton's onnxruntime backend)."),

@@ -150,6 +150,9 @@ class QuantizeOptions:
     # feeds no quantized unit keeps a float output (ONNX Runtime's MatMulIntegerToFloat) instead of
     # being requantized. False restores full node units everywhere.
     transformer_safe: bool = True
+    # Both targets: the decode head of a YOLO-style detector stays float (trtrepo.quantize.detector);
+    # True quantizes it too (the naive placement, measured in docs/benchmarks.md "Issue 43").
+    quantize_detector_head: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.target, str):

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
+from .detector import decode_head_nodes
 from .graph import GraphView
 from .options import ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike
-from .rules import find_float_nodes, keep_float_small_conv
+from .rules import FloatReasons, find_float_nodes, keep_float_small_conv
 
 
 @dataclass
@@ -48,6 +49,8 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     layers: list[str] = []
     kept_float: list[str] = []
     reasons = find_float_nodes(view, options, ranges)
+    if not options.quantize_detector_head:
+        reasons = FloatReasons({**decode_head_nodes(view), **reasons.nodes}, reasons.tensors)
     auto_float: dict[str, str] = {}
     for node in view.nodes:
         if options.excludes(node.name, node.op_type):
