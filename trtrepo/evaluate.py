@@ -36,6 +36,7 @@ import numpy as np
 
 from .cpu import available_cores, quant_session_entries
 from .data import iter_batches
+from .detect import DetectionFigures, Detections, YoloLayout, detection_figures, reference_detections
 from .errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import report_json, temp_dir, write_report
 from .modelio import ModelIO
@@ -415,6 +416,7 @@ class OutputMetrics:
     confident_samples: int | None = None  # samples with an FP32 top-1/top-2 margin >= CONFIDENT_MARGIN
     confident_agreement: float | None = None  # top-1 agreement on those samples
     expected_drop: ExpectedDrop | None = None  # the expected top-1 drop under the reference's softmax
+    detection: DetectionFigures | None = None  # a detector's output: mAP vs the reference's detections
 
     @property
     def accuracy_drop_points(self) -> float | None:
@@ -449,9 +451,10 @@ class OutputMetrics:
 
 
 def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labels: np.ndarray | None = None, *,
-                   classification: bool | None = None) -> OutputMetrics:
+                   classification: bool | None = None, detection: Detector | None = None) -> OutputMetrics:
     """Metrics of one output; top-k metrics (and ``labels``) only when ``classification`` (default:
-    when the output is ``[N, C]``)."""
+    when the output is ``[N, C]``); a detector's (``detection``: its layout and the reference's
+    detections, :class:`Detector`) also judged in boxes (:func:`trtrepo.detect.detection_figures`)."""
     _check_pair(reference, candidate)
     cos = cosine_similarity(reference, candidate)
     m = OutputMetrics(
@@ -475,19 +478,50 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
         if labels is not None:
             m.reference_accuracy = accuracy(reference, labels, 1)
             m.candidate_accuracy = accuracy(candidate, labels, 1)
+    if detection is not None:
+        m.detection = detection_figures(detection.reference, candidate, detection.layout)
     return m
 
 
+@dataclass(frozen=True)
+class Detector:
+    """A detector output's layout and the reference's detections (computed once per evaluation set)."""
+
+    layout: YoloLayout
+    reference: list[Detections]
+
+    @classmethod
+    def of(cls, reference_output: np.ndarray, num_classes: int | None = None) -> Detector:
+        layout = detection_layout(np.shape(reference_output), num_classes)
+        return cls(layout, reference_detections(np.asarray(reference_output), layout))
+
+
+def detection_layout(shape: Sequence[int], num_classes: int | None = None) -> YoloLayout:
+    """The YOLO layout of a head output of ``shape``: the exporter's class count when known, else
+    no mask coefficients (channels first: ``4 + classes`` rows; channels last, anchor-based: ``5 +
+    classes``)."""
+    if num_classes is None:
+        channels_first = shape[-2] < shape[-1]
+        num_classes = shape[-2] - 4 if channels_first else shape[-1] - 5
+    try:
+        return YoloLayout.from_shape(tuple(shape), num_classes=num_classes)
+    except ValueError as exc:
+        raise UsageError(f"detector output of shape {list(shape)}: {exc}") from exc
+
+
 def compare_outputs(reference: Mapping[str, np.ndarray], candidate: Mapping[str, np.ndarray],
-                    labels: np.ndarray | None = None, *,
-                    classification: str | Iterable[str] | None = None) -> dict[str, OutputMetrics]:
+                    labels: np.ndarray | None = None, *, classification: str | Iterable[str] | None = None,
+                    detection: Mapping[str, Detector] | None = None) -> dict[str, OutputMetrics]:
     """Metrics per output name present in both; top-k metrics and labels apply to the
-    classification outputs (``classification``, see :func:`classification_outputs`)."""
+    classification outputs (``classification``, see :func:`classification_outputs`), boxes to
+    the detector outputs (``detection``)."""
     missing = [n for n in reference if n not in candidate]
     if missing:
         raise UsageError(f"output '{missing[0]}' of the reference model is missing from the candidate")
     classes = classification_outputs(reference, classification)
-    return {name: compare_output(name, reference[name], candidate[name], labels, classification=name in classes)
+    detection = detection or {}
+    return {name: compare_output(name, reference[name], candidate[name], labels, classification=name in classes,
+                                 detection=detection.get(name))
             for name in reference}
 
 
@@ -505,19 +539,20 @@ class AccuracyTarget:
     value: float
     output: str | None = None
 
-    KINDS = ("top1-drop", "top1", "cosine")
+    KINDS = ("top1-drop", "top1", "cosine", "map")
 
     @classmethod
     def parse(cls, text: str) -> AccuracyTarget:
         kind, sep, value = text.partition("=")
         kind = kind.strip()
         if not sep or kind not in cls.KINDS:
-            raise OptionError("accuracy_target", f"'{text}': expected top1-drop=POINTS, top1=PERCENT or cosine=MIN")
+            raise OptionError("accuracy_target", f"'{text}': expected top1-drop=POINTS, top1=PERCENT, cosine=MIN or map=MIN")
         try:
             v = float(value)
         except ValueError:
             raise OptionError("accuracy_target", f"'{text}': '{value}' is not a number") from None
-        if not math.isfinite(v) or (kind == "cosine" and not -1.0 <= v <= 1.0) or (kind == "top1" and not 0 <= v <= 100):
+        if not math.isfinite(v) or (kind == "cosine" and not -1.0 <= v <= 1.0) or (kind == "top1" and not 0 <= v <= 100) \
+                or (kind == "map" and not 0 <= v <= 1):
             raise OptionError("accuracy_target", f"'{text}': value out of range")
         return cls(kind, v)
 
@@ -540,6 +575,10 @@ class AccuracyTarget:
         m = self._metrics(metrics)
         if self.kind == "cosine":
             return m.cosine_mean
+        if self.kind == "map":
+            if m.detection is None:
+                raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a detector's output")
+            return m.detection.map50_95
         if self.kind == "top1-drop":
             if m.top1_drop_points is None:
                 raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a classification output; use cosine=MIN")
@@ -570,6 +609,8 @@ def score(metrics: Mapping[str, OutputMetrics], output: str | None = None, kind:
     ``output``). With ``kind="cosine"`` (a cosine target, or an output that is an embedding)
     the mean cosine comes first."""
     m = pick_output(metrics, output)
+    if m.detection is not None and kind != "cosine":
+        return (m.detection.map50_95, m.cosine_mean, -m.mean_abs_error)
     primary = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
     if kind == "cosine":
         return (m.cosine_mean, m.cosine_min, -m.mean_abs_error)
@@ -609,9 +650,9 @@ def better(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], outpu
     accuracy vs labels, else top-1 agreement, decides only where the two differ beyond chance
     (:func:`top1_differs`); otherwise the mean cosine decides, then the lower mean abs error.
     With ``kind="cosine"``: :func:`score`'s order."""
-    if kind == "cosine":
-        return score(a, output, kind) > score(b, output, kind)
     ma, mb = pick_output(a, output), pick_output(b, output)
+    if kind == "cosine" or (ma.detection is not None and mb.detection is not None):
+        return score(a, output, kind) > score(b, output, kind)
     pa = ma.candidate_accuracy if ma.candidate_accuracy is not None else ma.top1_agreement
     pb = mb.candidate_accuracy if mb.candidate_accuracy is not None else mb.top1_agreement
     if pa is not None and pb is not None and top1_differs(pa, pb, ma.top1_agreement, mb.top1_agreement,

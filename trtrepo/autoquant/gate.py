@@ -12,6 +12,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from ..detect import DetectionFigures
 from ..errors import TrtrepoError
 from ..evaluate import ExpectedDrop, OutputMetrics
 from ..fp16 import convert_to_fp16
@@ -19,6 +20,10 @@ from .select import MAX_TOP1_DROP_POINTS, MIN_COSINE, Evaluator
 
 log = logging.getLogger(__name__)
 EXPECTED_DROP_RULE = "expected top-1 drop"
+DETECTION_RULE = "detection mAP50-95 vs FP32"
+# The detection limit: the FP16 copy of the trained YOLO11n keeps mAP50-95 0.98 against FP32 on the
+# held-out crops (docs/benchmarks.md, "Issue 43"); INT8 may lose 8 points more.
+MIN_MAP = 0.90
 
 
 @dataclass(frozen=True)
@@ -43,6 +48,11 @@ class AccuracyCheck:
       (:func:`trtrepo.evaluate.confident_mask`) is printed as information: on a small hold-out
       it cannot tell a good model from one 10 points worse (docs/quantization.md, "Defaults
       that hold on trained models");
+    * **a detector's output** (its decode head found in the graph, :mod:`trtrepo.quantize.detector`):
+      mAP50-95 of its detections against FP32's as pseudo ground truth
+      (:class:`trtrepo.detect.DetectionFigures`) at least ``min_map``: *passes* when the lower end
+      of its 95 % interval over the images is at or above the limit, *fails* when the figure is
+      below it, else cannot decide, with the number of images that would;
     * **no classes** (an embedding): mean cosine at least ``min_cosine``.
 
     Each verdict carries its sample count; a failure of the label rule that one or two samples
@@ -51,6 +61,7 @@ class AccuracyCheck:
 
     max_top1_drop: float = MAX_TOP1_DROP_POINTS
     min_cosine: float = MIN_COSINE
+    min_map: float = MIN_MAP
 
     def judge(self, m: OutputMetrics) -> dict[str, Any]:
         """The verdict on one output: rule, value, limit, ok, inconclusive, samples, message."""
@@ -82,6 +93,8 @@ class AccuracyCheck:
                 v["message"] += (f"; one sample is {per_sample:.2f} points: too few samples to decide, give an "
                                  f"evaluation set of >= {need} labelled samples")
             return v
+        if m.detection is not None:
+            return self._judge_detection(m, m.detection, v)
         ed = m.expected_drop
         if ed is not None and ed.samples:
             return self._judge_expected_drop(m, ed, v)
@@ -110,6 +123,20 @@ class AccuracyCheck:
                              f"; cannot decide on {ed.samples} samples: the estimate is at the limit")
         return v
 
+    def _judge_detection(self, m: OutputMetrics, d: DetectionFigures, v: dict[str, Any]) -> dict[str, Any]:
+        verdict = d.verdict(self.min_map)
+        v.update(rule=DETECTION_RULE, value=d.map50_95, limit=self.min_map, ok=verdict == "pass",
+                 inconclusive=verdict == "undecided", interval=[d.lower, d.upper], detection=d.to_dict(),
+                 samples=d.images)
+        v["message"] = (f"output '{m.name}': {d.describe()} (limit {self.min_map:g}; {d.decided} of {d.images} "
+                        "images hold FP32 boxes)")
+        if verdict == "undecided":
+            need = d.images_to_decide(self.min_map)
+            v["samples_to_decide"] = need
+            v["message"] += (f"; cannot decide on {d.decided} images: about {need} would decide (give more evaluation "
+                             "data)" if need is not None else f"; cannot decide on {d.decided} images")
+        return v
+
     def failures(self, metrics: Mapping[str, OutputMetrics], output: str | None = None) -> list[str]:
         names = [output] if output else list(metrics)
         return [v["message"] for v in (self.judge(metrics[n]) for n in names) if not v["ok"]]
@@ -134,6 +161,8 @@ def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any]
     except Exception as exc:  # the floor is information, not a requirement
         log.info("FP16 noise floor not measured: %s", exc)
         return None
+    if m.detection is not None:
+        return {"detection": m.detection.to_dict()}
     return {"top1_agreement": m.top1_agreement, "confident_agreement": m.confident_agreement,
             "confident_samples": m.confident_samples, "cosine_mean": m.cosine_mean,
             "expected_drop": None if m.expected_drop is None else _points(m.expected_drop)}
@@ -144,6 +173,10 @@ def with_fp16_floor(verdict: dict[str, Any], floor: Mapping[str, Any] | None) ->
     and its expected drop printed beside INT8's in the message."""
 
     verdict["fp16_noise_floor"] = floor
+    det = (floor or {}).get("detection")
+    if det is not None and verdict.get("message"):
+        verdict["message"] += (f"; the FP16 copy on the same images: mAP50-95 vs FP32 {det['map50_95']:.3f} (95% interval "
+                               f"{det['lower']:.3f}-{det['upper']:.3f})")
     ed = (floor or {}).get("expected_drop")
     if ed is not None and verdict.get("message"):
         verdict["message"] += (f"; the FP16 copy on the same samples: expected top-1 drop {ed['estimate']:.2f} points "

@@ -34,6 +34,7 @@ from ..quantize import (
     QuantizedModel,
     QuantizeOptions,
     _result,
+    detector_outputs,
     load_model,
     ranges_from_cache,
     save_model,
@@ -43,7 +44,7 @@ from ..warngroups import collecting
 from .fallback import check_reachable, fallback
 from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
-from .gate import EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
+from .gate import DETECTION_RULE, EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, activation_ranges, calibration_tensors, split_holdout
 from .report import (
     CalibrationFacts,
@@ -204,7 +205,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     evaluator = None
     if eval_src is not None:
         with phase("FP32 outputs on the held-out data", note=f"{len(eval_src)} samples"):
-            evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads, label_output=top1_on)
+            evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads, label_output=top1_on,
+                                  detectors=detector_outputs(model))
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
@@ -365,7 +367,7 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
         if metrics is None:
             return metrics, HeldOutCheck.of(check, gated, None, [], None)
         verdict = check.judge(metrics[gated])
-        if evaluator is not None and verdict["rule"] == EXPECTED_DROP_RULE:
+        if evaluator is not None and verdict["rule"] in (EXPECTED_DROP_RULE, DETECTION_RULE):
             ph.set_note(f"output '{gated}', FP16 noise floor")
             verdict = with_fp16_floor(verdict, _fp16_floor(model, evaluator, gated))
     failures = [] if verdict["ok"] else [verdict["message"]]  # the gated output's, with the FP16 figures

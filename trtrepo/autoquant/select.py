@@ -18,6 +18,7 @@ from .. import weightsteps as WS
 from ..data import iter_batches
 from ..errors import UsageError
 from ..evaluate import (
+    Detector,
     OutputMetrics,
     RunOutputs,
     better,
@@ -73,7 +74,8 @@ class Evaluator:
     reported for the label output (the first ``[N, C]`` output) and for ``label_output`` when given."""
 
     def __init__(self, fp32_model: Any, source: Any, *, batch_size: int = 32, threads: int | None = None,
-                 cache_bytes: int = CACHE_BYTES, label_output: str | None = None) -> None:
+                 cache_bytes: int = CACHE_BYTES, label_output: str | None = None,
+                 detectors: Mapping[str, int | None] | None = None) -> None:
         self.source = source
         self.label_output = label_output
         self.batch_size = batch_size
@@ -93,6 +95,9 @@ class Evaluator:
         self.reference_seconds = self.last_seconds
         self.classification = tuple(dict.fromkeys(classification_outputs(self.reference.outputs) +
                                                   classification_outputs(self.reference.outputs, label_output or ())))
+        # a detector's outputs (name -> class count, trtrepo.quantize.detector_outputs) are judged in boxes
+        self.detection = {name: Detector.of(self.reference.outputs[name], classes)
+                          for name, classes in (detectors or {}).items() if name in self.reference.outputs}
         self.count = 0
 
     def _run(self, model: Any) -> RunOutputs:
@@ -179,11 +184,12 @@ class Evaluator:
     def __call__(self, model: Any) -> dict[str, OutputMetrics]:
         self.count += 1
         cand = self._run(model)
-        return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels, classification=self.classification)
+        return compare_outputs(self.reference.outputs, cand.outputs, self.reference.labels, classification=self.classification,
+                               detection=self.detection)
 
     def fp32_metrics(self) -> dict[str, OutputMetrics]:
         return compare_outputs(self.reference.outputs, self.reference.outputs, self.reference.labels,
-                               classification=self.classification)
+                               classification=self.classification, detection=self.detection)
 
 
 def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, ActivationRange]], options: QuantizeOptions,

@@ -10,6 +10,7 @@ postprocessing model, which is why nothing here imports more than numpy.
 from __future__ import annotations
 
 from .decode import KINDS, Detections, YoloLayout, decode, xywh_to_xyxy
+from .judge import DetectionFigures, detection_figures, reference_detections
 from .metrics import (
     COCO_IOU_THRESHOLDS,
     COCO_MAX_DETS,
@@ -32,6 +33,9 @@ from .nms import (
 )
 
 __all__ = [
+    "DetectionFigures",
+    "detection_figures",
+    "reference_detections",
     "COCO_IOU_THRESHOLDS",
     "COCO_MAX_DETS",
     "DEFAULT_CONF",

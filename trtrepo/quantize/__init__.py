@@ -62,6 +62,7 @@ Stable API::
 
 from __future__ import annotations
 
+from .detector import decode_head_nodes, detector_outputs, find_decode_heads
 from .graph import GraphView, load_model, model_tensor_names, prepare_model, weight_axis, weights_as_inputs
 from .insert import QParams, QuantizedModel, activation_qparams, insert_qdq, quantize_weight, warn_float, weight_qparams
 from .modelfiles import QuantizeResult, RangesFile, _result, quantize_model, ranges_from_cache, ranges_from_json, save_model
@@ -101,6 +102,9 @@ from .rules import (
 )
 
 __all__ = [
+    "decode_head_nodes",
+    "detector_outputs",
+    "find_decode_heads",
     "ActivationRange",
     "CHECK_FULL_BYTES",
     "FloatReasons",

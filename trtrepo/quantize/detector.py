@@ -108,6 +108,20 @@ def find_decode_heads(view: GraphView, outputs: Iterable[str] | None = None) -> 
     return heads
 
 
+def detector_outputs(model: Any) -> dict[str, int | None]:
+    """The graph outputs that are a detector's (:func:`find_decode_heads`), each with its class count
+    when the exporter's metadata names the classes (Ultralytics' ``names``), else None (read off the
+    output's shape when it is judged: ``trtrepo.evaluate.detection_layout``)."""
+    heads = find_decode_heads(GraphView(model))
+    if not heads:
+        return {}
+    classes = None
+    for prop in getattr(model, "metadata_props", ()):
+        if prop.key == "names":
+            classes = prop.value.count(":") or None  # "{0: 'person', 1: 'bicycle', ...}"
+    return {h.output: classes for h in heads}
+
+
 def decode_head_nodes(view: GraphView) -> dict[str, str]:
     """Node name -> reason, for every node of every detector decode head (:func:`find_decode_heads`)."""
     return {name: f"{REASON} (output '{head.output}')" for head in find_decode_heads(view) for name in head.nodes}

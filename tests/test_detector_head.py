@@ -1,0 +1,142 @@
+"""Issue 43 item 2: a detector's decode head is found in the graph (not from layer names) and kept
+float, on two generations of YOLO heads built here the way their exporters lay them out:
+
+* anchor-based (YOLOv5/v7): per level a 1x1 conv to ``anchors x (5 + classes)``, a sigmoid over
+  all of it, the grid/anchor arithmetic ``xy = (2 s - 0.5 + grid) stride``, ``wh = (2 s)^2 anchor``,
+  a Concat of xy, wh and the scores, the levels concatenated: ``[N, A, 5 + classes]``;
+* anchor-free with DFL (YOLOv8/YOLO11): per level a box branch (4 x 16 bins) and a class branch,
+  the levels concatenated, the DFL (softmax over the bins, then a fixed 1x1 conv with weights
+  0..15), ``dist2bbox`` against constant anchor points, times the strides, a sigmoid over the
+  classes and the box/score Concat: ``[N, 4 + classes, A]``.
+
+Real ONNX Runtime runs both; the trained YOLO11n is in the long tier (tests/test_detector_yolo.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from torch import nn
+
+from trtrepo.quantize import QuantizeOptions, find_decode_heads, plan_qdq, prepare_model
+from trtrepo.quantize.graph import GraphView
+
+STRIDES = (8, 16, 32)
+SIZE = 64
+NC = 3
+
+
+class Backbone(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.s8 = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.SiLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.SiLU(),
+                                nn.Conv2d(8, 16, 3, 2, 1), nn.SiLU())
+        self.s16 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1), nn.SiLU())
+        self.s32 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1), nn.SiLU())
+
+    def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
+        a = self.s8(x)
+        b = self.s16(a)
+        return [a, b, self.s32(b)]
+
+
+class AnchorBased(nn.Module):
+    """YOLOv5's Detect in export mode."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = Backbone()
+        self.na, self.no = 3, 5 + NC
+        self.m = nn.ModuleList(nn.Conv2d(16, self.na * self.no, 1) for _ in STRIDES)
+        self.register_buffer("anchors", torch.tensor([[10, 13, 16, 30, 33, 23], [30, 61, 62, 45, 59, 119],
+                                                      [116, 90, 156, 198, 373, 326]], dtype=torch.float32).view(3, 3, 2))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = []
+        for i, f in enumerate(self.backbone(x)):
+            y = self.m[i](f)
+            bs, _, ny, nx = y.shape
+            y = y.view(bs, self.na, self.no, ny, nx).permute(0, 1, 3, 4, 2).contiguous().sigmoid()
+            gy, gx = torch.meshgrid(torch.arange(ny, dtype=torch.float32), torch.arange(nx, dtype=torch.float32), indexing="ij")
+            grid = torch.stack((gx, gy), 2).view(1, 1, ny, nx, 2) - 0.5
+            anchor = self.anchors[i].view(1, self.na, 1, 1, 2)
+            xy, wh, conf = y.split((2, 2, self.no - 4), 4)
+            xy = (xy * 2 + grid) * STRIDES[i]
+            wh = (wh * 2) ** 2 * anchor
+            out.append(torch.cat((xy, wh, conf), 4).view(bs, self.na * nx * ny, self.no))
+        return torch.cat(out, 1)
+
+
+class AnchorFree(nn.Module):
+    """YOLOv8's Detect in export mode (DFL with 16 bins)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = Backbone()
+        self.reg = 16
+        self.cv2 = nn.ModuleList(nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.SiLU(), nn.Conv2d(16, 4 * self.reg, 1))
+                                 for _ in STRIDES)
+        self.cv3 = nn.ModuleList(nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.SiLU(), nn.Conv2d(16, NC, 1))
+                                 for _ in STRIDES)
+        self.dfl = nn.Conv2d(self.reg, 1, 1, bias=False).requires_grad_(False)
+        self.dfl.weight.data[:] = torch.arange(self.reg, dtype=torch.float32).view(1, self.reg, 1, 1)
+        points, strides = [], []
+        for s in STRIDES:
+            n = SIZE // s
+            sy, sx = torch.meshgrid(torch.arange(n) + 0.5, torch.arange(n) + 0.5, indexing="ij")
+            points.append(torch.stack((sx, sy), -1).view(-1, 2))
+            strides.append(torch.full((n * n, 1), float(s)))
+        self.register_buffer("anchors", torch.cat(points).T.unsqueeze(0))
+        self.register_buffer("strides", torch.cat(strides).T.unsqueeze(0))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        feats = self.backbone(x)
+        xs = [torch.cat((self.cv2[i](f), self.cv3[i](f)), 1) for i, f in enumerate(feats)]
+        y = torch.cat([t.view(t.shape[0], 4 * self.reg + NC, -1) for t in xs], 2)
+        box, cls = y.split((4 * self.reg, NC), 1)
+        b, _, a = box.shape
+        dist = self.dfl(box.view(b, 4, self.reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
+        lt, rb = dist.chunk(2, 1)
+        x1y1, x2y2 = self.anchors - lt, self.anchors + rb
+        dbox = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
+        return torch.cat((dbox, cls.sigmoid()), 1)
+
+
+def _export(module: nn.Module, path) -> onnx.ModelProto:
+    torch.manual_seed(0)
+    module.eval()
+    torch.onnx.export(module, (torch.zeros(1, 3, SIZE, SIZE),), str(path), input_names=["images"], output_names=["output0"],
+                      dynamo=False, opset_version=17, dynamic_axes={"images": {0: "batch"}, "output0": {0: "batch"}})
+    return onnx.load(str(path))
+
+
+@pytest.mark.parametrize("head,ops", [(AnchorBased, {"Sigmoid", "Concat", "Mul", "Add", "Pow"}),
+                                      (AnchorFree, {"Sigmoid", "Concat", "Softmax", "Conv", "Sub", "Add", "Mul"})])
+def test_the_decode_head_is_found_from_the_graph_and_stays_float(tmp_path, head, ops):
+    model = prepare_model(_export(head(), tmp_path / "m.onnx"))
+    view = GraphView(model)
+    (found,) = find_decode_heads(view)
+    kinds = {n.op_type for n in view.nodes if n.name in found.nodes}
+    assert found.output == "output0" and ops <= kinds, kinds
+    # the head's feature convolutions stay INT8; only the DFL's fixed expectation conv is in the head
+    convs = [n for n in view.nodes if n.op_type == "Conv"]
+    head_convs = [n for n in convs if n.name in found.nodes]
+    assert len(head_convs) == (1 if head is AnchorFree else 0)
+    if head_convs:
+        w = view.constant_array(head_convs[0].input[1]).reshape(-1)
+        assert np.array_equal(w, np.arange(16, dtype=np.float32))
+    plan = plan_qdq(model, QuantizeOptions(target="onnxruntime"))
+    assert set(found.nodes) <= set(plan.auto_float) | {n.name for n in view.nodes if n.op_type not in
+                                                       ("Conv", "Add", "Mul", "Sub", "Div", "Concat", "Sigmoid",
+                                                        "Softmax", "Pow", "MatMul")}
+    quantized_in_head = {p.node for p in plan.points} & set(found.nodes)
+    assert quantized_in_head == set()
+    naive = plan_qdq(model, QuantizeOptions(target="tensorrt", quantize_detector_head=True))
+    quantized = {p.node for p in naive.points} & set(found.nodes)
+    # the naive placement: TensorRT's rules put Q/DQ on the DFL's expectation conv (its softmax input)
+    assert quantized == {n.name for n in head_convs}
+
+
+def test_classifiers_and_encoders_have_no_decode_head(demo_onnx):
+    assert find_decode_heads(GraphView(onnx.load(str(demo_onnx)))) == []
