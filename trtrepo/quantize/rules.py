@@ -230,9 +230,28 @@ def residual_stream_add(view: GraphView, node: Any, depth: int = 4) -> bool:
     return False
 
 
+def conv_silu(view: GraphView, node: Any) -> bool:
+    """``x * sigmoid(x)`` where ``x`` is a convolution's output: a CNN's SiLU (YOLO, EfficientNet),
+    which ONNX Runtime runs in integers (QLinearSigmoid, QLinearMul) when both are quantized units
+    (:func:`rule_cnn_unit`); unlike a transformer's gating it stays quantized."""
+    if node.op_type != "Mul" or len(node.input) != 2:
+        return False
+    a, b = node.input
+    for x, s in ((a, b), (b, a)):
+        sig = view.producer.get(s)
+        conv = view.producer.get(x)
+        if sig is not None and sig.op_type == "Sigmoid" and sig.input[0] == x and conv is not None \
+                and conv.op_type in ("Conv", "ConvTranspose"):
+            return True
+    return False
+
+
 def gating_product(view: GraphView, node: Any) -> bool:
     """A Mul (or Add) of two activations where one input is computed from Erf/Tanh/Sigmoid within a
-    few elementwise steps: the inside of GELU (``x * (1 + erf(x / sqrt 2))``), SiLU and the like."""
+    few elementwise steps: the inside of GELU (``x * (1 + erf(x / sqrt 2))``), SiLU and the like
+    (not a convolution's SiLU: :func:`conv_silu`)."""
+    if conv_silu(view, node):
+        return False
     for name in node.input:
         prod, hops = view.producer.get(name), 0
         while prod is not None and hops < 4:
@@ -339,6 +358,27 @@ def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list
     return points
 
 
+def rule_cnn_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list[QuantPoint]:
+    """ONNX Runtime units of a CNN beyond :func:`rule_node_unit`: the Sigmoid of a convolution's
+    SiLU (:func:`conv_silu`; QLinearSigmoid) and a Concat of activations (QLinearConcat, the
+    feature-pyramid joins of a detector's neck): their activation inputs and output, so that
+    ``QLinearConv -> QLinearSigmoid -> QLinearMul -> QLinearConcat -> QLinearConv`` stays in
+    integers instead of a DQ/float/Q round trip per activation. Like every unit, one is kept only
+    where an input is already another unit's quantized output
+    (:func:`trtrepo.quantize.plan._units_on_quantized_inputs`)."""
+    if node.op_type == "Sigmoid":
+        if not any(conv_silu(view, c) for c, _ in view.consumers.get(node.output[0], [])):
+            return []
+    elif node.op_type != "Concat" or len(node.input) < 2 or not all(view.is_float_activation(i) for i in node.input):
+        return []
+    points = [QuantPoint(name, node.name, i, "activation", "cnn_unit")
+              for i, name in enumerate(node.input) if view.is_float_activation(name)]
+    out = node.output[0]
+    if view.is_float_activation(out) and out not in view.graph_outputs and view.consumers.get(out):
+        points.append(QuantPoint(out, None, None, "activation", "cnn_unit_output"))
+    return points
+
+
 # Points of these rules need a range; the others (ONNX Runtime unit extras) are optional.
 REQUIRED_RULES = ("weighted_op_inputs", "residual_add")
 
@@ -347,6 +387,6 @@ TENSORRT = register_target(QdqTarget(
     "tensorrt", (rule_weighted_op_inputs, rule_residual_add), activations="symmetric", weights="qdq",
     label="TensorRT", help="TensorRT placement, int8 symmetric"))
 ONNXRUNTIME = register_target(QdqTarget(
-    "onnxruntime", (rule_weighted_op_inputs, rule_node_unit), activations="asymmetric", weights="int8",
+    "onnxruntime", (rule_weighted_op_inputs, rule_node_unit, rule_cnn_unit), activations="asymmetric", weights="int8",
     integer_kernels=True, small_conv_float=True, transformer_safe=True, reduce_range=True, label="ONNX Runtime",
     help="full node units, uint8 activations (CPU integer kernels)"))
