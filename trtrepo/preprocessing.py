@@ -1,5 +1,5 @@
-"""Declared image preprocessing (:class:`Preprocess`: resize, centre crop, layout, scaling,
-mean/std) shared by image-folder data, the ensemble's preprocessing model and ``trtrepo
+"""Declared image preprocessing (:class:`Preprocess`: resize, centre crop or letterbox, layout,
+scaling, mean/std) shared by image-folder data, the ensemble's preprocessing model and ``trtrepo
 preprocess``; with the bounds that keep one decoded image within a memory budget."""
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from .detect import letterbox_params
 from .errors import UsageError, one_line
 from .fsutil import atomic_write_text
 
@@ -40,6 +41,15 @@ class Preprocess:
     when one int, or ``[height, width]``), center crop, to float, multiply by ``scale``,
     subtract ``mean`` and divide by ``std`` per channel, lay out as ``NCHW`` or ``NHWC``
     (``CHW``/``HWC`` per sample) and cast to ``dtype``.
+
+    ``letterbox`` (``[height, width]``, or one int for a square) replaces resize and crop, as a
+    detector's input wants it (Ultralytics' ``LetterBox(auto=False)``): the image scaled by ``r =
+    min(H / h, W / w)`` (up or down, aspect ratio kept) to ``round(h r) x round(w r)`` with
+    ``interpolation``, centred on an ``H x W`` canvas filled with ``pad_value`` (raw pixel units,
+    before ``scale``: 114 is Ultralytics' grey). The placement is
+    :func:`trtrepo.detect.letterbox_params`, which :meth:`letterbox_geometry` returns so that boxes
+    map back to the original image (:func:`trtrepo.detect.unletterbox`). PIL resizes here where
+    Ultralytics calls OpenCV: the geometry is the same, the interpolated pixels differ slightly.
     """
 
     resize: tuple[int, ...] | None = None
@@ -52,6 +62,8 @@ class Preprocess:
     layout: str = "NCHW"
     dtype: str = "float32"
     input_name: str | None = None
+    letterbox: tuple[int, int] | None = None
+    pad_value: int = 114
 
     _INTERP = ("nearest", "bilinear", "bicubic", "lanczos")
 
@@ -86,6 +98,16 @@ class Preprocess:
         if crop is not None and len(crop) == 1:
             crop = (crop[0], crop[0])
         object.__setattr__(self, "center_crop", crop)
+        box = norm(self.letterbox, "letterbox", (1, 2))
+        if box is not None and len(box) == 1:
+            box = (box[0], box[0])
+        object.__setattr__(self, "letterbox", box)
+        if box is not None and (self.resize is not None or self.center_crop is not None):
+            raise UsageError("preprocess option 'letterbox': excludes 'resize' and 'center_crop' (it resizes and pads "
+                             "the image itself)")
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, numbers.Integral) or not 0 <= self.pad_value <= 255:
+            raise UsageError(f"preprocess option 'pad_value': expected a whole number 0..255, got {self.pad_value!r}")
+        object.__setattr__(self, "pad_value", int(self.pad_value))
         object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
         object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
         if self.interpolation not in self._INTERP:
@@ -107,12 +129,45 @@ class Preprocess:
     def channels(self) -> int:
         return 1 if self.color == "gray" else 3
 
+    def letterbox_geometry(self, image_hw: tuple[int, int]) -> tuple[float, float, float]:
+        """``(scale, pad_x, pad_y)`` of an ``image_hw = (height, width)`` image under
+        ``letterbox`` (:func:`trtrepo.detect.letterbox_params`); a UsageError without it."""
+        if self.letterbox is None:
+            raise UsageError("preprocess option 'letterbox': not set, so there is no letterbox geometry")
+        return letterbox_params(image_hw, self.letterbox)
+
+    def _check_budget(self, image: Any, what: str, size: tuple[int, ...], h: int, w: int) -> None:
+        budget = _pixel_budget()
+        if w * h > budget:
+            name = getattr(image, "filename", "") or "an image"
+            raise UsageError(f"preprocess option '{what}': {list(size)} makes {name} {h}x{w} "
+                             f"({w * h / 1e6:.1f} M pixels), over the budget of {budget / 1e6:.1f} M pixels per "
+                             f"image (set {MAX_IMAGE_PIXELS_ENV} to raise it)")
+
+    def _letterboxed(self, image: Any, img: Any, resample: Any, size: tuple[int, int]) -> Any:
+        """``img`` (``image`` converted) scaled and centred on a ``size`` canvas (class docstring)."""
+        from PIL import Image
+
+        out_h, out_w = size
+        w0, h0 = img.size
+        self._check_budget(image, "letterbox", size, out_h, out_w)
+        r, pad_x, pad_y = letterbox_params((h0, w0), size)
+        new_w, new_h = max(1, round(w0 * r)), max(1, round(h0 * r))
+        if (new_w, new_h) != (w0, h0):
+            img = img.resize((new_w, new_h), resample=resample)
+        fill = self.pad_value if img.mode == "L" else (self.pad_value,) * len(img.getbands())
+        canvas = Image.new(img.mode, (out_w, out_h), fill)
+        canvas.paste(img, (int(pad_x), int(pad_y)))
+        return canvas
+
     def apply(self, image: Any) -> np.ndarray:
         """PIL image -> array laid out per sample (``CHW`` or ``HWC``)."""
         from PIL import Image
 
         img = image.convert("L" if self.color == "gray" else "RGB")
         resample = getattr(Image.Resampling, self.interpolation.upper())
+        if self.letterbox is not None:
+            img = self._letterboxed(image, img, resample, self.letterbox)
         if self.resize is not None:
             if len(self.resize) == 2:
                 h, w = self.resize
@@ -123,12 +178,7 @@ class Preprocess:
                     w, h = short, max(1, round(h0 * short / w0))
                 else:
                     h, w = short, max(1, round(w0 * short / h0))
-            budget = _pixel_budget()
-            if w * h > budget:
-                name = getattr(image, "filename", "") or "an image"
-                raise UsageError(f"preprocess option 'resize': {list(self.resize)} makes {name} {h}x{w} "
-                                 f"({w * h / 1e6:.1f} M pixels), over the budget of {budget / 1e6:.1f} M pixels per "
-                                 f"image (set {MAX_IMAGE_PIXELS_ENV} to raise it)")
+            self._check_budget(image, "resize", self.resize, h, w)
             img = img.resize((w, h), resample=resample)
         if self.center_crop is not None:
             ch, cw = self.center_crop

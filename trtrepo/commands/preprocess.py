@@ -34,6 +34,11 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
 @click.option("-o", "--output", type=click.Path(dir_okay=False), required=True, help="Spec file (.json, .yaml).")
 @click.option("--resize", default=None, help="Shorter side (256) or HxW (224x224).")
 @click.option("--center-crop", default=None, help="Crop size (224 or 224x224).")
+@click.option("--letterbox", default=None,
+              help="Detector input: scale keeping the aspect ratio to fit HxW (640 or 640x640) and pad the rest "
+                   "(excludes --resize and --center-crop).")
+@click.option("--pad-value", type=click.IntRange(0, 255), default=114, show_default=True,
+              help="Pixel value of the --letterbox padding (before --scale).")
 @click.option("--interpolation", type=click.Choice(["nearest", "bilinear", "bicubic", "lanczos"]), default="bilinear", show_default=True)
 @click.option("--color", type=click.Choice(["rgb", "bgr", "gray"]), default="rgb", show_default=True)
 @click.option("--scale", type=float, default=1 / 255, show_default=True, help="Multiply pixel values by this first.")
@@ -43,8 +48,9 @@ def _ints(text: str | None, option: str) -> tuple[int, ...] | None:
 @click.option("--dtype", type=click.Choice(["float32", "float16", "uint8", "int8"]), default="float32", show_default=True)
 @click.option("--input-name", default=None, help="Model input the images feed (needed for multi-input models).")
 @click.option("--demo", is_flag=True, help="Write the embedded demo model's spec (ignores the other options).")
-def command(output: str, resize: str | None, center_crop: str | None, interpolation: str, color: str, scale: float,
-            mean: str, std: str, layout: str, dtype: str, input_name: str | None, demo: bool) -> None:
+def command(output: str, resize: str | None, center_crop: str | None, letterbox: str | None, pad_value: int,
+            interpolation: str, color: str, scale: float, mean: str, std: str, layout: str, dtype: str,
+            input_name: str | None, demo: bool) -> None:
     """Write the image preprocessing spec that calibration, evaluation and validation share."""
     from ..data import Preprocess  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
@@ -55,6 +61,7 @@ def command(output: str, resize: str | None, center_crop: str | None, interpolat
     else:
         spec = Preprocess(resize=_ints(resize, "--resize"), center_crop=_ints(center_crop, "--center-crop"), interpolation=interpolation,  # type: ignore[arg-type]
                           color=color, scale=scale, mean=_floats(mean, "--mean") or (0.0,), std=_floats(std, "--std") or (1.0,),
-                          layout=layout, dtype=dtype, input_name=input_name)
+                          layout=layout, dtype=dtype, input_name=input_name,
+                          letterbox=_ints(letterbox, "--letterbox"), pad_value=pad_value)  # type: ignore[arg-type]
     path = spec.save(output)
     click.echo(f"wrote {path}")
