@@ -98,7 +98,7 @@ def _check(specs: Mapping[str, BackendSpec], new: BackendSpec) -> None:
         raise ValueError(f"backend option '{new.option}' is already registered")
 
 
-# The registry, by kind: the five below, then the ``trtrepo.backends`` entry points (trtrepo.plugins).
+# The registry, by kind: the six below, then the ``trtrepo.backends`` entry points (trtrepo.plugins).
 BACKENDS: Registry[BackendSpec] = Registry(plugins.BACKENDS, "backend kind", BackendSpec, lambda s: s.kind, _check)
 
 
@@ -166,4 +166,6 @@ PYTHON = register(BackendSpec("python_onnx", "python_onnx.pbtxt.j2", backend="py
                      runtime="onnxruntime", unsupported_types=("TYPE_BF16",)))
 PYTHON_PREPROCESS = register(BackendSpec("python_preprocess", "python_preprocess.pbtxt.j2", backend="python", model_file="model.py",
                      instance_kind="KIND_CPU", runs_python=True, server_backend="python"))
+PYTHON_POSTPROCESS = register(BackendSpec("python_postprocess", "python_postprocess.pbtxt.j2", backend="python",
+                     model_file="model.py", instance_kind="KIND_CPU", runs_python=True, server_backend="python"))
 ENSEMBLE = register(BackendSpec("ensemble", "ensemble.pbtxt.j2", platform="ensemble"))

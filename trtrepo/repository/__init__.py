@@ -10,7 +10,7 @@ serialises concurrent writers. Every intermediate state of a write is a reposito
 The modules, top to bottom (the layers contract in ``pyproject.toml``):
 
 - ``models``: the usual models (:func:`add_onnx_model`, :func:`add_plan_model`,
-  :func:`add_image_ensemble`);
+  :func:`add_image_ensemble`, :func:`add_detector_ensemble`);
 - ``write``: :func:`add_model` and :func:`replace_config`: checks, version numbers, then the commit;
 - ``commit``: the commit protocol, its lock (:func:`repository_lock`) and recovery
   (:func:`recover`, :func:`leftovers`);
@@ -45,11 +45,13 @@ from .layout import (
 )
 from .loads import LoadCheck, LoadResult, check_file_loads, check_model_loads, runtime_problems, try_load, type_problem
 from .models import (
+    add_detector_ensemble,
     add_image_ensemble,
     add_onnx_model,
     add_plan_model,
     external_data_files,
     labels_bytes,
+    postprocess_package_files,
     preprocess_package_files,
 )
 from .write import add_model, replace_config
@@ -66,6 +68,7 @@ __all__ = [
     "Finding",
     "ModelEntry",
     "WriteResult",
+    "add_detector_ensemble",
     "add_image_ensemble",
     "add_model",
     "add_onnx_model",
@@ -84,6 +87,7 @@ __all__ = [
     "leftovers",
     "list_repository",
     "load_problems",
+    "postprocess_package_files",
     "preprocess_package_files",
     "read_config",
     "recover",

@@ -1,7 +1,7 @@
 """The usual models: from an ONNX file (:func:`add_onnx_model`: ONNX Runtime or the Python
 backend running ONNX Runtime; external data files travel with it), from a TensorRT plan
-(:func:`add_plan_model`, reading the builder's ``model.plan.json``) and the image ensemble
-(:func:`add_image_ensemble`)."""
+(:func:`add_plan_model`, reading the builder's ``model.plan.json``), the image ensemble
+(:func:`add_image_ensemble`) and the detector ensemble (:func:`add_detector_ensemble`)."""
 
 from __future__ import annotations
 
@@ -14,15 +14,20 @@ from typing import Any
 
 from ..contracts import backends
 from ..contracts.plan import plan_metadata_path, read_plan_metadata
+from ..detect import YoloLayout
 from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec, external_data_path, load_onnx
 from ..tritonconfig import (
     ModelConfig,
     ModelOptions,
+    NmsSettings,
+    TensorConfig,
     config_from_io,
+    detector_ensemble_config,
     ensemble_config,
     execution_env_files,
     parse_config_text,
+    postprocess_config,
     preprocess_config,
     render_config,
     template_file,
@@ -164,6 +169,17 @@ def preprocess_package_files() -> dict[str, FileSource]:
     return files
 
 
+def postprocess_package_files() -> dict[str, FileSource]:
+    """trtrepo's own ``trtrepo.detect`` (numpy only), copied into the detector postprocessing
+    model's version folder as ``trtrepo_postprocess/detect/`` so the server runs exactly
+    ``trtrepo.detect.postprocess`` and ``unletterbox``."""
+    pkg = Path(__file__).parent.parent  # the trtrepo package
+    files: dict[str, FileSource] = {"trtrepo_postprocess/__init__.py": b'"""Copy of trtrepo.detect (written by trtrepo)."""\n'}
+    for rel in _module_closure(pkg, "detect/__init__.py"):
+        files[f"trtrepo_postprocess/{rel}"] = pkg / rel
+    return files
+
+
 def _module_closure(pkg: Path, start: str) -> list[str]:
     """``start`` and every module of the package it imports at module level, transitively (relative
     imports; a subpackage brings its ``__init__.py``), as paths relative to ``pkg``: what a copy of
@@ -231,3 +247,89 @@ def add_image_ensemble(
                     force=force, template_dir=template_dir)
     ens = add_model(repo, ens_cfg, {}, version=version, force=force, template_dir=template_dir)
     return pre, ens
+
+
+def _detector_output(name: str, model: ModelConfig, layout: YoloLayout) -> TensorConfig:
+    """The model output ``layout`` describes, as one request of one image carries it (``[1, C,
+    A]``): the one output of three dimensions, batch 1 or dynamic, whose channel axis fits."""
+    fits = []
+    for o in model.outputs:
+        full = ((-1,) if model.max_batch_size > 0 else ()) + tuple(o.dims)
+        if len(full) == 3 and full[0] in (-1, 1) and full[layout.channel_axis] in (-1, layout.channels):
+            fits.append(TensorConfig(o.name, o.data_type, (1, *full[1:])))
+    if len(fits) != 1:
+        shapes = ", ".join(f"'{o.name}' {list(o.dims)}" for o in model.outputs)
+        what = "several outputs fit" if fits else "no output fits"
+        raise UsageError(f"ensemble '{name}': {what} the {layout.kind.replace('_', '-')} layout with {layout.channels} "
+                         f"channels on axis {layout.channel_axis} (model '{model.name}': {shapes})")
+    return fits[0]
+
+
+def _letterbox_input(name: str, model: ModelConfig, preprocess: Any) -> TensorSpec:
+    """The model's input as the preprocessing model writes it for one image (``[1, C, H, W]``),
+    checked against the letterbox size, channels, layout and dtype of ``preprocess``."""
+    if len(model.inputs) != 1:
+        raise UsageError(f"ensemble '{name}': model '{model.name}' has {len(model.inputs)} inputs; a detector ensemble needs one")
+    if preprocess.letterbox is None:
+        raise UsageError(f"ensemble '{name}': the preprocessing does not letterbox; a detector ensemble maps the boxes back "
+                         f"through the letterbox geometry (preprocess option 'letterbox')")
+    tensor = model.inputs[0]
+    dtype = {"TYPE_FP32": "float32", "TYPE_FP16": "float16", "TYPE_UINT8": "uint8", "TYPE_INT8": "int8"}.get(tensor.data_type)
+    if dtype is None or dtype != preprocess.dtype:
+        raise UsageError(f"ensemble '{name}': preprocessing produces {preprocess.dtype} but input '{tensor.name}' is {tensor.data_type}")
+    full = ((-1,) if model.max_batch_size > 0 else ()) + tuple(tensor.dims)
+    h, w = preprocess.letterbox
+    sample = (preprocess.channels, h, w) if preprocess.layout == "NCHW" else (h, w, preprocess.channels)
+    if len(full) != 4 or full[0] not in (-1, 1) or any(d not in (-1, s) for d, s in zip(full[1:], sample, strict=True)):
+        raise UsageError(f"ensemble '{name}': the preprocessing makes one image {list(sample)} ({preprocess.layout}, "
+                         f"letterbox {h}x{w}) but input '{tensor.name}' takes {list(full)}")
+    return TensorSpec(tensor.name, dtype, (1, *sample), None)
+
+
+def add_detector_ensemble(
+    repo: str | Path,
+    model: ModelConfig,
+    preprocess: Any,
+    layout: YoloLayout,
+    nms: NmsSettings | None = None,
+    *,
+    options: ModelOptions | None = None,
+    version: int | None = None,
+    force: bool = False,
+    template_dir: str | Path | None = None,
+) -> tuple[WriteResult, WriteResult, WriteResult]:
+    """A detector served on encoded images: ``<model>_preprocess`` (Python: image bytes -> the
+    letterboxed input tensor, plus the letterbox geometry), ``<model>_postprocess`` (Python:
+    :func:`trtrepo.detect.postprocess` at ``nms`` and :func:`~trtrepo.detect.unletterbox` of the
+    raw output ``layout`` describes -> ``boxes`` / ``scores`` / ``classes`` in the original
+    image's pixels) and ``<model>_ensemble`` chaining the three; ``model`` (already in ``repo``)
+    stays as it is.
+
+    One image per request: the preprocessing, postprocessing and ensemble have ``max_batch_size``
+    0 (the box count differs per image), while the detector keeps its own batching, so that
+    concurrent requests still share its batches. ``preprocess`` must letterbox to the model's
+    input size. Every config is rendered and checked before anything is written, and the
+    ensemble is written last: each intermediate repository serves."""
+    name = f"{model.name}_ensemble"
+    pre_name, post_name = f"{model.name}_preprocess", f"{model.name}_postprocess"
+    image_input = "IMAGE"
+    opts = options or ModelOptions()
+    pre_cfg = preprocess_config(pre_name, image_input, _letterbox_input(name, model, preprocess), 0, opts, geometry=True)
+    post_cfg = postprocess_config(post_name, _detector_output(name, model, layout), layout, nms, opts)
+    ens_cfg = detector_ensemble_config(name, image_input, pre_cfg, model, post_cfg)
+    pre_files: dict[str, FileSource] = {"model.py": template_file("preprocess_model.py", template_dir),
+                                        "preprocess.json": json.dumps(preprocess.to_dict(), indent=2).encode() + b"\n"}
+    pre_files.update(preprocess_package_files())
+    post_files: dict[str, FileSource] = {"model.py": template_file("postprocess_model.py", template_dir)}
+    post_files.update(postprocess_package_files())
+    # Render and validate all three before writing anything (the ensemble's steps must resolve).
+    texts = {c.name: render_config(c, template_dir) for c in (pre_cfg, post_cfg)}
+    for step, text in texts.items():
+        validate_config_text(text, f"{step}/config.pbtxt", model_dir_name=step)
+    known = _known_models(Path(repo), {step: parse_config_text(text, step) for step, text in texts.items()})
+    validate_config_text(render_config(ens_cfg, template_dir), f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
+    env_files = execution_env_files(opts)
+    pre = add_model(repo, pre_cfg, pre_files, model_files=env_files, version=version, force=force, template_dir=template_dir)
+    post = add_model(repo, post_cfg, post_files, model_files=env_files, version=version, force=force, template_dir=template_dir)
+    ens = add_model(repo, ens_cfg, {}, version=version, force=force, template_dir=template_dir)
+    return pre, post, ens

@@ -19,8 +19,11 @@ from .check import (
     validate_config_text,
 )
 from .model import (
+    DETECTIONS,
     ENV_ARCHIVE_SUFFIXES,
+    IMAGE_HW,
     INSTANCE_KINDS,
+    LETTERBOX,
     MAX_INSTANCE_COUNT,
     MODEL_DIRECTORY,
     NAME_RE,
@@ -30,17 +33,20 @@ from .model import (
     InstanceGroup,
     ModelConfig,
     ModelOptions,
+    NmsSettings,
     TensorConfig,
     VersionPolicy,
     Warmup,
     WarmupInput,
     check_model_name,
     config_from_io,
+    detector_ensemble_config,
     ensemble_config,
     execution_env_files,
     execution_env_value,
     execution_env_warning,
     is_env_archive,
+    postprocess_config,
     preprocess_config,
 )
 from .render import (
@@ -52,10 +58,10 @@ from .render import (
 )
 
 __all__ = [
-    "ENV_ARCHIVE_SUFFIXES", "INSTANCE_KINDS", "MAX_INSTANCE_COUNT", "MODEL_DIRECTORY", "NAME_RE", "CudaOptimization",
-    "DynamicBatching", "EnsembleStep", "InstanceGroup", "ModelConfig", "ModelOptions", "TensorConfig", "VersionPolicy",
+    "DETECTIONS", "ENV_ARCHIVE_SUFFIXES", "IMAGE_HW", "INSTANCE_KINDS", "LETTERBOX", "MAX_INSTANCE_COUNT", "MODEL_DIRECTORY", "NAME_RE", "CudaOptimization",
+    "DynamicBatching", "EnsembleStep", "InstanceGroup", "ModelConfig", "ModelOptions", "NmsSettings", "TensorConfig", "VersionPolicy",
     "Warmup", "WarmupInput", "check_config", "check_model_name", "check_rendered", "config_from_io", "config_to_dict",
-    "ensemble_config", "execution_env_files", "execution_env_value", "execution_env_warning", "is_env_archive",
-    "parse_config_text", "pbstr", "preprocess_config", "render_config", "shipped_templates_dir", "template_environment",
+    "detector_ensemble_config", "ensemble_config", "execution_env_files", "execution_env_value", "execution_env_warning", "is_env_archive",
+    "parse_config_text", "pbstr", "postprocess_config", "preprocess_config", "render_config", "shipped_templates_dir", "template_environment",
     "template_file", "validate_config_text",
 ]

@@ -1,6 +1,6 @@
 """Triton model configuration values: the config objects, :class:`ModelOptions` and
-:func:`config_from_io` (Python decides every value), the preprocessing and ensemble configs and
-the execution-environment settings."""
+:func:`config_from_io` (Python decides every value), the preprocessing, detector postprocessing
+and ensemble configs and the execution-environment settings."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pathlib import Path
 from ..contracts.backends import BACKENDS, BackendSpec
 from ..contracts.plan import PlanMetadata
 from ..contracts.profile import DEFAULT_MAX_BATCH
+from ..detect import YoloLayout
 from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec
 
@@ -369,9 +370,20 @@ def execution_env_files(options: ModelOptions) -> dict[str, Path]:
     return {Path(env).name: Path(env)} if env and is_env_archive(env) else {}
 
 
+# The letterbox geometry the preprocessing model hands the detector's postprocessing, per image.
+LETTERBOX = TensorConfig("LETTERBOX", "TYPE_FP32", (3,))  # scale, pad_x, pad_y
+IMAGE_HW = TensorConfig("IMAGE_HW", "TYPE_INT32", (2,))  # the original image's height, width
+# A detector ensemble's outputs, one image per request: K boxes (x1, y1, x2, y2 in the original
+# image's pixels), their scores and classes.
+DETECTIONS = (TensorConfig("boxes", "TYPE_FP32", (-1, 4)), TensorConfig("scores", "TYPE_FP32", (-1,)),
+              TensorConfig("classes", "TYPE_INT64", (-1,)))
+
+
 def preprocess_config(name: str, image_input: str, model_input: TensorSpec, max_batch_size: int,
-                      options: ModelOptions | None = None) -> ModelConfig:
-    """Config of the Python preprocessing model: encoded image bytes -> ``model_input``."""
+                      options: ModelOptions | None = None, *, geometry: bool = False) -> ModelConfig:
+    """Config of the Python preprocessing model: encoded image bytes -> ``model_input``; with
+    ``geometry`` (a letterboxing spec feeding a detector's postprocessing) also :data:`LETTERBOX`
+    and :data:`IMAGE_HW` per image."""
     options = options or ModelOptions()
     batching = max_batch_size > 0
     params = {"preprocess_file": "preprocess.json"}
@@ -382,9 +394,53 @@ def preprocess_config(name: str, image_input: str, model_input: TensorSpec, max_
         kind="python_preprocess",
         max_batch_size=max_batch_size,
         inputs=(TensorConfig(image_input, "TYPE_STRING", (1,)),),
-        outputs=(_tensor_config(model_input, batching),),
+        outputs=(_tensor_config(model_input, batching),) + ((LETTERBOX, IMAGE_HW) if geometry else ()),
         dynamic_batching=(DynamicBatching((max_batch_size,), options.max_queue_delay_us)
                           if options.dynamic_batching and max_batch_size > 1 else None),
+        instance_groups=(InstanceGroup("KIND_CPU", options.instance_count),),
+        parameters=tuple(sorted(params.items())),
+    )
+
+
+@dataclass(frozen=True)
+class NmsSettings:
+    """What a detector's served postprocessing keeps: boxes scoring above ``conf``, class-aware NMS
+    at ``iou``, at most ``max_det`` per image (:func:`trtrepo.detect.postprocess`). The defaults
+    are Ultralytics' predict settings for YOLOv8 and later (conf 0.25, IoU 0.7, 300 boxes), what
+    a served detector returns; ``trtrepo.detect.postprocess``'s own IoU default is YOLOv5's 0.45."""
+
+    conf: float = 0.25
+    iou: float = 0.7
+    max_det: int = 300
+
+    def __post_init__(self) -> None:
+        for what, value, concept in (("conf", self.conf, "the confidence threshold"), ("iou", self.iou, "the NMS IoU threshold")):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0.0 <= value <= 1.0:
+                raise OptionError(what, f"{value!r}: expected a number in [0, 1]", concept=concept)
+        if isinstance(self.max_det, bool) or not isinstance(self.max_det, int) or self.max_det < 1:
+            raise OptionError("max_det", f"{self.max_det!r}: expected a whole number >= 1", concept="the detections per image")
+
+
+def postprocess_config(name: str, raw: TensorConfig, layout: YoloLayout, nms: NmsSettings | None = None,
+                       options: ModelOptions | None = None) -> ModelConfig:
+    """Config of the Python detector postprocessing model (``templates/postprocess_model.py``):
+    one image's raw head output ``raw`` (its dims as one request carries it: ``[1, C, A]``),
+    :data:`LETTERBOX` and :data:`IMAGE_HW` in, :data:`DETECTIONS` out. ``max_batch_size`` 0: the
+    box count differs per image, so a request is one image. The NMS settings and ``layout`` are
+    config parameters, read by the model once."""
+    options = options or ModelOptions()
+    nms = nms or NmsSettings()
+    params = {"conf": repr(float(nms.conf)), "iou": repr(float(nms.iou)), "max_det": str(nms.max_det), "kind": layout.kind,
+              "num_classes": str(layout.num_classes), "num_masks": str(layout.num_masks),
+              "channels_last": "true" if layout.channels_last else "false"}
+    if options.execution_env:
+        params["EXECUTION_ENV_PATH"] = execution_env_value(options.execution_env)
+    return ModelConfig(
+        name=name,
+        kind="python_postprocess",
+        max_batch_size=0,
+        inputs=(raw, LETTERBOX, IMAGE_HW),
+        outputs=DETECTIONS,
         instance_groups=(InstanceGroup("KIND_CPU", options.instance_count),),
         parameters=tuple(sorted(params.items())),
     )
@@ -405,6 +461,34 @@ def ensemble_config(name: str, image_input: str, preprocess: ModelConfig, model:
         max_batch_size=model.max_batch_size,
         inputs=(TensorConfig(image_input, "TYPE_STRING", (1,)),),
         outputs=tuple(TensorConfig(o.name, o.data_type, o.dims, o.reshape) for o in model.outputs),
+        ensemble_steps=steps,
+    )
+
+
+def detector_ensemble_config(name: str, image_input: str, preprocess: ModelConfig, model: ModelConfig,
+                             postprocess: ModelConfig) -> ModelConfig:
+    """Ensemble ``image bytes -> preprocess -> model -> postprocess``: one image per request
+    (``max_batch_size`` 0); out come the postprocessing's detections. The model's input is the
+    preprocessing's first output, the postprocessing's first input the model's output of that
+    name; :data:`LETTERBOX` and :data:`IMAGE_HW` go from the preprocessing to the postprocessing."""
+    if len(model.inputs) != 1:
+        raise UsageError(f"ensemble '{name}': the model '{model.name}' has {len(model.inputs)} inputs; an image ensemble needs exactly one")
+    tensor = model.inputs[0].name
+    raw = postprocess.inputs[0].name
+    if raw not in {o.name for o in model.outputs}:
+        raise UsageError(f"ensemble '{name}': the model '{model.name}' has no output '{raw}'")
+    geometry = ((LETTERBOX.name, LETTERBOX.name), (IMAGE_HW.name, IMAGE_HW.name))
+    steps = (
+        EnsembleStep(preprocess.name, ((image_input, image_input),), ((preprocess.outputs[0].name, tensor),) + geometry),
+        EnsembleStep(model.name, ((tensor, tensor),), ((raw, raw),)),
+        EnsembleStep(postprocess.name, ((raw, raw),) + geometry, tuple((o.name, o.name) for o in postprocess.outputs)),
+    )
+    return ModelConfig(
+        name=name,
+        kind="ensemble",
+        max_batch_size=0,
+        inputs=(TensorConfig(image_input, "TYPE_STRING", (1,)),),
+        outputs=tuple(TensorConfig(o.name, o.data_type, o.dims, o.reshape) for o in postprocess.outputs),
         ensemble_steps=steps,
     )
 
