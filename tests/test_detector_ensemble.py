@@ -280,15 +280,33 @@ def _detector_onnx(path: Path) -> Path:
     return path
 
 
-def _jpeg() -> tuple[bytes, tuple[int, int]]:
-    """scikit-image's astronaut, cut to 512x300 (non-square: letterbox pads top and bottom), JPEG."""
+def _jpeg(rows: slice = slice(100, 400), cols: slice = slice(None)) -> tuple[bytes, tuple[int, int]]:
+    """scikit-image's astronaut, cut (by default to 512x300, non-square: letterbox pads top and
+    bottom), as JPEG bytes, and its (height, width)."""
     from PIL import Image
     from skimage import data
 
-    img = Image.fromarray(data.astronaut()[100:400])
+    arr = np.ascontiguousarray(data.astronaut()[rows, cols])
     buf = io.BytesIO()
-    img.save(buf, format="JPEG", quality=90)
-    return buf.getvalue(), (300, 512)
+    Image.fromarray(arr).save(buf, format="JPEG", quality=90)
+    return buf.getvalue(), arr.shape[:2]
+
+
+def _local(served, blob: bytes):
+    """What trtrepo.detect gives locally on the same bytes: the ensemble's preprocessing, ONNX
+    Runtime with the server's session options, postprocess, unletterbox. (detections, boxes in
+    the image's pixels, the raw output, (height, width))."""
+    from PIL import Image
+
+    from trtrepo.evaluate import make_session
+
+    pre: Preprocess = served["pre"]
+    with Image.open(io.BytesIO(blob)) as img:
+        hw = (img.size[1], img.size[0])
+        x = pre.apply(img)[None]
+    raw = make_session(served["onnx"]).run(["output0"], {"images": x})[0]
+    (det,) = postprocess(raw, served["layout"], conf=CONF, iou=IOU, max_det=MAX_DET)
+    return det, unletterbox(det.boxes, pre.letterbox_geometry(hw), hw), raw, hw
 
 
 @pytest.fixture(scope="module")
@@ -341,20 +359,10 @@ def _infer(server, blob: bytes) -> dict[str, np.ndarray]:
 @requires_server
 @pytest.mark.triton
 def test_served_detections_of_a_jpeg_equal_the_local_postprocessing(served):
-    from PIL import Image
-
-    from trtrepo.evaluate import make_session
-
     blob, hw = _jpeg()
     got = _infer(served["server"], blob)
-    # locally: the same bytes, the same preprocessing, ONNX Runtime with the server's session options
-    pre: Preprocess = served["pre"]
-    with Image.open(io.BytesIO(blob)) as img:
-        assert (img.size[1], img.size[0]) == hw
-        x = pre.apply(img)[None]
-    raw = make_session(served["onnx"]).run(["output0"], {"images": x})[0]
-    (det,) = postprocess(raw, served["layout"], conf=CONF, iou=IOU, max_det=MAX_DET)
-    boxes = unletterbox(det.boxes, pre.letterbox_geometry(hw), hw)
+    det, boxes, raw, local_hw = _local(served, blob)
+    assert local_hw == hw == (300, 512)
     candidates = int((raw[0, 4:].max(0) > CONF).sum())
     # what the test wants: anchors under CONF, candidates NMS suppresses, two classes, boxes not clipped
     assert 0 < len(det) < candidates < ANCHORS and set(det.classes.tolist()) == {0, 1}, (len(det), candidates)
@@ -366,6 +374,60 @@ def test_served_detections_of_a_jpeg_equal_the_local_postprocessing(served):
     np.testing.assert_array_equal(got["classes"], det.classes)
     # in the original image's pixels: inside the 512x300 image, not the 64x64 input
     assert boxes[:, [0, 2]].max() <= hw[1] and boxes[:, [1, 3]].max() <= hw[0] and boxes.max() > SIZE
+
+
+@requires_server
+@pytest.mark.triton
+def test_served_preprocessing_gives_the_letterboxed_tensor_and_its_geometry(served):
+    import tritonclient.http as httpclient
+    from PIL import Image
+
+    blob, hw = _jpeg()
+    client = httpclient.InferenceServerClient(served["server"].http_url)
+    try:
+        inp = httpclient.InferInput("IMAGE", [1], "BYTES")
+        inp.set_data_from_numpy(np.array([blob], dtype=object))
+        result = client.infer("det_preprocess", [inp])
+    finally:
+        client.close()
+    pre: Preprocess = served["pre"]
+    with Image.open(io.BytesIO(blob)) as img:
+        want = pre.apply(img)[None]
+    np.testing.assert_array_equal(result.as_numpy("images"), want)
+    assert result.as_numpy("LETTERBOX").dtype == np.float32 and result.as_numpy("IMAGE_HW").dtype == np.int32
+    np.testing.assert_allclose(result.as_numpy("LETTERBOX"), letterbox_params(hw, SIZE), rtol=1e-7)
+    assert result.as_numpy("IMAGE_HW").tolist() == [300, 512]
+    np.testing.assert_allclose(want[0, :, :5], 114 / 255, rtol=1e-6)  # rows of padding above the 64x38 image
+
+
+@requires_server
+@pytest.mark.triton
+def test_concurrent_requests_of_other_shapes_each_get_their_own_image_detections(served):
+    """Wide, tall and square images in flight together (the detector may batch them): each
+    response holds its own image's detections, mapped back through its own letterbox."""
+    import tritonclient.http as httpclient
+
+    cuts = [(slice(100, 400), slice(None)), (slice(None), slice(150, 350)), (slice(None), slice(None)),
+            (slice(0, 120), slice(0, 500)), (slice(50, 500), slice(300, 380))]
+    images = [_jpeg(r, c) for r, c in cuts]
+    client = httpclient.InferenceServerClient(served["server"].http_url, concurrency=len(images))
+    try:
+        pending = []
+        for blob, _ in images:
+            inp = httpclient.InferInput("IMAGE", [1], "BYTES")
+            inp.set_data_from_numpy(np.array([blob], dtype=object))
+            pending.append(client.async_infer("det_ensemble", [inp]))
+        results = [r.get_result() for r in pending]
+    finally:
+        client.close()
+    for (blob, hw), result in zip(images, results, strict=True):
+        det, boxes, _, _ = _local(served, blob)
+        got = result.as_numpy("boxes")
+        assert got.shape == (len(det), 4), hw
+        np.testing.assert_allclose(got, boxes, atol=1e-3, rtol=0)
+        np.testing.assert_array_equal(result.as_numpy("classes"), det.classes)
+        if len(det):
+            assert boxes[:, [0, 2]].max() <= hw[1] and boxes[:, [1, 3]].max() <= hw[0]
 
 
 @requires_server
