@@ -195,8 +195,11 @@ class QuantizeReport:
             lines.append(f"  kept in float: {len(self.float_tensors)} tensor(s) with unquantizable ranges: "
                          + ", ".join(self.float_tensors))
         if self.kept_float:
-            lines.append(f"  kept in float: {len(self.kept_float)} node(s) by the transformer rules "
-                         "(Softmax, LayerNorm, attention MatMuls, mask path; see --report)")
+            head = sum("decode head of a YOLO-style detector" in why for why in self.kept_float.values())
+            rules = ("Softmax, LayerNorm, attention MatMuls, mask path" if not head else
+                     f"{head} of a detector's decode head: box distribution, anchor arithmetic, sigmoid scores, the "
+                     "box/score concat")
+            lines.append(f"  kept in float: {len(self.kept_float)} node(s) by the placement rules ({rules}; see --report)")
         for row in self.methods:
             m = _row_output(row, self.metric_output)
             if m:
