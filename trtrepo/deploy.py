@@ -19,6 +19,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import autoquant
 from .autoquant import QuantizeRequest, QuantizeRunResult, QuantizeSettings, quantize_request
 from .autoquant.front import FrontOptions, QualityFront
@@ -29,16 +31,25 @@ from .cpu import CpuInt8, cpu_int8
 from .data import DataOptions, DataSource, Preprocess
 from .engine import BuildOptions, build_engine, gpu_status, tensorrt_status
 from .errors import OptionError, UsageError
+from .evaluate import detection_layout, make_session
 from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
-from .modelio import ModelIO, qdq_counts
+from .modelio import ModelIO, load_onnx, qdq_counts
 from .objectstore import checkout, open_store, publish
 from .progress import status, task
-from .quantize import NothingToQuantize, backend_target
+from .quantize import NothingToQuantize, backend_target, detector_outputs
 from .quantsummary import QuantizeSummary
-from .repository import WriteResult, add_image_ensemble, add_onnx_model, add_plan_model, check_file_loads, type_problem
+from .repository import (
+    WriteResult,
+    add_detector_ensemble,
+    add_image_ensemble,
+    add_onnx_model,
+    add_plan_model,
+    check_file_loads,
+    type_problem,
+)
 from .server import local_backends, missing_backend_warning
-from .tritonconfig import ModelConfig, ModelOptions, check_model_name, execution_env_warning
+from .tritonconfig import ModelConfig, ModelOptions, NmsSettings, check_model_name, execution_env_warning
 from .warngroups import WarningGroup, collecting
 
 log = logging.getLogger(__name__)
@@ -472,12 +483,61 @@ def _labels(opts: DeployOptions) -> Any:
 
 def _preprocess_spec(opts: DeployOptions) -> Any:
     if opts.data is not None and opts.data.preprocess:
-        return Preprocess.load(opts.data.preprocess)
+        pre = opts.data.preprocess
+        return pre if isinstance(pre, Preprocess) else Preprocess.load(pre)
     plugin = builtin.builtin(opts.source)
     if plugin is not None and plugin.preprocess is not None:
         return plugin.preprocess()
+    exported = exporter_preprocess(opts.source)
+    if exported is not None:
+        return exported
     raise OptionError("ensemble", "needs the preprocessing spec ({preprocess}, see 'trtrepo preprocess')",
                       concept="the image ensemble", others={"preprocess": "a preprocess spec file"})
+
+
+def exporter_preprocess(source: str) -> Preprocess | None:
+    """The preprocessing an ONNX file's exporter declares: a detector exported by Ultralytics
+    (metadata ``task`` detect/segment/pose and ``imgsz``) takes RGB images letterboxed to ``imgsz``
+    (gray 114 padding) over 255, NCHW -- what its own predictor does. None for other sources."""
+    path = Path(source)
+    if path.suffix.lower() != ".onnx" or not path.is_file():
+        return None
+    meta = {p.key: p.value for p in load_onnx(path, load_weights=False).metadata_props}
+    if meta.get("task") not in ("detect", "segment", "pose") or "imgsz" not in meta:
+        return None
+    try:
+        size = [int(v) for v in meta["imgsz"].strip("[]() ").split(",")]
+    except ValueError:
+        return None
+    return Preprocess(letterbox=tuple(size) if len(size) == 2 else size[0], scale=1.0 / 255.0, color="rgb",
+                      layout="NCHW")
+
+
+def _detector_ensemble(repo: str | Path, primary: ModelConfig, model_path: Path, preprocess: Preprocess,
+                       common: dict[str, Any], mopts: ModelOptions) -> list[DeployedModel] | None:
+    """For a detector (:func:`trtrepo.quantize.detector_outputs`): its preprocessing, NMS
+    postprocessing and ensemble (:func:`trtrepo.repository.add_detector_ensemble`); None otherwise.
+    The head's layout is read off one FP32 run at the letterbox size (an export's channel axis may
+    be symbolic)."""
+    model = load_onnx(model_path, load_weights=False)
+    detectors = detector_outputs(model)
+    if not detectors:
+        return None
+    name, classes = next(iter(detectors.items()))
+    h, w = preprocess.letterbox if preprocess.letterbox else (0, 0)
+    if not h:
+        raise OptionError("preprocess", "of a detector's ensemble must letterbox ({preprocess} with letterbox)",
+                          concept="the preprocessing", others={"preprocess": "a preprocess spec"})
+    session = make_session(str(model_path))
+    feed = {session.get_inputs()[0].name: np.zeros((1, 3, h, w), np.float32)}
+    shape = dict(zip([o.name for o in session.get_outputs()], session.run(None, feed), strict=True))[name].shape
+    pre, post, ens = add_detector_ensemble(repo, primary, preprocess, detection_layout(shape, classes), NmsSettings(),
+                                           options=mopts, **common)
+    return [DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + letterbox",
+                          replaced=pre.replaced),
+            DeployedModel(post.name, post.version, "python", "-", post.version_dir, "decode + class-aware NMS",
+                          replaced=post.replaced),
+            DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir, replaced=ens.replaced)]
 
 
 def int8_for_backend(int8: QuantizeSettings, spec: Any, report: DeployReport) -> QuantizeSettings:
@@ -500,6 +560,10 @@ def deploy(opts: DeployOptions) -> DeployReport:
     name = opts.name or default_name(opts.source)
     backend = _resolve_backend(opts, report)
     batch_profile(opts)  # --max-batch-size and --shape agree: fail before any work
+    exported = exporter_preprocess(opts.source)
+    if exported is not None and opts.data is not None and opts.data.spec and not opts.data.preprocess:
+        # an image folder for a detector exported with its input size: its own letterbox
+        opts = replace(opts, data=replace(opts.data, preprocess=exported))
     if opts.ensemble:
         preprocess = _preprocess_spec(opts)  # fail early, before any work
     with contextlib.ExitStack() as stack:
@@ -552,7 +616,10 @@ def deploy(opts: DeployOptions) -> DeployReport:
             for res, _cfg, kind in written:
                 report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir,
                                                    replaced=res.replaced))
-            if opts.ensemble:
+            detector = _detector_ensemble(repo, primary, model_path, preprocess, common, mopts) if opts.ensemble else None
+            if detector is not None:
+                report.models.extend(detector)
+            elif opts.ensemble:
                 pre, ens = add_image_ensemble(repo, primary, preprocess, options=mopts, **common)
                 report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",
                                                    replaced=pre.replaced))

@@ -108,8 +108,8 @@ def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess
     from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..tune import TuneOptions, tune  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
-    model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess")
-                  and not m.name.endswith(("_ensemble", "_preprocess"))), None)
+    model = next((m for m in report.models if m.backend not in ("ensemble", "python_preprocess", "python_postprocess")
+                  and not m.name.endswith(("_ensemble", "_preprocess", "_postprocess"))), None)
     if model is None:
         raise UsageError("--tune: no model to tune was written")
     data = data_spec or (f"{source}:val" if builtin.builtin(source) is not None else None)
