@@ -58,6 +58,24 @@ CONVENTIONS = """\
   are one line starting with `error:`; `--debug` adds the traceback and keeps the exit code. A closed
   stdout (`trtrepo calibrate ... | head -1`) ends the run quietly with exit 0. SIGTERM unwinds like
   Ctrl-C (temporary folders and the server child are cleaned up; exit 143).
+
+## Dynamic ranges without calibration: `--ranges FILE`
+
+`quantize` and `deploy` take the ranges of any model's tensors from a JSON file instead of
+calibrating (the TensorRT user who sets dynamic ranges by hand): per tensor an `amax` (the range
+`[-amax, amax]`; TensorRT's dynamic range), and for the onnxruntime target optionally the signed
+`min`/`max` it quantizes over. Tensors the placement quantizes and the file does not name are an
+error naming the first one. `--data` then only serves the check against FP32 (without it the
+report says accuracy was NOT measured). `trtrepo calibrate MODEL --data SPEC --ranges r.json`
+writes such a file to start from.
+
+```bash
+cat > ranges.json <<'JSON'
+{"tensors": {"images": {"amax": 1.0, "min": 0.0, "max": 1.0},
+             "/model.0/conv/Conv_output_0": {"amax": 11.5}}}
+JSON
+trtrepo quantize yolo.onnx -o yolo.int8.onnx --ranges ranges.json --target tensorrt --data held_out.npy
+```
 """
 
 
