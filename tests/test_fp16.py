@@ -87,3 +87,23 @@ def test_fp16_keep_fp32_ops(tmp_path):
     a = _session(str(src)).run(["logits"], batch.inputs)[0]
     b = _session(model).run(["logits"], batch.inputs)[0]
     np.testing.assert_allclose(b, a, atol=0.1, rtol=0.05)
+
+
+def test_a_resize_keeps_float32_scales_and_runs():
+    """A YOLO neck's nearest upsample: Resize's scales may only be float32; the FP16 copy runs."""
+    import numpy as np
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    from trtrepo.evaluate import make_session
+    from trtrepo.fp16 import convert_to_fp16
+
+    scales = numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")
+    graph = helper.make_graph([helper.make_node("Resize", ["x", "", "scales"], ["y"], mode="nearest", name="up")], "g",
+                              [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 2, 3, 3])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 2, 6, 6])], [scales])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    x = np.arange(18, dtype=np.float32).reshape(1, 2, 3, 3)
+    (y,) = make_session(convert_to_fp16(model)).run(None, {"x": x})
+    assert y.shape == (1, 2, 6, 6) and np.array_equal(y[:, :, ::2, ::2], x)
+    onnx.checker.check_model(convert_to_fp16(model))

@@ -10,6 +10,8 @@ graph gives it, so "INT8 where quantized, FP16 elsewhere" must be written into t
 * Q/DQ scales become float16 too, so DequantizeLinear outputs float16 and the INT8 layers feed
   FP16 ones directly (needs opset 19; older models are converted with ``onnx.version_converter``);
 * ``Cast(to=FLOAT)`` inside the graph casts to FLOAT16;
+* a Resize's ``scales`` stay float32 (the operator allows no other type): a Cast back follows the
+  converted constant;
 * float32 network inputs and outputs keep their type: a Cast to float16 follows each input and a
   Cast to float32 precedes each output, so clients and Triton configs are unchanged.
 
@@ -116,6 +118,11 @@ def convert_to_fp16(
         for i, name in enumerate(node.input):
             if name in rename:
                 node.input[i] = rename[name]
+        if node.op_type == "Resize" and len(node.input) > 2 and node.input[2]:
+            # Resize's scales are float32 by the operator's type constraint (a YOLO neck's upsample)
+            dst, c = cast(node.input[2], TensorProto.FLOAT, f"{node.name}_scales")
+            new_nodes.append(c)
+            node.input[2] = dst
         if node.op_type in keep_ops or node.name in keep_nodes:
             for i, name in enumerate(node.input):
                 original = name.split("__fp16_")[0]
