@@ -735,7 +735,7 @@ class DataOptions:
     """The data options every command shares (``--data --preprocess --labels --limit --seed``)."""
 
     spec: str
-    preprocess: str | None = None
+    preprocess: str | Preprocess | None = None  # a spec file, or the spec itself (an exporter's letterbox)
     labels: str | None = None
     limit: int | None = None
     seed: int | None = 0

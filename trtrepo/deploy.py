@@ -509,8 +509,7 @@ def exporter_preprocess(source: str) -> Preprocess | None:
         size = [int(v) for v in meta["imgsz"].strip("[]() ").split(",")]
     except ValueError:
         return None
-    return Preprocess(letterbox=tuple(size) if len(size) == 2 else size[0], scale=1.0 / 255.0, color="rgb",
-                      layout="NCHW")
+    return Preprocess(letterbox=(size[0], size[-1]), scale=1.0 / 255.0, color="rgb", layout="NCHW")
 
 
 def _detector_ensemble(repo: str | Path, primary: ModelConfig, model_path: Path, preprocess: Preprocess,

@@ -102,7 +102,7 @@ def command(as_json: bool, source: str, repo: str, name: str | None, backend: st
               "tune": None if tuned is None else tuned.to_dict()})
 
 
-def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: str | None, budget_s: float) -> Any:
+def _tune(report: Any, source: str, repo: str, data_spec: str | None, preprocess: Any, budget_s: float) -> Any:
     """``deploy --tune``: the model serving tensors (not the ensemble or its preprocessing step)."""
 
     from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
