@@ -277,9 +277,6 @@ def main() -> None:
         update_section(args.update_docs, HEADING, text)
 
 
-if __name__ == "__main__":
-    main()
-
 
 HEADING = "## Issue 43: a trained COCO detector (YOLO11n) judged in boxes"
 
@@ -303,9 +300,13 @@ def markdown(r: dict[str, Any]) -> str:
         lines.append(f"| {name} | {d['map50_95']:.3f} ({d['lower']:.3f}-{d['upper']:.3f}) | {d['map50']:.3f} | "
                      f"{100 * d['count_agreement']:.0f} % | {gate} | {row['speedup']:.2f}x | {secs} | {peak} |")
     dep = rows.get("trtrepo deploy (defaults)", {}).get("summary") or {}
-    notes = [n for n in dep.get("notes", []) if "float" in n or "FP32" in n]
-    if notes:
-        lines += ["", "What `trtrepo deploy` decided: " + "; ".join(notes) + "."]
+    gate = ((dep.get("accuracy") or {}).get("gate") or {}).get("message")
+    if gate:
+        lines += ["", f"`trtrepo deploy`'s own gate, on its default hold-out (a fifth of the calibration crops, so "
+                  f"crops of the calibration photographs), shipped {(dep.get('accuracy') or {}).get('shipped', '?').upper()}: "
+                  f"{gate}. The held-out crops above are of other photographs."]
+    lines += ["", f"The {r['held_out']} held-out crops are crops of {len(EVAL_PHOTOS)} photographs: crops of one "
+              "photograph are not independent, so the intervals over images understate the uncertainty."]
     lines += ["", "Results: [`gauntlet/detector.json`](gauntlet/detector.json)."]
     return "\n".join(lines) + "\n"
 
@@ -320,3 +321,7 @@ def update_section(path: Path, heading: str, text: str) -> None:
         end = doc.find("\n## ", start + len(heading))
         doc = doc[:start] + text + (doc[end + 1:] if end >= 0 else "")
     path.write_text(doc)
+
+
+if __name__ == "__main__":
+    main()
