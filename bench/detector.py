@@ -247,6 +247,24 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
 
+def per_photograph(args: argparse.Namespace) -> str:
+    """mAP50-95 vs FP32 of the deployed model (``--work``'s repository) per held-out photograph."""
+    from trtrepo.detect import mean_ap, postprocess
+    from trtrepo.evaluate import Detector
+
+    held = np.load(args.cache / "eval.npy")
+    fp32 = run_model(args.cache / "yolo11n_dyn.onnx", held)
+    int8 = run_model(args.work / "repo" / "yolo11n" / "1" / "model.onnx", held)
+    det = Detector.of(fp32, 80)
+    cand = postprocess(int8, det.layout, conf=0.001, iou=0.7)
+    rows = ["| photograph | crops | FP32 boxes | mAP50-95 vs FP32 |", "|---|---|---|---|"]
+    for k, name in enumerate(EVAL_PHOTOS):  # crops cycle over the photographs
+        idx = list(range(k, len(held), len(EVAL_PHOTOS)))
+        r = mean_ap([cand[i] for i in idx], [det.reference[i] for i in idx])
+        rows.append(f"| {name} | {len(idx)} | {sum(len(det.reference[i]) for i in idx)} | {r.map50_95:.3f} |")
+    return "\n".join(rows)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TRTREPO_YOLO_CACHE", "/work/gauntlet-cache/yolo11n")))
@@ -257,7 +275,12 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "gauntlet" / "detector.json")
     ap.add_argument("--update-docs", type=Path, default=None)
     ap.add_argument("--from-json", type=Path, default=None)
+    ap.add_argument("--per-photograph", action="store_true",
+                    help="only print the deployed model's mAP per held-out photograph (after a run)")
     args = ap.parse_args()
+    if args.per_photograph:
+        print(per_photograph(args))
+        return
     import json
 
     if args.from_json is None:
