@@ -201,61 +201,14 @@ requires_server = pytest.mark.skipif(
     reason="tritonserver not installed (run scripts/install_tritonserver.sh or set TRTREPO_TRITONSERVER)")
 
 CONF, IOU, MAX_DET = 0.3, 0.5, 100
-STRIDES = (8, 16, 32)
-
-
 def _anchor_free():
     """tests/test_detector_head.py's ``AnchorFree``: YOLOv8's Detect in export mode (DFL with 16
-    bins) on a three-level backbone, ``[N, 4 + NC, 84]`` for a 64x64 input."""
-    import torch
-    from torch import nn
+    bins) on a three-level backbone, ``[N, 4 + NC, 84]`` for a 64x64 input (imported here: torch
+    loads only when a server test builds it)."""
+    import test_detector_head as head
 
-    class Backbone(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.s8 = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1), nn.SiLU(), nn.Conv2d(8, 8, 3, 2, 1), nn.SiLU(),
-                                    nn.Conv2d(8, 16, 3, 2, 1), nn.SiLU())
-            self.s16 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1), nn.SiLU())
-            self.s32 = nn.Sequential(nn.Conv2d(16, 16, 3, 2, 1), nn.SiLU())
-
-        def forward(self, x: torch.Tensor) -> list[torch.Tensor]:
-            a = self.s8(x)
-            b = self.s16(a)
-            return [a, b, self.s32(b)]
-
-    class AnchorFree(nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.backbone = Backbone()
-            self.reg = 16
-            self.cv2 = nn.ModuleList(nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.SiLU(), nn.Conv2d(16, 4 * self.reg, 1))
-                                     for _ in STRIDES)
-            self.cv3 = nn.ModuleList(nn.Sequential(nn.Conv2d(16, 16, 3, 1, 1), nn.SiLU(), nn.Conv2d(16, NC, 1))
-                                     for _ in STRIDES)
-            self.dfl = nn.Conv2d(self.reg, 1, 1, bias=False).requires_grad_(False)
-            self.dfl.weight.data[:] = torch.arange(self.reg, dtype=torch.float32).view(1, self.reg, 1, 1)
-            points, strides = [], []
-            for s in STRIDES:
-                n = SIZE // s
-                sy, sx = torch.meshgrid(torch.arange(n) + 0.5, torch.arange(n) + 0.5, indexing="ij")
-                points.append(torch.stack((sx, sy), -1).view(-1, 2))
-                strides.append(torch.full((n * n, 1), float(s)))
-            self.register_buffer("anchors", torch.cat(points).T.unsqueeze(0))
-            self.register_buffer("strides", torch.cat(strides).T.unsqueeze(0))
-
-        def forward(self, x: torch.Tensor) -> torch.Tensor:
-            feats = self.backbone(x)
-            xs = [torch.cat((self.cv2[i](f), self.cv3[i](f)), 1) for i, f in enumerate(feats)]
-            y = torch.cat([t.view(t.shape[0], 4 * self.reg + NC, -1) for t in xs], 2)
-            box, cls = y.split((4 * self.reg, NC), 1)
-            b, _, a = box.shape
-            dist = self.dfl(box.view(b, 4, self.reg, a).transpose(2, 1).softmax(1)).view(b, 4, a)
-            lt, rb = dist.chunk(2, 1)
-            x1y1, x2y2 = self.anchors - lt, self.anchors + rb
-            dbox = torch.cat(((x1y1 + x2y2) / 2, x2y2 - x1y1), 1) * self.strides
-            return torch.cat((dbox, cls.sigmoid()), 1)
-
-    return AnchorFree()
+    assert (head.SIZE, head.NC) == (SIZE, NC)
+    return head.AnchorFree()
 
 
 def _detector_onnx(path: Path) -> Path:
