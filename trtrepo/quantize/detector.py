@@ -47,19 +47,21 @@ class DecodeHead:
     concat: str  # the Concat joining boxes and scores
 
 
+def _through_shape_ops(view: GraphView, tensor: str, hops: int) -> Any:
+    """The producer of ``tensor`` seen through at most ``hops`` shape-only ops (the first producer
+    that is not one), or None."""
+    for _ in range(hops + 1):
+        node = view.producer.get(tensor)
+        if node is None or node.op_type not in _SHAPE_OPS or not node.input:
+            return node
+        tensor = node.input[0]
+    return None
+
+
 def _fed_by_softmax(view: GraphView, tensor: str) -> bool:
     """Whether ``tensor`` is a softmax's output, seen through shape-only ops (the DFL's input)."""
-    seen = 0
-    while seen < 8:
-        node = view.producer.get(tensor)
-        if node is None:
-            return False
-        if node.op_type == "Softmax":
-            return True
-        if node.op_type not in _SHAPE_OPS or not node.input:
-            return False
-        tensor, seen = node.input[0], seen + 1
-    return False
+    node = _through_shape_ops(view, tensor, 7)
+    return node is not None and node.op_type == "Softmax"
 
 
 def _region(view: GraphView, output: str) -> list[Any]:
@@ -81,17 +83,8 @@ def _region(view: GraphView, output: str) -> list[Any]:
 
 def _output_concat(view: GraphView, output: str) -> Any:
     """The Concat that makes ``output`` (through shape-only ops), or None."""
-    tensor = output
-    for _ in range(4):
-        node = view.producer.get(tensor)
-        if node is None:
-            return None
-        if node.op_type == "Concat":
-            return node
-        if node.op_type not in _SHAPE_OPS or not node.input:
-            return None
-        tensor = node.input[0]
-    return None
+    node = _through_shape_ops(view, output, 3)
+    return node if node is not None and node.op_type == "Concat" else None
 
 
 def find_decode_heads(view: GraphView, outputs: Iterable[str] | None = None) -> list[DecodeHead]:
