@@ -7,11 +7,9 @@ from __future__ import annotations
 
 import ast
 import re
-from pathlib import Path
 
 from trtrepo.errors import OptionError, UsageError
 
-ROOT = Path(__file__).resolve().parents[1]
 LIBRARY_FLAG_LINES_MAX = 20  # issue 42: library raise lines that name a --flag
 
 
@@ -47,18 +45,11 @@ def test_the_cli_names_the_flag_of_the_running_command(run_cli, tmp_path, demo_o
 
 def _flag_raise_lines() -> list[str]:
     """Library ``raise`` statements (outside trtrepo/commands and cli.py) whose text names a flag."""
-    found = []
-    for path in sorted((ROOT / "trtrepo").rglob("*.py")):
-        rel = path.relative_to(ROOT).as_posix()
-        if rel.startswith("trtrepo/commands/") or rel == "trtrepo/cli.py":
-            continue
-        text = path.read_text()
-        for node in ast.walk(ast.parse(text)):
-            if isinstance(node, ast.Raise) and node.exc is not None:
-                segment = ast.get_source_segment(text, node) or ""
-                if re.search(r"(?<![\w-])--[a-z][a-z0-9-]+", segment):
-                    found.append(f"{rel}:{node.lineno}")
-    return found
+    from test_architecture_requests import _library
+
+    return [f"{rel}:{node.lineno}" for rel, tree, text in _library() for node in ast.walk(tree)
+            if isinstance(node, ast.Raise) and node.exc is not None
+            and re.search(r"(?<![\w-])--[a-z][a-z0-9-]+", ast.get_source_segment(text, node) or "")]
 
 
 def test_few_library_raise_lines_name_a_flag():

@@ -481,14 +481,15 @@ def _labels(opts: DeployOptions) -> Any:
     return list(plugin.class_labels) if plugin is not None and plugin.class_labels else None
 
 
-def _preprocess_spec(opts: DeployOptions) -> Any:
+def _preprocess_spec(opts: DeployOptions, exported: Preprocess | None) -> Any:
+    """The ensemble's preprocessing: the data's spec, a built-in model's, else ``exported``
+    (:func:`exporter_preprocess`, read once by :func:`deploy`)."""
     if opts.data is not None and opts.data.preprocess:
         pre = opts.data.preprocess
         return pre if isinstance(pre, Preprocess) else Preprocess.load(pre)
     plugin = builtin.builtin(opts.source)
     if plugin is not None and plugin.preprocess is not None:
         return plugin.preprocess()
-    exported = exporter_preprocess(opts.source)
     if exported is not None:
         return exported
     raise OptionError("ensemble", "needs the preprocessing spec ({preprocess}, see 'trtrepo preprocess')",
@@ -564,7 +565,7 @@ def deploy(opts: DeployOptions) -> DeployReport:
         # an image folder for a detector exported with its input size: its own letterbox
         opts = replace(opts, data=replace(opts.data, preprocess=exported))
     if opts.ensemble:
-        preprocess = _preprocess_spec(opts)  # fail early, before any work
+        preprocess = _preprocess_spec(opts, exported)  # fail early, before any work
     with contextlib.ExitStack() as stack:
         repo: str | Path = opts.repo
         store = None
