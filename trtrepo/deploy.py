@@ -514,13 +514,13 @@ def exporter_preprocess(source: str) -> Preprocess | None:
 
 
 def _detector_ensemble(repo: str | Path, primary: ModelConfig, model_path: Path, preprocess: Preprocess,
-                       common: dict[str, Any], mopts: ModelOptions) -> list[DeployedModel] | None:
+                       common: dict[str, Any], mopts: ModelOptions, task: str = "auto") -> list[DeployedModel] | None:
     """For a detector (:func:`trtrepo.quantize.detector_outputs`): its preprocessing, NMS
     postprocessing and ensemble (:func:`trtrepo.repository.add_detector_ensemble`); None otherwise.
     The head's layout is read off one FP32 run at the letterbox size (an export's channel axis may
     be symbolic)."""
     model = load_onnx(model_path, load_weights=False)
-    detectors = detector_outputs(model)
+    detectors = detector_outputs(model, task)
     if not detectors:
         return None
     name, classes = next(iter(detectors.items()))
@@ -580,6 +580,8 @@ def deploy(opts: DeployOptions) -> DeployReport:
         else:
             work = Path(stack.enter_context(temp_dir("deploy")))
         onnx_path, io = _export_step(opts, work, report)
+        if opts.int8.task == "detect":  # said to be a detector: refused before any work when no output is laid out so
+            detector_outputs(load_onnx(onnx_path, load_weights=False), "detect")
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
         _check_serving(opts, spec, onnx_path, io, report)
@@ -616,7 +618,8 @@ def deploy(opts: DeployOptions) -> DeployReport:
             for res, _cfg, kind in written:
                 report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir,
                                                    replaced=res.replaced))
-            detector = _detector_ensemble(repo, primary, model_path, preprocess, common, mopts) if opts.ensemble else None
+            detector = _detector_ensemble(repo, primary, model_path, preprocess, common, mopts,
+                                          opts.int8.task) if opts.ensemble else None
             if detector is not None:
                 report.models.extend(detector)
             elif opts.ensemble:

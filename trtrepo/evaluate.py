@@ -499,11 +499,17 @@ class Detector:
 def detection_layout(shape: Sequence[int], num_classes: int | None = None) -> YoloLayout:
     """The YOLO layout of a head output of ``shape``: the exporter's class count when known, else
     no mask coefficients (channels first: ``4 + classes`` rows; channels last, anchor-based: ``5 +
-    classes``)."""
-    if num_classes is None:
-        channels_first = shape[-2] < shape[-1]
-        num_classes = shape[-2] - 4 if channels_first else shape[-1] - 5
+    classes``). A dynamic dimension (-1, 0 or None: a graph's declared shape) is not the channel
+    axis, as in :meth:`YoloLayout.from_shape`."""
     try:
+        if num_classes is None:
+            if len(shape) != 3:
+                raise ValueError("expected 3 dimensions [batch, ., .]")
+            a, b = (d if d is not None and d > 0 else None for d in shape[1:])
+            if a is None and b is None:
+                raise ValueError("both non-batch dimensions are dynamic")
+            channels_first = b is None or (a is not None and a < b)
+            num_classes = a - 4 if channels_first else b - 5  # type: ignore[operator]
         return YoloLayout.from_shape(tuple(shape), num_classes=num_classes)
     except ValueError as exc:
         raise UsageError(f"detector output of shape {list(shape)}: {exc}") from exc

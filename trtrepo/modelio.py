@@ -373,6 +373,52 @@ def with_outputs(model: Any, names: Iterable[str], types: Mapping[str, int] | No
     return copy
 
 
+def normalize_weights(model: Any) -> list[str]:
+    """Give ``model``'s weights the form every stage reads, in place; one note per change.
+
+    Exporters other than today's PyTorch lay weights out in two other valid ways, and the INT8
+    passes (weight rounding, bias correction, Q/DQ on weights) look weights up among the
+    initializers and run the model with the data inputs only:
+
+    * paddle2onnx (and hand-built graphs) make every weight a ``Constant`` node: each ``Constant``
+      of the main graph holding a tensor (its ``value``) becomes an initializer of the same name
+      (the node goes; one whose output is itself a graph output stays, an initializer cannot be
+      one everywhere);
+    * old PyTorch exports (``keep_initializers_as_inputs=True``, the default before 1.x) also list
+      every initializer as a graph input -- an input a caller *may* override: it leaves the inputs
+      (the served model is fed its data inputs only; :meth:`ModelIO.from_onnx` already skips them)
+      and the IR version becomes 4 where it was older (IR 3 required the listing).
+
+    The same model (ONNX Runtime then folds the weights as constants: float rounding apart, the
+    same outputs)."""
+    graph = model.graph
+    notes = []
+    outputs = {o.name for o in graph.output}
+    constants = [n for n in graph.node if n.op_type == "Constant" and len(n.output) == 1 and n.output[0] not in outputs
+                 and len(n.attribute) == 1 and n.attribute[0].name == "value"]
+    if constants:
+        moved = {id(n) for n in constants}
+        kept = [n for n in graph.node if id(n) not in moved]
+        for node in constants:
+            tensor = graph.initializer.add()
+            tensor.CopyFrom(node.attribute[0].t)
+            tensor.name = node.output[0]
+        del graph.node[:]
+        graph.node.extend(kept)
+        notes.append(f"{len(constants)} Constant node(s) read as initializers (weights as Constant nodes, "
+                     f"as paddle2onnx exports them)")
+    names = {t.name for t in graph.initializer}
+    listed = [i for i in graph.input if i.name in names]
+    if listed:
+        data = [i for i in graph.input if i.name not in names]
+        del graph.input[:]
+        graph.input.extend(data)
+        model.ir_version = max(model.ir_version, 4)
+        notes.append(f"{len(listed)} initializer(s) also listed as graph inputs left out of the inputs "
+                     f"(an old PyTorch export's keep_initializers_as_inputs)")
+    return notes
+
+
 def without_weights(model: Any, large: int = 1024) -> Any:
     """What shape inference reads of ``model``: its graph with the initializers of ``large`` bytes
     or more reduced to name, type and dims (their data is never read: shapes and constant inputs of

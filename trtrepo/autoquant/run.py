@@ -206,7 +206,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     if eval_src is not None:
         with phase("FP32 outputs on the held-out data", note=f"{len(eval_src)} samples"):
             evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads, label_output=top1_on,
-                                  detectors=detector_outputs(model))
+                                  detectors=detector_outputs(model, req.int8.task))
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 

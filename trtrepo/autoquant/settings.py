@@ -19,7 +19,7 @@ from pathlib import Path
 from ..data import DataSource
 from ..errors import OptionError
 from ..evaluate import AccuracyTarget
-from ..quantize import QuantizeOptions, RangesFile
+from ..quantize import DETECTOR_TASKS, QuantizeOptions, RangesFile
 from ..smoothquant import parse_alpha
 from .ranges import DEFAULT_HOLDOUT
 
@@ -39,7 +39,13 @@ class QuantizeSettings:
     * ``accuracy_target``: leave the most sensitive layers in float until it holds;
       ``accept_accuracy_loss``: write the model although the held-out check fails;
     * ``eval_data`` (a spec or an open source; default: a ``holdout`` fraction of the data) and
-      ``metric_output`` (the output the choices and the check are measured on)."""
+      ``metric_output`` (the output the choices and the check are measured on);
+    * ``task``: ``auto`` (a detector is found from the graph's decode head or the exporter's
+      metadata) or ``detect`` (the user says it is one: its YOLO-layout outputs are judged in boxes,
+      refused when it has none; :func:`~trtrepo.quantize.detector_outputs`). Only these two: what
+      else a model is (classifier or embedding) is read off its outputs and chosen per output by
+      ``metric_output`` and ``accuracy_target``, and a detector is the one kind whose judging (decode
+      + NMS in boxes) cannot be read off the output's values."""
 
     placement: QuantizeOptions = field(default_factory=QuantizeOptions)
     target_from_backend: bool = False
@@ -54,6 +60,7 @@ class QuantizeSettings:
     eval_data: DataSource | str | None = None
     holdout: float = DEFAULT_HOLDOUT
     metric_output: str | None = None
+    task: str = "auto"
 
     def __post_init__(self) -> None:
         # from scripts: text as on the command line, parsed by the same parsers as the CLI's
@@ -65,6 +72,8 @@ class QuantizeSettings:
         if self.ranges is not None and self.cache is not None:
             raise OptionError("ranges", "and {cache} exclude each other: give one", concept="the ranges file",
                               others={"cache": "the calibration cache"})
+        if self.task not in DETECTOR_TASKS:
+            raise OptionError("task", f"{self.task!r}: expected one of {', '.join(DETECTOR_TASKS)}", concept="the task")
         if not 0.0 < self.holdout < 1.0:
             raise OptionError("holdout", f"{self.holdout}: expected a fraction between 0 and 1",
                               concept="the held-out fraction")

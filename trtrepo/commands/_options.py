@@ -10,7 +10,7 @@ from typing import Any, TypeVar
 import click
 
 from .. import histogram as H
-from ..quantize import QDQ_TARGETS, QuantizeOptions, qdq_target, target_names
+from ..quantize import DETECTOR_TASKS, QDQ_TARGETS, QuantizeOptions, qdq_target, target_names
 from ..weightopt import ROUNDING_STEPS
 from ._types import ACCURACY_TARGET, RANGES, SMOOTH_QUANT
 
@@ -118,6 +118,11 @@ def quantize_options(f: F) -> F:
         click.option("--metric-output", default=None, metavar="OUTPUT",
                      help="Output the INT8 choices and the check are measured on (default: the first; e.g. an embedding "
                           "output with --accuracy-target cosine=0.99)."),
+        click.option("--task", type=click.Choice(DETECTOR_TASKS), default="auto", show_default=True,
+                     help="detect: the model is a YOLO-style detector although neither its graph (the decode head) nor "
+                          "its exporter's metadata (Ultralytics' task) says so: its outputs laid out [batch, 4 + "
+                          "classes, anchors] or [batch, anchors, 5 + classes] are judged in boxes (decode + NMS, "
+                          "mAP50-95 vs FP32); refused when no output has that layout."),
     ]
     names = [o(lambda: None).__click_params__[0].name for o in opts]  # type: ignore[attr-defined]
 

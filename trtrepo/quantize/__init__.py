@@ -62,6 +62,7 @@ Stable API::
 
 from __future__ import annotations
 
+from .detector import TASKS as DETECTOR_TASKS
 from .detector import decode_head_nodes, detector_outputs, find_decode_heads
 from .graph import GraphView, load_model, model_tensor_names, prepare_model, weight_axis, weights_as_inputs
 from .insert import QParams, QuantizedModel, activation_qparams, insert_qdq, quantize_weight, warn_float, weight_qparams
@@ -102,6 +103,7 @@ from .rules import (
 )
 
 __all__ = [
+    "DETECTOR_TASKS",
     "decode_head_nodes",
     "detector_outputs",
     "find_decode_heads",

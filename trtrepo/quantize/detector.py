@@ -29,11 +29,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import OptionError, UsageError
+from ..evaluate import detection_layout
 from .graph import GraphView
 
 FEATURE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ops that only move or reshape values (a softmax seen through them is still the DFL's input)
 _SHAPE_OPS = ("Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Identity", "Slice", "Split", "Gather")
+TASKS = ("auto", "detect")  # what the model is: found (graph, exporter's metadata) or said to be a detector
+EXPORTER_TASKS = ("detect", "segment", "pose")  # Ultralytics' metadata ``task`` of a YOLO detector head
 REASON = ("decode head of a YOLO-style detector (box distribution, anchor arithmetic, sigmoid scores and the "
           "box/score concat): one INT8 scale over box pixels and class probabilities erases the scores")
 
@@ -101,18 +105,54 @@ def find_decode_heads(view: GraphView, outputs: Iterable[str] | None = None) -> 
     return heads
 
 
-def detector_outputs(model: Any) -> dict[str, int | None]:
-    """The graph outputs that are a detector's (:func:`find_decode_heads`), each with its class count
-    when the exporter's metadata names the classes (Ultralytics' ``names``), else None (read off the
-    output's shape when it is judged: ``trtrepo.evaluate.detection_layout``)."""
+def detector_outputs(model: Any, task: str = "auto") -> dict[str, int | None]:
+    """The graph outputs that are a detector's, each with its class count when the exporter's
+    metadata names the classes (Ultralytics' ``names``), else None (read off the output's shape
+    when it is judged: ``trtrepo.evaluate.detection_layout``). Decided in this order:
+
+    * the graph: the outputs of the decode heads :func:`find_decode_heads` finds;
+    * else the exporter's metadata (Ultralytics' ``task`` detect, segment or pose) or ``task``
+      ``"detect"`` (the user's word, :data:`TASKS`): the outputs whose declared shape has a YOLO
+      layout (:func:`yolo_outputs`). With ``task`` ``"detect"`` and none, an
+      :class:`~trtrepo.errors.OptionError` on ``task`` (one line, naming the outputs' shapes).
+
+    Only the judging follows ``task``: where the graph walk finds no head, no node is kept float
+    for it (name them with the placement's node exclusions)."""
+    if task not in TASKS:
+        raise OptionError("task", f"{task!r}: expected one of {', '.join(TASKS)}")
     heads = find_decode_heads(GraphView(model))
-    if not heads:
+    meta = {prop.key: prop.value for prop in getattr(model, "metadata_props", ())}
+    classes = (meta["names"].count(":") or None) if "names" in meta else None  # "{0: 'person', 1: 'bicycle', ...}"
+    if heads:
+        return {h.output: classes for h in heads}
+    if task != "detect" and meta.get("task") not in EXPORTER_TASKS:
         return {}
-    classes = None
-    for prop in getattr(model, "metadata_props", ()):
-        if prop.key == "names":
-            classes = prop.value.count(":") or None  # "{0: 'person', 1: 'bicycle', ...}"
-    return {h.output: classes for h in heads}
+    found = yolo_outputs(model, classes)
+    if not found and task == "detect":
+        shapes = "; ".join(f"'{name}' {shape}" for name, shape in declared_shapes(model).items())
+        raise OptionError("task", f"detect: no output has a YOLO-style layout ([batch, 4 + classes, anchors] or "
+                                  f"[batch, anchors, 5 + classes]; outputs: {shapes}): leave it auto for a model "
+                                  f"that is not a detector", concept="the task")
+    return {name: classes for name in found}
+
+
+def declared_shapes(model: Any) -> dict[str, list[int | None]]:
+    """Graph output -> its declared shape (None for a dynamic dimension; ``[]`` when undeclared)."""
+    return {o.name: [d.dim_value if d.HasField("dim_value") else None for d in o.type.tensor_type.shape.dim]
+            for o in model.graph.output}
+
+
+def yolo_outputs(model: Any, classes: int | None = None) -> list[str]:
+    """The graph outputs whose declared shape reads as a YOLO head's
+    (:func:`trtrepo.evaluate.detection_layout`, with ``classes`` when the exporter names them)."""
+    found = []
+    for name, shape in declared_shapes(model).items():
+        try:
+            detection_layout(shape, classes)  # type: ignore[arg-type]
+        except UsageError:
+            continue
+        found.append(name)
+    return found
 
 
 def decode_head_nodes(view: GraphView) -> dict[str, str]:

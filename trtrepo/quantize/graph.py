@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import UsageError
-from ..modelio import without_weights
+from ..modelio import normalize_weights, without_weights
 from .options import _FLOAT, MIN_OPSET
 
 log = logging.getLogger(__name__)
@@ -219,9 +219,12 @@ def load_model(path: str | Path) -> Any:
     if not p.is_file():
         raise UsageError(f"{p}: model file not found")
     try:
-        return onnx.load(str(p))
+        model = onnx.load(str(p))
     except Exception as exc:
         raise UsageError(f"{p}: cannot read ONNX model ({type(exc).__name__}: {exc})") from exc
+    for note in normalize_weights(model):  # other exporters' weight layouts (trtrepo.modelio)
+        log.info("%s: %s", p.name, note)
+    return model
 
 
 def model_tensor_names(model: Any) -> set[str]:
