@@ -66,8 +66,9 @@ calibrating (the TensorRT user who sets dynamic ranges by hand): per tensor an `
 `[-amax, amax]`; TensorRT's dynamic range), and for the onnxruntime target optionally the signed
 `min`/`max` it quantizes over. Tensors the placement quantizes and the file does not name are an
 error naming the first one. `--data` then only serves the check against FP32 (without it the
-report says accuracy was NOT measured). `trtrepo calibrate MODEL --data SPEC --ranges r.json`
-writes such a file to start from.
+report says accuracy was NOT measured). The names are the ONNX tensor names (a graph input or a
+node's output); `trtrepo calibrate MODEL --data SPEC --ranges r.json` writes such a file for every
+tensor to start from (its other keys, `scale` and `histogram`, are not read here).
 
 ```bash
 cat > ranges.json <<'JSON'
@@ -75,6 +76,7 @@ cat > ranges.json <<'JSON'
              "/model.0/conv/Conv_output_0": {"amax": 11.5}}}
 JSON
 trtrepo quantize yolo.onnx -o yolo.int8.onnx --ranges ranges.json --target tensorrt --data held_out.npy
+trtrepo deploy yolo.onnx --repo models --ranges ranges.json --data held_out.npy   # the same, into a repository
 ```
 """
 

@@ -6,10 +6,15 @@
 * ``--task detect`` makes a detector of a model whose decode head the graph walk does not
   recognise (class scores through HardSigmoid, not Sigmoid) and whose exporter left no metadata:
   it is judged in boxes; a model without a YOLO-layout output is refused with one line.
+* ``--ranges FILE`` (dynamic ranges by hand, no calibration) on such a model, and the example of
+  docs/cli.md read as it says.
 
 Models are built here from small torch modules; ONNX Runtime runs them for real."""
 
 from __future__ import annotations
+
+import json
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -21,7 +26,7 @@ from test_detector_head import SIZE, AnchorFree, _export
 from torch import nn
 
 from trtrepo.modelio import normalize_weights
-from trtrepo.quantize import detector_outputs, find_decode_heads
+from trtrepo.quantize import RangesFile, detector_outputs, find_decode_heads
 from trtrepo.quantize.graph import GraphView
 
 
@@ -160,3 +165,35 @@ def test_task_detect_without_a_yolo_layout_output_is_refused_in_one_line(tmp_pat
             "error: --task detect: no output has a YOLO-style layout ([batch, 4 + classes, anchors] or [batch, "
             "anchors, 5 + classes]; outputs: 'logits' [None, 10]): leave it auto for a model that is not a detector"]
     assert not (tmp_path / "q.onnx").exists() and not (tmp_path / "repo").exists()
+
+
+def test_the_ranges_example_of_docs_cli_md_reads_as_documented(tmp_path):
+    text = (Path(__file__).resolve().parents[1] / "docs" / "cli.md").read_text()
+    example = text.split("cat > ranges.json <<'JSON'\n", 1)[1].split("\nJSON\n", 1)[0]
+    (tmp_path / "ranges.json").write_text(example)
+    ranges = RangesFile.read(tmp_path / "ranges.json").ranges
+    assert (ranges["images"].amax, ranges["images"].lo, ranges["images"].hi) == (1.0, 0.0, 1.0)
+    assert ranges["/model.0/conv/Conv_output_0"].amax == 11.5 and ranges["/model.0/conv/Conv_output_0"].lo is None
+
+
+def test_hand_written_ranges_quantize_an_other_exporters_model_without_calibration(tmp_path, run_cli):
+    """``--ranges FILE`` with amax only per tensor (the TensorRT user's dynamic ranges), on a
+    Constant-node-weights model: no calibration; a tensor the file leaves out is named."""
+    path = tmp_path / "m.onnx"
+    _constant_weights(path)
+    np.savez(tmp_path / "calib.npz", image=np.random.default_rng(0).standard_normal((32, 3, 32, 32)).astype(np.float32))
+    res = run_cli("calibrate", path, "--data", tmp_path / "calib.npz", "--method", "minmax", "--ranges",
+                  tmp_path / "calibrated.json")
+    assert res.exit_code == 0, res.output + res.stderr
+    tensors = json.loads((tmp_path / "calibrated.json").read_text())["tensors"]
+    by_hand = {name: {"amax": round(t["amax"], 2)} for name, t in tensors.items()}
+    (tmp_path / "r.json").write_text(json.dumps({"tensors": by_hand}))
+    res = run_cli("quantize", path, "-o", tmp_path / "q.onnx", "--ranges", tmp_path / "r.json")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "(ranges)" in res.output and "NOT measured" in res.output + res.stderr
+    assert [i.name for i in onnx.load(str(tmp_path / "q.onnx")).graph.input] == ["image"]
+    left_out = "/6/Flatten_output_0"  # the Gemm's input
+    (tmp_path / "r.json").write_text(json.dumps({"tensors": {k: v for k, v in by_hand.items() if k != left_out}}))
+    res = run_cli("quantize", path, "-o", tmp_path / "q2.onnx", "--ranges", tmp_path / "r.json")
+    assert res.exit_code == 2 and f"no range for tensor '{left_out}'" in res.stderr
+    assert not (tmp_path / "q2.onnx").exists()

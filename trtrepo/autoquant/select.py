@@ -214,7 +214,8 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
             if key is not None and key in seen:
                 cand = Candidate(method, None, seen[key])
             else:
-                qm = insert_qdq(model, ranges, options, source=f"{method} ranges", warn=k == 0)
+                qm = insert_qdq(model, ranges, options, warn=k == 0,  # a ranges file or cache: "the given ranges"
+                               source=f"{method} ranges" if method not in ("ranges", "cache") else "the given ranges")
                 if planned is None:
                     planned = sorted(qm.activation_qparams)
                     key = tuple((t, repr(ranges.get(t))) for t in planned)
