@@ -182,6 +182,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     onnx_path = Path(req.model)
     model = fp32_model = load_model(onnx_path)
     io = ModelIO.from_onnx(model, source=onnx_path)
+    detectors = detector_outputs(model, req.int8.task)  # said to be a detector without a YOLO output: refused here
     outputs = [o.name for o in model.graph.output]
     metric_output = req.int8.metric_output
     if metric_output is not None and metric_output not in outputs:
@@ -206,7 +207,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     if eval_src is not None:
         with phase("FP32 outputs on the held-out data", note=f"{len(eval_src)} samples"):
             evaluator = Evaluator(model, eval_src, batch_size=req.batch_size, threads=req.threads, label_output=top1_on,
-                                  detectors=detector_outputs(model, req.int8.task))
+                                  detectors=detectors)
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
