@@ -1,6 +1,7 @@
 """Stage 3: TensorRT engine build (adapter), a package split by concern: ``env`` (what is installed),
 ``options``, ``trtexec``, ``routes`` (everything that touches ``tensorrt``), ``calib_feed`` (legacy
-route), ``stage`` (``build_engine``). TensorRT and cuda-python are imported lazily, only here.
+route), ``stage`` (``build_engine``), ``nms_plugin`` (a detector's NMS as TensorRT's EfficientNMS
+plugin, an ONNX transform). TensorRT and cuda-python are imported lazily, only here.
 
 Two INT8 routes:
 
@@ -42,6 +43,18 @@ from .env import (
     tensorrt_major,
     tensorrt_status,
 )
+from .nms_plugin import (
+    EFFICIENT_NMS,
+    NMS_OUTPUTS,
+    PLUGIN_INPUTS,
+    PluginRef,
+    add_efficient_nms,
+    efficient_nms_attributes,
+    efficient_nms_inputs,
+    nms_model_config,
+    plugin_requirements,
+    write_efficient_nms,
+)
 from .options import (
     _SIZE_UNITS,
     CALIBRATORS,
@@ -68,6 +81,7 @@ from .routes import (
     make_logger,
     network_inputs,
     parse_onnx,
+    register_plugins,
     save_timing_cache,
 )
 from .stage import (
@@ -89,6 +103,17 @@ from .trtexec import (
 )
 
 __all__ = [
+    "EFFICIENT_NMS",
+    "NMS_OUTPUTS",
+    "PLUGIN_INPUTS",
+    "PluginRef",
+    "add_efficient_nms",
+    "efficient_nms_attributes",
+    "efficient_nms_inputs",
+    "nms_model_config",
+    "plugin_requirements",
+    "register_plugins",
+    "write_efficient_nms",
     "ShapeRange",
     "read_plan_metadata",
     "BuildOptions",

@@ -19,6 +19,7 @@ from ..contracts.profile import ShapeRange
 from ..errors import MissingDependencyError, OptionError, TrtrepoError, UsageError
 from ..modelio import ModelIO, TensorSpec
 from .env import TENSORRT_INSTALL, CudaRuntime, gpu_status, tensorrt_major, tensorrt_status
+from .nms_plugin import PluginRef, plugin_requirements
 from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions
 
 if TYPE_CHECKING:
@@ -133,6 +134,23 @@ def parse_onnx(trt: Any, network: Any, logger: Any, onnx_path: Path, major: int)
         detail = "; ".join(errors) if errors else "no error reported"
         raise TrtrepoError(f"{onnx_path}: TensorRT's ONNX parser failed with {len(errors)} error(s): {detail}")
     return parser
+
+
+def register_plugins(trt: Any, logger: Any, plugins: tuple[PluginRef, ...], onnx_path: Path) -> None:
+    """Before parsing a graph with plugin nodes (:func:`~trtrepo.engine.nms_plugin.plugin_requirements`):
+    register TensorRT's standard plugins (libnvinfer_plugin, namespace "") as NVIDIA's samples do
+    (``trt.init_libnvinfer_plugins(logger, "")``), then look each node's plugin up in the registry
+    the parser searches, so that a missing one is named here rather than as a parser error."""
+    if not trt.init_libnvinfer_plugins(logger, ""):
+        raise TrtrepoError(f"{onnx_path}: TensorRT could not register its standard plugins (init_libnvinfer_plugins), "
+                           f"needed by node '{plugins[0].node}' ({plugins[0].name})")
+    registry = trt.get_plugin_registry()
+    for p in plugins:
+        if registry.get_creator(p.name, p.version, p.namespace) is None:
+            where = f" in namespace '{p.namespace}'" if p.namespace else ""
+            raise UsageError(f"{onnx_path}: node '{p.node}' needs the TensorRT plugin {p.name} version {p.version}{where}, "
+                             f"which TensorRT {trt.__version__} does not register (libnvinfer_plugin or a plugin library "
+                             f"loaded before the build provides it)")
 
 
 def network_inputs(trt: Any, network: Any) -> dict[str, tuple[int, ...]]:
@@ -304,6 +322,9 @@ class TensorRTEngineBuilder:
     def build(self, onnx_path: Path, profile: Mapping[str, ShapeRange], options: BuildOptions,
               calibration: CalibrationFeed | None, timing_cache: bytes | None) -> tuple[bytes, bytes | None]:
         trt = self.trt
+        plugins = plugin_requirements(onnx_path)
+        if plugins:
+            register_plugins(trt, self.logger, plugins, onnx_path)
         builder = trt.Builder(self.logger)
         network = create_network(trt, builder, options.route, self.major)
         parser = parse_onnx(trt, network, self.logger, onnx_path, self.major)
