@@ -99,6 +99,16 @@ def detection_figures(reference: Sequence[Detections], candidate_output: np.ndar
     """The candidate's raw head output judged against the reference detections (see the module doc)."""
     candidate = postprocess(candidate_output, layout, conf=CANDIDATE_CONF, iou=IOU)
     at_reference = [d.take(np.flatnonzero(d.scores > REFERENCE_CONF)) for d in candidate]
+    return compare_detections(reference, candidate, at_reference, worst)
+
+
+def compare_detections(reference: Sequence[Detections], candidate: Sequence[Detections],
+                       counted: Sequence[Detections] | None = None, worst: int = 5) -> DetectionFigures:
+    """Detections judged against the reference detections, image by image: mAP of ``candidate``,
+    its interval (module doc), and the box counts of ``counted`` (the candidate's boxes at the
+    reference's threshold; default ``candidate`` itself, for detections postprocessed with the
+    reference's settings, e.g. a served detector's)."""
+    at_reference = list(candidate if counted is None else counted)
     result = mean_ap(candidate, reference)
     per_image = np.asarray(result.per_image, np.float64)
     valid = np.flatnonzero(np.isfinite(per_image))

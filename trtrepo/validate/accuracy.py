@@ -4,7 +4,7 @@ batch, with the worst samples."""
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,12 @@ from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..data import iter_batches
 from ..errors import OptionError, UsageError
-from ..evaluate import OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
+from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
 from ..export import resolve_inputs, resolve_source
 from ..modelio import ModelIO
 from ..reference import Reference, export_reference
 from .client import TritonTarget
+from .detection import figures_dict
 
 log = logging.getLogger(__name__)
 
@@ -82,14 +83,17 @@ def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, d
 
 
 def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], labels: np.ndarray | None,
-                   classification: bool = False) -> Any:
-    """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``);
-    batches whose trailing shapes differ (sequence outputs) are compared batch by batch and merged
-    (no top-k then)."""
+                   classification: bool = False, classes: int | None | bool = False) -> Any:
+    """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``;
+    judged in boxes too when ``classes`` is not False: a detector's head, with its class count or
+    None, :class:`trtrepo.evaluate.Detector`); batches whose trailing shapes differ (sequence
+    outputs) are compared batch by batch and merged (no top-k, no boxes then)."""
 
     if len({r.shape[1:] for r in refs}) <= 1:
-        return compare_output(name, np.concatenate(refs), np.concatenate(served), labels, classification=classification), \
-            cosine_similarity(np.concatenate(refs), np.concatenate(served))
+        ref = np.concatenate(refs)
+        detector = None if classes is False else Detector.of(ref, None if classes is True else classes)
+        return compare_output(name, ref, np.concatenate(served), labels, classification=classification,
+                              detection=detector), cosine_similarity(ref, np.concatenate(served))
     cos = np.concatenate([cosine_similarity(r, s) for r, s in zip(refs, served, strict=True)])
     diffs = [np.abs(r.astype(np.float64) - s.astype(np.float64)) for r, s in zip(refs, served, strict=True)]
     total = sum(d.size for d in diffs)
@@ -118,14 +122,16 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
                  reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
                  labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
                  label_output: str | None = None, progress: Callable[[int], None] | None = None,
-                 names: Sequence[str] | None = None) -> dict[str, Any]:
+                 names: Sequence[str] | None = None, detectors: Mapping[str, int | None] | None = None) -> dict[str, Any]:
     """Send every payload once and compare its outputs with the reference's (a callable run on
     the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
     shapes are set to the reference's (the latency phase checks responses against them).
 
     ``names``: one name per sample position (the data's file names): the worst samples and the
     per-sample rows (``per_sample``: cosine of every output, and top-1 of both sides with their
-    agreement for the label output) carry it as ``file``."""
+    agreement for the label output) carry it as ``file``. ``detectors``: the outputs that are a
+    YOLO-style head's, with their class counts (:func:`~trtrepo.validate.detection.detector_output_classes`),
+    also judged in boxes (the gate's rule; ``detection`` in their metrics)."""
     ref_parts: list[dict[str, np.ndarray]] = []
     for p in payloads:
         if isinstance(reference, Sequence):  # per-sample rows (see reference_rows)
@@ -156,9 +162,12 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
         refs = [r[name] for r in ref_parts]
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
         is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
-        m, cos = _merge_metrics(name, refs, served, y if is_label else None, classification=is_label)
+        m, cos = _merge_metrics(name, refs, served, y if is_label else None, classification=is_label,
+                                classes=(detectors or {}).get(name, False))
         d = m.to_dict()
         d["top1_drop_points"] = m.top1_drop_points
+        if m.detection is not None:
+            d["detection"] = figures_dict(m.detection)
         metrics[name] = d
         cosines[name] = cos
         worst_rows[name] = _worst(cos, refs, served, index, y, worst, names)

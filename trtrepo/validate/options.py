@@ -158,6 +158,9 @@ class Thresholds:
     # mean cosine of every output without classes (embeddings, pooled features): on by default so a
     # badly quantized encoder cannot pass silently; None disables it
     min_embedding_cosine: float | None = DEFAULT_MIN_EMBEDDING_COSINE
+    # mAP50-95 of a detector's served detections against the reference's, the gate's rule
+    # (trtrepo.validate.detection): its 95 % interval's lower end must clear it
+    min_map: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_top1_drop is not None and not (0 <= self.max_top1_drop <= 100):
@@ -169,6 +172,8 @@ class Thresholds:
         if self.min_embedding_cosine is not None and not -1 <= self.min_embedding_cosine <= 1:
             raise OptionError("min_embedding_cosine", f"{self.min_embedding_cosine}: between -1 and 1",
                               concept="the embedding cosine floor")
+        if self.min_map is not None and not 0 <= self.min_map <= 1:
+            raise OptionError("min_map", f"{self.min_map}: between 0 and 1", concept="the mAP floor")
 
 
 def parse_url(url: str, protocol: str) -> str:

@@ -17,6 +17,7 @@ from ..fsutil import atomic_write_bytes, atomic_write_text, report_json, write_r
 from ..pngplot import png_figure
 from ..speed import plot_speed, speed_markdown, speed_summary_lines
 from .contract import ThresholdResult
+from .detection import detection_console_lines, detection_markdown, output_detection_line
 from .options import REPORT_SCHEMA
 
 log = logging.getLogger(__name__)
@@ -38,6 +39,7 @@ class ValidationReport:
     files: dict[str, str] = field(default_factory=dict)
     speed_vs_reference: dict[str, Any] | None = None
     fleet: dict[str, Any] | None = None  # several servers (--url A,B,...): their agreement
+    detection: dict[str, Any] | None = None  # a detector ensemble: its detections vs the reference's (issue 43)
 
     @property
     def passed(self) -> bool:
@@ -60,6 +62,7 @@ class ValidationReport:
             "latency": self.latency,
             "speed_vs_reference": self.speed_vs_reference,
             "fleet": self.fleet,
+            "detection": self.detection,
             "thresholds": [t.to_dict() for t in self.thresholds],
             "files": self.files,
         }
@@ -77,8 +80,13 @@ class ValidationReport:
                       f"{' (identical)' if r['identical'] else ''}" for r in a["outputs"]]
         if self.accuracy:
             lines += [f"  {line}" for line in accuracy_console_lines(self.accuracy)]
+        if self.detection:
+            lines += [f"  {line}" for line in detection_console_lines(self.detection)]
         if self.latency:
             levels = self.latency["levels"]
+            if self.detection or s.get("image_input"):
+                lines.append("  latency end to end (one encoded image per request: decode + preprocessing + model"
+                             + (" + NMS):" if self.detection else "):"))
             for lv in levels:
                 lines += _level_lines(lv)
             stable = sum(1 for lv in levels if level_verdict(lv).stable)
@@ -135,6 +143,8 @@ class ValidationReport:
             if a.get("per_sample"):
                 lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
                           f"sides): `per_sample` in validate.json and samples.csv."]
+        if self.detection:
+            lines += detection_markdown(self.detection)
         if self.fleet:
             lines += fleet_markdown(self.fleet)
         if self.latency:
@@ -186,6 +196,9 @@ def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[
         bits.append(f"cosine {m['cosine_mean']:.6f}")
         bits.append(f"max abs err {m['max_abs_error']:.3g}")
         lines.append(f"{name}: " + ", ".join(bits))
+        boxes = output_detection_line(name, m)
+        if boxes:
+            lines.append(boxes)
     for name, rows in (accuracy.get("worst_samples") or {}).items():
         if not rows or worst <= 0:
             continue

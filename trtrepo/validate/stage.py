@@ -46,6 +46,14 @@ from .contract import (
     endpoint_io,
     stats_diff,
 )
+from .detection import (
+    detection_thresholds,
+    detector_endpoint,
+    detector_output_classes,
+    reference_detections,
+    run_detection,
+    served_config,
+)
 from .fleet import added_requests, agreement, measure_together, total_row
 from .options import ReferenceSource, Thresholds, ValidateOptions
 from .report import ValidationReport, level_overhead
@@ -142,15 +150,22 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
         for other in fleet:
             other.wait_ready()
         served_io, image_input = io, encoded_input(io, metadata)
+        endpoint, files = None, list[Path]()
         if image_input is not None:  # an image ensemble: the files themselves go to the server
-            files = source.sample_files()
-            if files is None:
+            found = source.sample_files()
+            if found is None:
                 raise OptionError("", f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): "
                                       f"{{data_spec}} must be an image folder, whose files go to the server as they "
                                       f"are and through {{preprocess}} into the reference",
                                   others={"data_spec": "the data", "preprocess": "the preprocessing"})
-            served_io = endpoint_io(io, image_input)
-            payloads = encoded_payloads(payloads, files, image_input)
+            files = found
+            endpoint = detector_endpoint(io, metadata, config, lambda name: served_config(target, name))
+            if endpoint is not None:  # a detector ensemble: one image per request, detections out
+                _check_detector_options(options)
+                served_io, payloads = endpoint.served_io(io), endpoint.payloads(files)
+            else:
+                served_io = endpoint_io(io, image_input)
+                payloads = encoded_payloads(payloads, files, image_input)
         mismatches = compare_contract(served_io, metadata, config, batch_size=options.batch_size)
         for other in fleet:  # every server of a fleet serves the same model
             om, oc = other.metadata(), other.config()
@@ -197,13 +212,22 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
             bar = _progress(len(payloads), "accuracy", options.progress)
             try:
                 with phase("accuracy served", len(payloads), "requests") as ph:
-                    report.accuracy = run_accuracy(target, payloads, rows, batch_labels,
-                                                   concurrency=max(options.concurrency), worst=options.worst,
-                                                   label_output=options.label_output, progress=_counting(ph, bar.update),
-                                                   names=source.sample_names())
+                    if endpoint is not None:
+                        refs = reference_detections(rows, files, getattr(source, "preprocess", None), endpoint)
+                        report.detection = run_detection(target, endpoint, payloads, refs,
+                                                         source.sample_names() or [Path(f).name for f in files],
+                                                         concurrency=max(options.concurrency), worst=options.worst,
+                                                         progress=_counting(ph, bar.update))
+                    else:
+                        report.accuracy = run_accuracy(target, payloads, rows, batch_labels,
+                                                       concurrency=max(options.concurrency), worst=options.worst,
+                                                       label_output=options.label_output,
+                                                       progress=_counting(ph, bar.update), names=source.sample_names(),
+                                                       detectors=detector_output_classes(io))
             finally:
                 bar.close()
-            report.accuracy["batch_size"] = options.batch_size
+            if report.accuracy is not None:
+                report.accuracy["batch_size"] = options.batch_size
         if options.latency:
             with phase("latency", note=_latency_estimate(options)):
                 report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
@@ -221,10 +245,24 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
             if report.speed_vs_reference is not None and call_s is not None:
                 report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s,
                                                            "slow": call_s >= SLOW_CALL_S}
-        report.thresholds = check_thresholds(report.to_dict(), thresholds)
+        report.thresholds = check_thresholds(report.to_dict(), thresholds) \
+            + detection_thresholds(report.to_dict(), thresholds.min_map)
     if report_dir is not None:
         report.write(report_dir)
     return report
+
+
+def _check_detector_options(options: ValidateOptions) -> None:
+    """A detector ensemble takes one image per request (``max_batch_size`` 0: the box count
+    differs per image), and its outputs' sizes are not known before the response (no
+    shared-memory regions to size)."""
+    if options.batch_size != 1:
+        raise OptionError("batch_size", f"{options.batch_size}: model '{options.model}' is a detector ensemble, which "
+                                        f"takes one image per request; give 1", concept="the request batch size")
+    if options.shared_memory != "none":
+        raise OptionError("shared_memory", f"{options.shared_memory}: model '{options.model}' is a detector ensemble, "
+                                           f"whose box count differs per response; give none",
+                          concept="the shared memory")
 
 
 def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, speed: SpeedOptions, *,

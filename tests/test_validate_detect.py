@@ -1,0 +1,210 @@
+"""Issue 43 item 4: ``trtrepo validate`` speaks boxes. The real tritonserver serves the YOLOv8-style
+detector of tests/test_detector_ensemble.py behind its detector ensemble (letterbox -> model ->
+decode + NMS); validate sends image files, runs the FP32 ONNX reference locally through the same
+letterbox and postprocessing at the served settings, and reports mAP vs the reference, box counts,
+the worst images by name and the end-to-end latency per concurrency level. A served model that
+differs from the reference is caught by ``--min-map`` (exit 1). Long tier: the trained YOLO11n
+deployed FP32 as an ensemble, validated on the Ultralytics wheel's ``bus.jpg`` and ``zidane.jpg``."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_detector_ensemble import CONF, IOU, MAX_DET, NC, SIZE, _detector_onnx, _local
+
+from trtrepo.detect import letterbox_params
+from trtrepo.errors import UsageError
+from trtrepo.preprocessing import Preprocess
+from trtrepo.validate import Thresholds
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _photos(folder: Path) -> dict[str, tuple[int, int]]:
+    """Four JPEGs of other shapes (wide, tall, square, small) from scikit-image's samples:
+    file name -> (height, width)."""
+    from PIL import Image
+    from skimage import data
+
+    folder.mkdir()
+    cuts = {"astronaut_wide.jpg": data.astronaut()[100:400], "astronaut_tall.jpg": data.astronaut()[:, 150:350],
+            "coffee.jpg": data.coffee(), "chelsea_small.jpg": data.chelsea()[50:150, 100:260]}
+    out = {}
+    for name, arr in cuts.items():
+        Image.fromarray(np.ascontiguousarray(arr[..., :3])).save(folder / name, format="JPEG", quality=90)
+        out[name] = arr.shape[:2]
+    return out
+
+
+def _perturbed(src: Path, dst: Path) -> Path:
+    """The same detector with the stride-16 box distributions' biases scaled by 0.9: other boxes, and
+    one box fewer per image after NMS."""
+    import onnx
+    from onnx import numpy_helper
+
+    model = onnx.load(str(src))
+    for init in model.graph.initializer:
+        if init.name == "cv2.1.2.bias":
+            init.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(init) * np.float32(0.9), init.name))
+    onnx.save(model, str(dst))
+    return dst
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory, triton_server):
+    from trtrepo.evaluate import detection_layout
+    from trtrepo.repository import add_detector_ensemble, add_onnx_model
+    from trtrepo.tritonconfig import ModelOptions, NmsSettings
+
+    tmp = tmp_path_factory.mktemp("valdet")
+    onnx_path = _detector_onnx(tmp / "det.onnx")
+    other = _perturbed(onnx_path, tmp / "other.onnx")
+    repo = tmp / "repo"
+    layout = detection_layout([-1, 4 + NC, (SIZE // 8) ** 2 + (SIZE // 16) ** 2 + (SIZE // 32) ** 2], NC)
+    pre = Preprocess(letterbox=(SIZE, SIZE))
+    for name, path in (("det", onnx_path), ("other", other)):
+        _, cfg = add_onnx_model(repo, name, path, backend="python", options=ModelOptions(max_batch_size=4))
+        add_detector_ensemble(repo, cfg, pre, layout, NmsSettings(conf=CONF, iou=IOU, max_det=MAX_DET))
+    photos = _photos(tmp / "photos")
+    spec = pre.save(tmp / "pre.json")
+    server = triton_server(repo)
+    return {"repo": repo, "onnx": onnx_path, "layout": layout, "pre": pre, "server": server, "photos": photos,
+            "folder": tmp / "photos", "spec": spec, "tmp": tmp}
+
+
+def _validate(run_cli, served, model: str, *args: str):
+    report = served["tmp"] / f"report-{model}-{len(args)}"
+    r = run_cli("validate", "--url", served["server"].grpc_url, "--model", model, "--reference", served["onnx"],
+                "--data", served["folder"], "--preprocess", served["spec"], "--report", report, "--no-progress",
+                "--no-reference-speed", *args)
+    data = json.loads((report / "validate.json").read_text()) if (report / "validate.json").is_file() else None
+    return r, data, report
+
+
+@pytest.mark.triton
+def test_validate_on_the_fp32_ensemble_prints_boxes_figures_and_end_to_end_latency(served, run_cli):
+    r, data, report = _validate(run_cli, served, "det_ensemble", "--min-map", "0.99", "--concurrency", "1,2",
+                                "--requests", "8", "--warmup", "2", "--max-trials", "4", "--stability-percentage", "100")
+    assert r.exit_code == 0, r.output + r.stderr
+    det = data["detection"]
+    # the served settings, read from the postprocessing model's config
+    assert det["settings"] == {"postprocess": "det_postprocess", "raw_output": "output0", "conf": CONF, "iou": IOU,
+                                    "max_det": MAX_DET, "layout": "anchor_free", "classes": NC}
+    # the reference's boxes, computed here on the same files the ensemble's way
+    local = {f: len(_local(served, (served["folder"] / f).read_bytes())[0]) for f in served["photos"]}
+    assert sum(local.values()) > 0, local
+    assert {row["file"]: row["reference_boxes"] for row in det["per_image"]} == local
+    assert {row["file"]: row["served_boxes"] for row in det["per_image"]} == local
+    f = det["figures"]
+    assert f["map50_95"] == pytest.approx(1.0) and f["map50"] == pytest.approx(1.0) and f["lower"] == pytest.approx(1.0)
+    assert f["count_agreement"] == 1.0 and f["reference_boxes"] == f["candidate_boxes"] == sum(local.values())
+    assert det["images"] == 4 and det["count_differences"] == []
+    assert {w["file"] for w in det["worst_images"]} <= set(local)
+    assert data["accuracy"] is None and data["server"]["endpoint"] == "encoded images"
+    (t,) = [t for t in data["thresholds"] if t["name"].startswith("map[")]
+    assert t == {**t, "name": "map[det_ensemble]", "limit": 0.99, "passed": True} and t["value"] == pytest.approx(1.0)
+    # end-to-end latency: every request went through the whole ensemble, one image each
+    levels = data["latency"]["levels"]
+    assert [lv["concurrency"] for lv in levels] == [1, 2]
+    assert all(lv["requests"] >= 24 and lv["server"]["request_count"] == lv["requests"] for lv in levels)
+    out = r.output
+    assert "detections of det_ensemble vs the reference run locally" in out and "mAP50-95 1.000" in out
+    assert f"conf {CONF:g}, IoU {IOU:g}, max {MAX_DET}" in out
+    assert "latency end to end (one encoded image per request: decode + preprocessing + model + NMS):" in out
+    assert "c=1:" in out and "c=2:" in out and "map[det_ensemble]: 1 (limit 0.99) ok" in out
+    md = (report / "validate.md").read_text()
+    assert "## Detections (4 images, one request each)" in md and "Worst images" in md
+
+
+@pytest.mark.triton
+def test_a_served_model_that_differs_is_caught_in_boxes(served, run_cli):
+    r, data, report = _validate(run_cli, served, "other_ensemble", "--min-map", "0.99", "--no-latency")
+    assert r.exit_code == 1, r.output + r.stderr
+    f = data["detection"]["figures"]
+    assert f["map50_95"] < 0.99
+    assert data["failures"] == ["map[other_ensemble]"] and data["passed"] is False
+    assert "validation failed: map[other_ensemble] =" in r.stderr + r.output
+    worst = data["detection"]["worst_images"]
+    assert worst and worst[0]["file"] in served["photos"] and worst[0]["map50_95"] < 1.0
+    assert "worst images: " + worst[0]["file"] in r.output
+    differ = data["detection"]["count_differences"]
+    assert differ and all(d["reference_boxes"] != d["served_boxes"] for d in differ) and "box counts differ: " in r.output
+    assert "map[other_ensemble]" in (report / "validate.md").read_text()
+
+
+@pytest.mark.triton
+def test_the_raw_detector_model_is_judged_in_boxes_too(served, run_cli):
+    """The model behind the ensemble, served on tensors: its head output is found in the ONNX
+    graph and judged by the gate's rule beside the cosine."""
+    r, data, _ = _validate(run_cli, served, "det", "--no-latency", "--min-map", "0.99")
+    assert r.exit_code == 0, r.output + r.stderr
+    m = data["accuracy"]["outputs"]["output0"]
+    assert m["cosine_mean"] == pytest.approx(1.0, abs=1e-6) and m["detection"]["map50_95"] == pytest.approx(1.0)
+    assert data["detection"] is None and "output0: in boxes" in r.output
+    assert [t["name"] for t in data["thresholds"] if t["name"].startswith("map")] == ["map[output0]"]
+
+
+@pytest.mark.triton
+def test_a_detector_ensemble_refuses_batches_and_non_detectors_refuse_min_map(served, run_cli):
+    r, _, report = _validate(run_cli, served, "det_ensemble", "--batch-size", "2", "--no-latency")
+    assert r.exit_code == 2 and "--batch-size 2: model 'det_ensemble' is a detector ensemble" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1 and not report.exists()
+    with pytest.raises(UsageError, match="the mAP floor 1.5: between 0 and 1"):
+        Thresholds(min_map=1.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Long tier: the trained YOLO11n
+
+
+@pytest.fixture(scope="module")
+def yolo(tmp_path_factory) -> Path:
+    """The YOLO11n export (scripts/yolo_export.sh; reused from TRTREPO_YOLO_CACHE when there)."""
+    out = Path(os.environ.get("TRTREPO_YOLO_CACHE") or tmp_path_factory.mktemp("yolo11n"))
+    try:
+        subprocess.run(["bash", str(ROOT / "scripts" / "yolo_export.sh"), str(out)], check=True, capture_output=True,
+                       text=True, timeout=1800)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"the YOLO11n export could not run here (scripts/yolo_export.sh): {str(exc)[-300:]}")
+    return out
+
+
+@pytest.mark.long
+@pytest.mark.triton
+def test_yolo11n_fp32_ensemble_matches_the_local_fp32_run_on_bus_and_zidane(yolo, tmp_path, run_cli, triton_server):
+    from PIL import Image
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    with zipfile.ZipFile(next((yolo / "wheels").glob("ultralytics-*.whl"))) as z:
+        for name in ("bus.jpg", "zidane.jpg"):
+            (photos / name).write_bytes(z.read(f"ultralytics/assets/{name}"))
+    model = yolo / "yolo11n_dyn.onnx"
+    repo = tmp_path / "repo"
+    res = run_cli("deploy", model, "--name", "yolo", "--repo", repo, "--data", photos, "--backend", "python",
+                  "--ensemble", "--precision", "fp32")
+    assert res.exit_code == 0, res.output + res.stderr
+    spec = Preprocess(letterbox=(640, 640), scale=1.0 / 255.0, color="rgb", layout="NCHW").save(tmp_path / "pre.json")
+    server = triton_server(repo, timeout=300.0)
+    report = tmp_path / "report"
+    r = run_cli("validate", "--url", server.grpc_url, "--model", "yolo_ensemble", "--reference", model,
+                "--data", photos, "--preprocess", spec, "--min-map", "0.99", "--concurrency", "1,2", "--requests", "4",
+                "--warmup", "2", "--max-trials", "4", "--stability-percentage", "100", "--no-reference-speed",
+                "--timeout", "60", "--report", report, "--no-progress")
+    assert r.exit_code == 0, r.output + r.stderr
+    data = json.loads((report / "validate.json").read_text())
+    det = data["detection"]
+    counts = {row["file"]: (row["reference_boxes"], row["served_boxes"]) for row in det["per_image"]}
+    # bus.jpg: the people and the bus; zidane.jpg: the two men (COCO classes 0 and 5 at conf 0.25)
+    assert counts["bus.jpg"][0] >= 4 and counts["zidane.jpg"][0] >= 2, counts
+    assert det["figures"]["map50_95"] >= 0.99 and det["figures"]["count_agreement"] == 1.0
+    with Image.open(photos / "bus.jpg") as img:
+        assert letterbox_params((img.size[1], img.size[0]), 640)[0] < 1  # boxes mapped back to the 810x1080 photo
+    assert "detections of yolo_ensemble" in r.output and "latency end to end" in r.output
+    assert [lv["concurrency"] for lv in data["latency"]["levels"]] == [1, 2]
