@@ -25,7 +25,7 @@ from onnx import helper
 from test_detector_head import SIZE, AnchorFree, _export
 from torch import nn
 
-from trtrepo.modelio import normalize_weights
+from trtrepo.modelio import ModelIO, normalize_weights
 from trtrepo.quantize import RangesFile, detector_outputs, find_decode_heads
 from trtrepo.quantize.graph import GraphView
 
@@ -73,6 +73,7 @@ def test_other_exporters_weight_layouts_are_normalized_without_changing_outputs(
     model = onnx.load(str(path))
     assert kind != "constant_nodes" or not model.graph.initializer
     assert kind != "initializers_as_inputs" or len(model.graph.input) > 1
+    assert ModelIO.from_onnx(model).input_names == ["image"]  # the data input only, before normalizing too
     notes = normalize_weights(model)
     assert len(notes) == 1 and ("Constant" if kind == "constant_nodes" else "graph inputs") in notes[0]
     assert [i.name for i in model.graph.input] == ["image"]
