@@ -256,3 +256,44 @@ def test_the_plugin_calls_fit_the_real_bindings(detectors, tmp_path, major) -> N
     assert {"tensorrt.init_libnvinfer_plugins", "tensorrt.get_plugin_registry", "IPluginRegistry.get_creator",
             "OnnxParser.parse_from_file", "Builder.build_serialized_network"} <= set(result["accessed"])
     assert result["calls"] == ["init_libnvinfer_plugins", "get_creator", "parse"]
+
+
+def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkeypatch, run_cli) -> None:
+    """``deploy --backend tensorrt --ensemble`` on a detector (the real CLI; TensorRT is the fake,
+    only our code around it is judged): beside the plan and the Python NMS ensemble, a
+    ``det_nms`` plan built from the EfficientNMS graph, its plugin registered before parsing, its
+    config parsed by Triton's protobuf with the plugin's four outputs."""
+    import importlib.machinery
+
+    from PIL import Image
+    from test_deploy_detector import _ultralytics_like
+
+    from trtrepo.tritonconfig import parse_config_text
+
+    fake = make_fake_tensorrt("10.13.3.9")
+    fake.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
+    rec = _Recorder(fake, {(B.EFFICIENT_NMS, "1", "")})
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    monkeypatch.setattr(B.CudaRuntime, "load", classmethod(lambda cls: cls(FakeCudart())))
+    monkeypatch.setattr(B.TensorRTEngineBuilder, "load", classmethod(lambda cls: cls(fake, B.CudaRuntime(FakeCudart()))))
+    model = _ultralytics_like(tmp_path)
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(16):
+        Image.fromarray(rng.integers(0, 255, (80, 100, 3), dtype=np.uint8)).save(photos / f"{i:02d}.jpg")
+    res = run_cli("deploy", model, "--name", "det", "--repo", tmp_path / "repo", "--data", photos, "--backend", "tensorrt",
+                  "--ensemble", "--method", "minmax", "--weight-rounding", "nearest", "--accept-accuracy-loss")
+    assert res.exit_code == 0, res.output + res.stderr
+    repo = tmp_path / "repo"
+    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["det", "det_ensemble", "det_nms", "det_postprocess",
+                                                                      "det_preprocess"]
+    assert any(line.split()[:2] == ["det_nms", "1"] and "tensorrt_plan" in line for line in res.output.splitlines())
+    # two builds: the detector's plan (no plugin node), then the NMS route's (plugins registered first)
+    assert [c[0] for c in rec.calls] == ["parse", "init_libnvinfer_plugins", "get_creator", "parse"]
+    d = config_to_dict(parse_config_text((repo / "det_nms" / "config.pbtxt").read_text(), "det_nms"))
+    assert d["platform"] == "tensorrt_plan"
+    assert [(t["name"], t["data_type"]) for t in d["output"]] == [
+        ("num_detections", "TYPE_INT32"), ("detection_boxes", "TYPE_FP32"), ("detection_scores", "TYPE_FP32"),
+        ("detection_classes", "TYPE_INT32")]
+    assert (repo / "det_nms" / "1" / "model.plan").is_file()

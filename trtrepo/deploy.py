@@ -29,7 +29,7 @@ from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
 from .cpu import CpuInt8, cpu_int8
 from .data import DataOptions, DataSource, Preprocess
-from .engine import BuildOptions, build_engine, gpu_status, tensorrt_status
+from .engine import BuildOptions, build_efficient_nms, build_engine, gpu_status, tensorrt_status
 from .errors import OptionError, UsageError
 from .evaluate import detection_layout, make_session
 from .export import export_onnx, resolve_inputs, resolve_source
@@ -622,6 +622,12 @@ def deploy(opts: DeployOptions) -> DeployReport:
                                           opts.int8.task) if opts.ensemble else None
             if detector is not None:
                 report.models.extend(detector)
+                if plan is not None:  # TensorRT's usual route beside the ensemble: NMS in the plan (engine.nms_plugin)
+                    raw, classes = next(iter(detector_outputs(load_onnx(model_path, load_weights=False), opts.int8.task).items()))
+                    nms_plan = build_efficient_nms(plan, raw, classes, NmsSettings()).plan
+                    res, cfg = add_plan_model(repo, f"{name}_nms", nms_plan, options=mopts, **common)
+                    report.models.append(DeployedModel(res.name, res.version, cfg.spec.display, precision, res.version_dir,
+                                                       "decode + EfficientNMS_TRT in the plan", replaced=res.replaced))
             elif opts.ensemble:
                 pre, ens = add_image_ensemble(repo, primary, preprocess, options=mopts, **common)
                 report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",

@@ -87,6 +87,7 @@ from .routes import (
 from .stage import (
     BuildResult,
     _onnx_calibration_method,
+    build_efficient_nms,
     build_engine,
     check_engine_io_types,
     convert_for_fp16,
@@ -140,6 +141,7 @@ __all__ = [
     "_import_cudart",
     "_legacy_on_11_message",
     "_onnx_calibration_method",
+    "build_efficient_nms",
     "build_engine",
     "build_serialized",
     "check_calibration_inputs",

@@ -13,6 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import __version__
 from ..contracts.plan import (
     GPUInfo,
@@ -21,13 +23,16 @@ from ..contracts.plan import (
     plan_metadata_path,
     read_plan_metadata,
 )
-from ..contracts.profile import ShapeRange
-from ..errors import OptionError, TrtrepoError
+from ..contracts.profile import BUILD_FLAGS, BatchProfile, ShapeRange
+from ..errors import OptionError, TrtrepoError, UsageError
+from ..evaluate import detection_layout, make_session
 from ..fp16 import convert_file
 from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
 from ..modelio import ModelIO, load_onnx, qdq_counts
+from ..tritonconfig import NmsSettings
 from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
+from .nms_plugin import write_efficient_nms
 from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions, profile_shapes
 from .routes import EngineBuilder, EngineIO, TensorRTEngineBuilder
 from .trtexec import trtexec_command
@@ -267,3 +272,51 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
         tc_path = atomic_write_bytes(options.timing_cache, new_timing_cache)
     calib_path = Path(options.calib_cache) if options.calib_cache and Path(options.calib_cache).is_file() else None
     return BuildResult(output, meta_path, meta, tc_path, calib_path)
+
+
+# --------------------------------------------------------------------------------------------
+# TensorRT's detector route beside a detector's plan: NMS in the plan (nms_plugin)
+
+
+def _same_profile(meta: PlanMetadata) -> BatchProfile:
+    """The batch range and shape ranges ``meta``'s engine was built with (its profile 0)."""
+    ranges = dict(meta.profile)
+    batched = meta.io.has_batch_axis
+    first = next(iter(ranges.values()), None)
+    if batched and first is not None:
+        return BatchProfile(first.min[0], first.opt[0], first.max[0], tuple(ranges.items()), True, BUILD_FLAGS)
+    return BatchProfile(shapes=tuple(ranges.items()), batched=batched)
+
+
+def build_efficient_nms(plan: str | Path, output: str, num_classes: int | None = None, nms: NmsSettings | None = None, *,
+                        builder: EngineBuilder | None = None) -> BuildResult:
+    """Beside a detector's ``plan`` (with its ``model.plan.json``), TensorRT's usual route: the same
+    ONNX model (``source_onnx`` of the metadata) with NMS as the EfficientNMS plugin
+    (:func:`~trtrepo.engine.nms_plugin.write_efficient_nms` on the raw head ``output``, written to
+    ``nms/model.onnx`` beside the plan), built with the same profile, workspace, optimization level
+    and FP16 choice into ``nms/model.plan``. The head's layout is read off one ONNX Runtime run at
+    the profile's smallest shapes (an export's channel axis may be symbolic), with ``num_classes``
+    when the exporter names them (:func:`trtrepo.evaluate.detection_layout`)."""
+    plan = Path(plan)
+    meta = read_plan_metadata(plan)
+    assert meta is not None  # missing_ok is False: a missing file raises
+    src = Path(meta.source_onnx)
+    if not src.is_file():
+        raise UsageError(f"{plan}: the ONNX model it was built from ({src}) is gone; the EfficientNMS route rebuilds from it")
+    session = make_session(str(src))
+    feed = {}
+    for spec in meta.io.inputs:
+        shape = meta.profile[spec.name].min if spec.name in meta.profile else spec.shape
+        feed[spec.name] = np.zeros([1 if d < 0 else d for d in shape], np.dtype(spec.dtype))
+    names = [o.name for o in session.get_outputs()]
+    if output not in names:
+        raise UsageError(f"{src}: no output '{output}' (outputs: {', '.join(names)})")
+    shape = session.run([output], feed)[0].shape
+    layout = detection_layout(shape, num_classes)
+    folder = plan.parent / "nms"
+    nms_onnx = write_efficient_nms(src, folder / "model.onnx", layout, nms, output)
+    build = dict(meta.build)
+    options = BuildOptions(profile=_same_profile(meta), workspace=build.get("workspace_bytes"),
+                           opt_level=int(build.get("builder_optimization_level", 3)), allow_fp32=True,
+                           fp16=bool((meta.precision or {}).get("fp16")))
+    return build_engine(nms_onnx, folder / "model.plan", options, builder=builder)
