@@ -258,11 +258,13 @@ def test_the_plugin_calls_fit_the_real_bindings(detectors, tmp_path, major) -> N
     assert result["calls"] == ["init_libnvinfer_plugins", "get_creator", "parse"]
 
 
-def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkeypatch, run_cli) -> None:
+@pytest.mark.parametrize("registered", [True, False], ids=["plugin", "no-plugin"])
+def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkeypatch, run_cli, registered) -> None:
     """``deploy --backend tensorrt --ensemble`` on a detector (the real CLI; TensorRT is the fake,
     only our code around it is judged): beside the plan and the Python NMS ensemble, a
     ``det_nms`` plan built from the EfficientNMS graph, its plugin registered before parsing, its
-    config parsed by Triton's protobuf with the plugin's four outputs."""
+    config parsed by Triton's protobuf with the plugin's four outputs. Without the plugin the
+    deployment stands and a warning names what is missing."""
     import importlib.machinery
 
     from PIL import Image
@@ -272,7 +274,7 @@ def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkey
 
     fake = make_fake_tensorrt("10.13.3.9")
     fake.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
-    rec = _Recorder(fake, {(B.EFFICIENT_NMS, "1", "")})
+    rec = _Recorder(fake, {(B.EFFICIENT_NMS, "1", "")} if registered else set())
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(B.CudaRuntime, "load", classmethod(lambda cls: cls(FakeCudart())))
     monkeypatch.setattr(B.TensorRTEngineBuilder, "load", classmethod(lambda cls: cls(fake, B.CudaRuntime(FakeCudart()))))
@@ -286,8 +288,14 @@ def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkey
                   "--ensemble", "--method", "minmax", "--weight-rounding", "nearest", "--accept-accuracy-loss")
     assert res.exit_code == 0, res.output + res.stderr
     repo = tmp_path / "repo"
-    assert sorted(p.name for p in repo.iterdir() if p.is_dir()) == ["det", "det_ensemble", "det_nms", "det_postprocess",
-                                                                      "det_preprocess"]
+    written = sorted(p.name for p in repo.iterdir() if p.is_dir())
+    if not registered:
+        assert written == ["det", "det_ensemble", "det_postprocess", "det_preprocess"]
+        assert "warning: det_nms (NMS in the plan) not written: " in res.output
+        assert f"needs the TensorRT plugin {B.EFFICIENT_NMS} version 1, which TensorRT 10.13.3.9 does not register" in res.output
+        assert [c[0] for c in rec.calls] == ["parse", "init_libnvinfer_plugins", "get_creator"]
+        return
+    assert written == ["det", "det_ensemble", "det_nms", "det_postprocess", "det_preprocess"]
     assert any(line.split()[:2] == ["det_nms", "1"] and "tensorrt_plan" in line for line in res.output.splitlines())
     # two builds: the detector's plan (no plugin node), then the NMS route's (plugins registered first)
     assert [c[0] for c in rec.calls] == ["parse", "init_libnvinfer_plugins", "get_creator", "parse"]
@@ -297,3 +305,24 @@ def test_deploy_writes_the_nms_plan_beside_a_detectors_ensemble(tmp_path, monkey
         ("num_detections", "TYPE_INT32"), ("detection_boxes", "TYPE_FP32"), ("detection_scores", "TYPE_FP32"),
         ("detection_classes", "TYPE_INT32")]
     assert (repo / "det_nms" / "1" / "model.plan").is_file()
+
+
+def test_an_fp16_plan_gets_its_detector_converted_before_the_plugin_is_added(detectors, tmp_path) -> None:
+    """A plan built with --fp16 (the ONNX conversion): the NMS route converts the detector part the
+    same way first (the converter's checker knows no plugin op), then adds the plugin on float32
+    inputs, and builds with the plan's profile."""
+    path, _, _, _, layout = detectors["anchor_free"]
+    trt = make_fake_tensorrt("10.13.3.9")
+    _Recorder(trt, {(B.EFFICIENT_NMS, "1", "")})
+    builder = B.TensorRTEngineBuilder(trt, B.CudaRuntime(FakeCudart()))
+    plan = tmp_path / "det" / "model.plan"
+    B.build_engine(path, plan, B.BuildOptions(profile=BatchProfile.for_build(1, 2, 4), allow_fp32=True, fp16=True), builder=builder)
+    result = B.build_efficient_nms(plan, "output0", NC, NmsSettings(max_det=10), builder=builder)
+    assert result.plan == tmp_path / "det" / "nms" / "model.plan" and result.plan.is_file()
+    nms = onnx.load(str(tmp_path / "det" / "nms" / "model.onnx"))
+    kinds = {i.data_type for i in nms.graph.initializer if not i.name.startswith("trtrepo_nms/")}
+    assert onnx.TensorProto.FLOAT16 in kinds  # the detector's weights, converted
+    assert [o.name for o in nms.graph.output] == list(B.NMS_OUTPUTS)
+    assert _attrs(_plugin(nms))["max_output_boxes"] == 10
+    assert {n: r.to_dict() for n, r in result.metadata.profile.items()} == {
+        "images": {"min": [1, 3, SIZE, SIZE], "opt": [2, 3, SIZE, SIZE], "max": [4, 3, SIZE, SIZE]}}

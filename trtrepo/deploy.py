@@ -624,10 +624,14 @@ def deploy(opts: DeployOptions) -> DeployReport:
                 report.models.extend(detector)
                 if plan is not None:  # TensorRT's usual route beside the ensemble: NMS in the plan (engine.nms_plugin)
                     raw, classes = next(iter(detector_outputs(load_onnx(model_path, load_weights=False), opts.int8.task).items()))
-                    nms_plan = build_efficient_nms(plan, raw, classes, NmsSettings()).plan
-                    res, cfg = add_plan_model(repo, f"{name}_nms", nms_plan, options=mopts, **common)
-                    report.models.append(DeployedModel(res.name, res.version, cfg.spec.display, precision, res.version_dir,
-                                                       "decode + EfficientNMS_TRT in the plan", replaced=res.replaced))
+                    try:
+                        nms_plan = build_efficient_nms(plan, raw, classes, NmsSettings()).plan
+                    except UsageError as exc:  # an extra beside a complete deployment: said, not fatal
+                        report.warnings.append(f"{name}_nms (NMS in the plan) not written: {exc}")
+                    else:
+                        res, cfg = add_plan_model(repo, f"{name}_nms", nms_plan, options=mopts, **common)
+                        report.models.append(DeployedModel(res.name, res.version, cfg.spec.display, precision, res.version_dir,
+                                                           "decode + EfficientNMS_TRT in the plan", replaced=res.replaced))
             elif opts.ensemble:
                 pre, ens = add_image_ensemble(repo, primary, preprocess, options=mopts, **common)
                 report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",

@@ -293,14 +293,20 @@ def build_efficient_nms(plan: str | Path, output: str, num_classes: int | None =
     """Beside a detector's ``plan`` (with its ``model.plan.json``), TensorRT's usual route: the same
     ONNX model (``source_onnx`` of the metadata) with NMS as the EfficientNMS plugin
     (:func:`~trtrepo.engine.nms_plugin.write_efficient_nms` on the raw head ``output``, written to
-    ``nms/model.onnx`` beside the plan), built with the same profile, workspace, optimization level
-    and FP16 choice into ``nms/model.plan``. The head's layout is read off one ONNX Runtime run at
+    ``nms/model.onnx`` beside the plan), built with the same profile, workspace and optimization
+    level into ``nms/model.plan``; a plan built with ``--fp16`` (the ONNX conversion) has its
+    detector part converted the same way first, since the converter checks the graph and knows no
+    plugin op. The head's layout is read off one ONNX Runtime run at
     the profile's smallest shapes (an export's channel axis may be symbolic), with ``num_classes``
     when the exporter names them (:func:`trtrepo.evaluate.detection_layout`)."""
     plan = Path(plan)
     meta = read_plan_metadata(plan)
     assert meta is not None  # missing_ok is False: a missing file raises
     src = Path(meta.source_onnx)
+    if meta.precision_route.startswith(ROUTE_IMPLICIT):
+        raise UsageError(f"{plan}: built by the legacy calibrator route ({meta.precision_route}); rebuilding it with "
+                         f"the EfficientNMS plugin would need the calibration again: apply "
+                         f"trtrepo.engine.write_efficient_nms to {src.name} and build that with the same calibrator")
     if not src.is_file():
         raise UsageError(f"{plan}: the ONNX model it was built from ({src}) is gone; the EfficientNMS route rebuilds from it")
     session = make_session(str(src))
@@ -314,9 +320,17 @@ def build_efficient_nms(plan: str | Path, output: str, num_classes: int | None =
     shape = session.run([output], feed)[0].shape
     layout = detection_layout(shape, num_classes)
     folder = plan.parent / "nms"
+    fp16 = (meta.precision or {}).get("fp16")
+    if isinstance(fp16, dict) and fp16.get("method") == "onnx-conversion":
+        # converted before the plugin node is added (the converter's checker knows no plugin op);
+        # the plugin's inputs stay float32 (the transform casts a float16 head output)
+        keep = tuple(fp16.get("keep_fp32_ops") or ())
+        converted = folder / "detector.fp16.onnx"
+        with atomic_path(converted) as tmp:
+            convert_for_fp16(src, tmp, ModelIO.from_onnx(src), BuildOptions(fp16=True, keep_fp32_ops=keep))
+        src = converted
     nms_onnx = write_efficient_nms(src, folder / "model.onnx", layout, nms, output)
     build = dict(meta.build)
     options = BuildOptions(profile=_same_profile(meta), workspace=build.get("workspace_bytes"),
-                           opt_level=int(build.get("builder_optimization_level", 3)), allow_fp32=True,
-                           fp16=bool((meta.precision or {}).get("fp16")))
+                           opt_level=int(build.get("builder_optimization_level", 3)), allow_fp32=True)
     return build_engine(nms_onnx, folder / "model.plan", options, builder=builder)
