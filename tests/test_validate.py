@@ -189,9 +189,9 @@ def test_report_has_stable_keys_and_files_are_written(tmp_path):
     paths = report.write(tmp_path / "r")
     data = json.loads(paths["json"].read_text())
     assert list(data) == ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
-                          "speed_vs_reference", "fleet", "thresholds", "files"]
-    # /2 speed_vs_reference, /3 latency measured in windows, /4 fleet (several servers)
-    assert REPORT_SCHEMA == "trtrepo.validate/4" and data["fleet"] is None
+                          "speed_vs_reference", "fleet", "detection", "thresholds", "files"]
+    # /2 speed_vs_reference, /3 latency measured in windows, /4 fleet (several servers), /5 detection (a detector ensemble)
+    assert REPORT_SCHEMA == "trtrepo.validate/5" and data["fleet"] is None and data["detection"] is None
     assert data["schema"] == REPORT_SCHEMA and data["passed"] is False and data["failures"] == ["p99_ms[c=4]"]
     md = paths["markdown"].read_text()
     assert "**FAIL**" in md

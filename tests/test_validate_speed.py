@@ -34,7 +34,7 @@ SUMMARY_KEYS = ["iterations", "median_ms", "p99_ms", "mean_ms", "min_ms", "max_m
 ROW_KEYS = ["batch_size", "reference", "served", "speedup_median", "speedup_p99", "throughput_ratio", "onnx",
             "speedup_vs_onnx", "implausible"]
 REPORT_KEYS = ["schema", "trtrepo_version", "passed", "failures", "server", "contract", "accuracy", "latency",
-               "speed_vs_reference", "fleet", "thresholds", "files"]
+               "speed_vs_reference", "fleet", "detection", "thresholds", "files"]
 
 # --------------------------------------------------------------------------------------------
 # Pure parts

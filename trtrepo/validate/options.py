@@ -16,7 +16,8 @@ from ..speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
 log = logging.getLogger(__name__)
 
 
-REPORT_SCHEMA = "trtrepo.validate/4"  # /2: speed_vs_reference added; /3: latency levels measured in windows; /4: fleet
+REPORT_SCHEMA = "trtrepo.validate/5"  # /2: speed_vs_reference added; /3: latency levels measured in windows; /4: fleet;
+# /5: detection (a detector ensemble's detections vs the reference's)
 PROTOCOLS = ("grpc", "http")
 SHARED_MEMORY = ("none", "system", "cuda")
 DEFAULT_PORTS = {"grpc": 8001, "http": 8000}
