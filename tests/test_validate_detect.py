@@ -116,6 +116,7 @@ def test_validate_on_the_fp32_ensemble_prints_boxes_figures_and_end_to_end_laten
     assert "detections of det_ensemble vs the reference run locally" in out and "mAP50-95 1.000" in out
     assert f"conf {CONF:g}, IoU {IOU:g}, max {MAX_DET}" in out
     assert "latency end to end (one encoded image per request: decode + preprocessing + model + NMS):" in out
+    assert "worst images:" not in out  # every image at 1.0: none is listed
     assert "c=1:" in out and "c=2:" in out and "map[det_ensemble]: 1 (limit 0.99) ok" in out
     md = (report / "validate.md").read_text()
     assert "## Detections (4 images, one request each)" in md and "Worst images" in md
@@ -156,6 +157,54 @@ def test_a_detector_ensemble_refuses_batches_and_non_detectors_refuse_min_map(se
     assert len(r.stderr.strip().splitlines()) == 1 and not report.exists()
     with pytest.raises(UsageError, match="the mAP floor 1.5: between 0 and 1"):
         Thresholds(min_map=1.5)
+
+
+# --------------------------------------------------------------------------------------------
+# Pure parts: the verdict and the endpoint's recognition
+
+
+def _figures(map50_95: float, sd: float, decided: int):
+    from trtrepo.detect import DetectionFigures
+
+    half = 1.96 * sd / decided ** 0.5
+    return DetectionFigures(images=decided, decided=decided, reference_boxes=10, candidate_boxes=10, map50_95=map50_95,
+                            map50=map50_95, lower=max(0.0, map50_95 - half), upper=min(1.0, map50_95 + half), sd=sd,
+                            count_agreement=1.0)
+
+
+def test_min_map_judges_the_interval_as_the_gate_does():
+    from trtrepo.validate.detection import map_threshold
+
+    ok = map_threshold(_figures(0.97, 0.01, 20), "m", 0.9)
+    assert ok.passed and ok.value == 0.97 and ok.name == "map[m]"
+    low = map_threshold(_figures(0.85, 0.01, 20), "m", 0.9)
+    assert not low.passed and "cannot decide" not in low.detail
+    undecided = map_threshold(_figures(0.92, 0.1, 4), "m", 0.9)  # over the limit, its interval reaches under it
+    assert not undecided.passed and "cannot decide on 4 images, about" in undecided.detail
+    need = int(undecided.detail.split("about ")[1].split()[0])
+    assert map_threshold(_figures(0.92, 0.1, need), "m", 0.9).passed
+
+
+def test_only_a_detection_ensemble_is_recognised_and_its_settings_come_from_the_server():
+    from trtrepo.modelio import ModelIO, TensorSpec
+    from trtrepo.validate.detection import detector_endpoint
+
+    io_ = ModelIO((TensorSpec("images", "float32", (-1, 3, SIZE, SIZE)),), (TensorSpec("output0", "float32", (-1, 7, 84)),))
+    meta = {"name": "d_ensemble", "inputs": [{"name": "IMAGE", "datatype": "BYTES"}],
+            "outputs": [{"name": n} for n in ("boxes", "scores", "classes")]}
+    steps = {"ensemble_scheduling": {"step": [
+        {"model_name": "d", "input_map": {"images": "images"}, "output_map": {"output0": "raw"}},
+        {"model_name": "d_post", "input_map": {"output0": "raw"}, "output_map": {"boxes": "boxes"}}]}}
+    params = {"conf": "0.4", "iou": "0.6", "max_det": "9", "kind": "anchor_free", "num_classes": "3"}
+    post = {"input": [{"name": "output0"}], "parameters": {k: {"string_value": v} for k, v in params.items()}}
+    ep = detector_endpoint(io_, meta, steps, {"d_post": post}.__getitem__)
+    assert ep is not None and (ep.raw_output, ep.postprocess, ep.image_input) == ("output0", "d_post", "IMAGE")
+    assert (ep.nms.conf, ep.nms.iou, ep.nms.max_det, ep.layout.num_classes) == (0.4, 0.6, 9, 3)
+    classifier = {**meta, "outputs": [{"name": "logits"}]}
+    assert detector_endpoint(io_, classifier, steps, {"d_post": post}.__getitem__) is None
+    bare = {"input": post["input"], "parameters": {}}
+    with pytest.raises(UsageError, match="its postprocessing model 'd_post' has no parameter 'conf'"):
+        detector_endpoint(io_, meta, steps, {"d_post": bare}.__getitem__)
 
 
 # --------------------------------------------------------------------------------------------

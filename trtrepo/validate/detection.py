@@ -260,15 +260,17 @@ def _describe(f: Mapping[str, Any]) -> str:
 
 def detection_console_lines(det: Mapping[str, Any], worst: int = 3) -> list[str]:
     """What validate prints of a detector ensemble's detections: the settings, the figures, the
-    worst images by name and the images whose box counts differ."""
+    worst images by name (those below 1.0: a perfect image is no news) and the images whose box
+    counts differ."""
     s = det["settings"]
     lines = [f"detections of {det['model']} vs the reference run locally (same letterbox, decode + class-aware NMS "
              f"at conf {s['conf']:g}, IoU {s['iou']:g}, max {s['max_det']}, as '{s['postprocess']}' serves): "
              + _describe(det["figures"])]
-    if det.get("worst_images") and worst > 0:
+    below = [r for r in det.get("worst_images") or () if r["map50_95"] < 1.0 - 1e-9]
+    if below and worst > 0:
         lines.append("worst images: " + "; ".join(
             f"{r['file']} (mAP50-95 {r['map50_95']:.3f}, boxes {r['reference_boxes']} reference / {r['served_boxes']} served)"
-            for r in det["worst_images"][:worst]))
+            for r in below[:worst]))
     if det.get("count_differences") and worst > 0:
         lines.append("box counts differ: " + "; ".join(
             f"{r['file']} ({r['reference_boxes']} reference / {r['served_boxes']} served)"
