@@ -155,6 +155,11 @@ def test_a_detector_ensemble_refuses_batches_and_non_detectors_refuse_min_map(se
     r, _, report = _validate(run_cli, served, "det_ensemble", "--batch-size", "2", "--no-latency")
     assert r.exit_code == 2 and "--batch-size 2: model 'det_ensemble' is a detector ensemble" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1 and not report.exists()
+    resize = Preprocess(resize=(SIZE, SIZE)).save(served["tmp"] / "resize.json")
+    r = run_cli("validate", "--url", served["server"].grpc_url, "--model", "det_ensemble", "--reference", served["onnx"],
+                "--data", served["folder"], "--preprocess", resize, "--no-latency")
+    assert r.exit_code == 2 and r.stderr.strip() == ("error: --preprocess must letterbox as the served detector's "
+                                                     "preprocessing does (a spec with letterbox, as deploy wrote it)")
     with pytest.raises(UsageError, match="the mAP floor 1.5: between 0 and 1"):
         Thresholds(min_map=1.5)
 

@@ -159,15 +159,21 @@ def image_hw(path: Path) -> tuple[int, int]:
         return img.size[1], img.size[0]
 
 
+def check_letterbox(preprocess: Any) -> None:
+    """The data's preprocessing must letterbox, as a detector ensemble's does: the boxes are mapped
+    back to the image through its geometry."""
+    if getattr(preprocess, "letterbox", None) is None:
+        raise OptionError("preprocess", "must letterbox as the served detector's preprocessing does (a spec with "
+                                        "letterbox, as deploy wrote it)", concept="the preprocessing")
+
+
 def reference_detections(rows: Sequence[Mapping[str, np.ndarray]], files: Sequence[Path], preprocess: Any,
                          endpoint: DetectorEndpoint) -> list[Detections]:
     """The reference's detections per file, as the ensemble makes them: its raw output (``rows``,
     one per file, from :func:`~trtrepo.validate.accuracy.reference_rows` on the letterboxed
     tensors) through :func:`trtrepo.detect.postprocess` at the served settings, boxes mapped back
     through the file's letterbox geometry."""
-    if getattr(preprocess, "letterbox", None) is None:
-        raise OptionError("preprocess", "must letterbox as the served detector's preprocessing does (a spec with "
-                                        "letterbox, as deploy wrote it)", concept="the preprocessing")
+    check_letterbox(preprocess)
     out = []
     for row, f in zip(rows, files, strict=True):
         raw = np.asarray(row[endpoint.raw_output])[None]

@@ -47,6 +47,7 @@ from .contract import (
     stats_diff,
 )
 from .detection import (
+    check_letterbox,
     detection_thresholds,
     detector_endpoint,
     detector_output_classes,
@@ -162,6 +163,7 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
             endpoint = detector_endpoint(io, metadata, config, lambda name: served_config(target, name))
             if endpoint is not None:  # a detector ensemble: one image per request, detections out
                 _check_detector_options(options)
+                check_letterbox(getattr(source, "preprocess", None))
                 served_io, payloads = endpoint.served_io(io), endpoint.payloads(files)
             else:
                 served_io = endpoint_io(io, image_input)
