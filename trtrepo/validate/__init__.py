@@ -1,7 +1,8 @@
 """Deployment check against a running Triton server (``trtrepo validate``), a package split by concern:
 ``options``, ``contract`` (pure comparisons and statistics), ``shm`` (shared-memory regions),
 ``load`` (closed and open loop, measured in windows, over two transports), ``client``
-(:class:`TritonTarget`), ``accuracy``, ``report``, ``stage`` (:func:`validate`).
+(:class:`TritonTarget`), ``accuracy``, ``detection`` (a detector judged in boxes), ``report``,
+``stage`` (:func:`validate`).
 
 Four phases, each usable on its own through :class:`TritonTarget`:
 
@@ -14,7 +15,9 @@ Four phases, each usable on its own through :class:`TritonTarget`:
 2. **Accuracy** -- :func:`run_accuracy` sends the data set through Triton and through the
    reference (PyTorch, or ONNX Runtime for an ``.onnx`` reference) batch by batch, checks every
    response's shape and compares the outputs with the metric functions of
-   :mod:`trtrepo.evaluate`; the worst samples (lowest cosine similarity) are listed.
+   :mod:`trtrepo.evaluate`; the worst samples (lowest cosine similarity) are listed. A detector
+   (an ensemble returning boxes, or a YOLO-style head output) is judged in boxes: mAP of the
+   served detections against the reference's (:mod:`~trtrepo.validate.detection`).
 3. **Latency and throughput** -- after a warm-up (:meth:`TritonTarget.load`),
    :meth:`TritonTarget.measure` keeps ``concurrency`` requests in flight (or sends them at a
    request rate) and measures in windows until the last ones are stable

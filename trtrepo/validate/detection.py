@@ -21,7 +21,7 @@ Two servings are recognised, from what the server says of the model:
   (:func:`detector_output_classes`, used by :func:`~trtrepo.validate.accuracy.run_accuracy`).
 
 Figures (:func:`trtrepo.detect.compare_detections`): COCO mAP50-95 and mAP50 of the served
-detections with the reference's as ground truth, the 95 % interval over the per-image figures,
+detections with the reference's as ground truth, its 95 % interval (the gate's, over the images),
 the box-count agreement (images whose served and reference box counts are equal), and the worst
 images by name. Served detections come at the served ``conf`` (no candidates below it to rank,
 unlike the gate's): a box that scores just under the threshold on one side and just over it on
@@ -225,8 +225,8 @@ def map_threshold(figures: DetectionFigures, name: str, limit: float) -> Thresho
     which passes when its interval's lower end clears ``limit``; an undecided one fails, naming
     the images that would decide."""
     verdict = figures.verdict(limit)
-    detail = (f"mAP50-95 vs the reference's detections, 95% interval {figures.lower:.3f}-{figures.upper:.3f} over "
-              f"{figures.decided} of {figures.images} images with reference boxes; the lower end is judged")
+    detail = (f"mAP50-95 vs the reference's detections, 95% interval {figures.lower:.3f}-{figures.upper:.3f} "
+              f"({figures.decided} of {figures.images} images hold reference boxes); the lower end is judged")
     if verdict == "undecided":
         need = figures.images_to_decide(limit)
         detail += (f": cannot decide on {figures.decided} images, about {need} would decide" if need is not None
