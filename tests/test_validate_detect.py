@@ -164,6 +164,27 @@ def test_a_detector_ensemble_refuses_batches_and_non_detectors_refuse_min_map(se
         Thresholds(min_map=1.5)
 
 
+@pytest.mark.triton
+def test_an_ultralytics_export_needs_no_preprocessing_spec(served, run_cli):
+    """A reference whose exporter declares its input size (Ultralytics' task and imgsz metadata) is
+    read through its own letterbox, as deploy wrote the ensemble's: no --preprocess."""
+    import onnx
+
+    model = onnx.load(str(served["onnx"]))
+    for key, value in (("task", "detect"), ("imgsz", f"[{SIZE}, {SIZE}]")):
+        prop = model.metadata_props.add()
+        prop.key, prop.value = key, value
+    exported = served["tmp"] / "exported.onnx"
+    onnx.save(model, str(exported))
+    r = run_cli("validate", "--url", served["server"].grpc_url, "--model", "det_ensemble", "--reference", exported,
+                "--data", served["folder"], "--no-latency", "--min-map", "0.99", "--no-progress")
+    assert r.exit_code == 0, r.output + r.stderr
+    assert "mAP50-95 1.000" in r.output and "map[det_ensemble]: 1 (limit 0.99) ok" in r.output
+    bare = run_cli("validate", "--url", served["server"].grpc_url, "--model", "det_ensemble", "--reference",
+                   served["onnx"], "--data", served["folder"], "--no-latency")
+    assert bare.exit_code == 2 and "an image folder needs a preprocessing spec (--preprocess FILE)" in bare.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # Pure parts: the verdict and the endpoint's recognition
 
@@ -241,11 +262,11 @@ def test_yolo11n_fp32_ensemble_matches_the_local_fp32_run_on_bus_and_zidane(yolo
     res = run_cli("deploy", model, "--name", "yolo", "--repo", repo, "--data", photos, "--backend", "python",
                   "--ensemble", "--precision", "fp32")
     assert res.exit_code == 0, res.output + res.stderr
-    spec = Preprocess(letterbox=(640, 640), scale=1.0 / 255.0, color="rgb", layout="NCHW").save(tmp_path / "pre.json")
     server = triton_server(repo, timeout=300.0)
     report = tmp_path / "report"
+    # no --preprocess: the export's own letterbox (its metadata), as deploy wrote the ensemble's
     r = run_cli("validate", "--url", server.grpc_url, "--model", "yolo_ensemble", "--reference", model,
-                "--data", photos, "--preprocess", spec, "--min-map", "0.99", "--concurrency", "1,2", "--requests", "4",
+                "--data", photos, "--min-map", "0.99", "--concurrency", "1,2", "--requests", "4",
                 "--warmup", "2", "--max-trials", "4", "--stability-percentage", "100", "--no-reference-speed",
                 "--timeout", "60", "--report", report, "--no-progress")
     assert r.exit_code == 0, r.output + r.stderr

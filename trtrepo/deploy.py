@@ -36,6 +36,7 @@ from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, qdq_counts
 from .objectstore import checkout, open_store, publish
+from .preprocessing import exporter_preprocess
 from .progress import status, task
 from .quantize import NothingToQuantize, backend_target, detector_outputs
 from .quantsummary import QuantizeSummary
@@ -494,23 +495,6 @@ def _preprocess_spec(opts: DeployOptions, exported: Preprocess | None) -> Any:
         return exported
     raise OptionError("ensemble", "needs the preprocessing spec ({preprocess}, see 'trtrepo preprocess')",
                       concept="the image ensemble", others={"preprocess": "a preprocess spec file"})
-
-
-def exporter_preprocess(source: str) -> Preprocess | None:
-    """The preprocessing an ONNX file's exporter declares: a detector exported by Ultralytics
-    (metadata ``task`` detect/segment/pose and ``imgsz``) takes RGB images letterboxed to ``imgsz``
-    (gray 114 padding) over 255, NCHW -- what its own predictor does. None for other sources."""
-    path = Path(source)
-    if path.suffix.lower() != ".onnx" or not path.is_file():
-        return None
-    meta = {p.key: p.value for p in load_onnx(path, load_weights=False).metadata_props}
-    if meta.get("task") not in ("detect", "segment", "pose") or "imgsz" not in meta:
-        return None
-    try:
-        size = [int(v) for v in meta["imgsz"].strip("[]() ").split(",")]
-    except ValueError:
-        return None
-    return Preprocess(letterbox=(size[0], size[-1]), scale=1.0 / 255.0, color="rgb", layout="NCHW")
 
 
 def _detector_ensemble(repo: str | Path, primary: ModelConfig, model_path: Path, preprocess: Preprocess,

@@ -17,6 +17,7 @@ import numpy as np
 from .detect import letterbox_params
 from .errors import UsageError, one_line
 from .fsutil import atomic_write_text
+from .modelio import load_onnx
 
 MAX_IMAGE_SIDE = 16384  # resize / center_crop sides (a 16384 x 16384 RGB float image is 3 GiB)
 MAX_IMAGE_PIXELS_ENV = "TRTREPO_MAX_IMAGE_PIXELS"
@@ -251,3 +252,22 @@ class Preprocess:
 
 # --------------------------------------------------------------------------------------------
 # Samples and sources
+
+
+def exporter_preprocess(source: str | Path) -> Preprocess | None:
+    """The preprocessing an ONNX file's exporter declares: a detector exported by Ultralytics
+    (metadata ``task`` detect/segment/pose and ``imgsz``) takes RGB images letterboxed to ``imgsz``
+    (gray 114 padding) over 255, NCHW -- what its own predictor does. None for other sources.
+    ``deploy`` writes a detector's ensemble with it and ``validate`` runs the reference with it,
+    when no spec is given."""
+    path = Path(source)
+    if path.suffix.lower() != ".onnx" or not path.is_file():
+        return None
+    meta = {p.key: p.value for p in load_onnx(path, load_weights=False).metadata_props}
+    if meta.get("task") not in ("detect", "segment", "pose") or "imgsz" not in meta:
+        return None
+    try:
+        size = [int(v) for v in meta["imgsz"].strip("[]() ").split(",")]
+    except ValueError:
+        return None
+    return Preprocess(letterbox=(size[0], size[-1]), scale=1.0 / 255.0, color="rgb", layout="NCHW")

@@ -22,6 +22,7 @@ from ..errors import OptionError, UsageError
 from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
+from ..preprocessing import exporter_preprocess
 from ..progress import Phase, bar_disabled, phase, status, task
 from ..speed import (
     SLOW_CALL_S,
@@ -117,11 +118,18 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
     loaded and one warm call at batch 1 is timed: a slow one is announced with the phase's
     estimate and ``--no-reference-speed``. Each phase writes a status line
     (:func:`trtrepo.progress.status`) with its expected time, and long ones one every few seconds.
+
+    Data without a preprocessing spec against an ONNX detector export that declares its input
+    size (Ultralytics' metadata) is read through that export's letterbox
+    (:func:`trtrepo.preprocessing.exporter_preprocess`), as ``deploy`` reads it.
     """
 
     started = time.perf_counter()
     load_start = cpu_sample().load1
     onnx, weights = reference.onnx, reference.weights
+    if data.preprocess is None:  # an image folder for a detector exported with its input size: its own letterbox
+        exported = exporter_preprocess(onnx if onnx is not None else reference.source)
+        data = data if exported is None else replace(data, preprocess=exported)
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
     speed_device = None
