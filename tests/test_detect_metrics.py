@@ -210,3 +210,25 @@ def test_matches_pycocotools(seed: int) -> None:
     result = mean_ap(preds, refs)
     assert result.map50_95 == pytest.approx(ev.stats[0], abs=1e-6)
     assert result.map50 == pytest.approx(ev.stats[1], abs=1e-6)
+
+
+def test_bootstrap_resamples_whole_images_and_sees_a_rare_class() -> None:
+    """49 images hold one class-0 box each, found; one image also holds the only class-1 box, missed:
+    mAP 0.5. A resample without that image has no class 1 (mAP 1.0), one with it 0.5: the bootstrap
+    spans both, where the spread of the per-image figures (49 x 1.0, one 0.5) is tiny."""
+    from trtrepo.detect import bootstrap_map
+    from trtrepo.detect.judge import compare_detections
+
+    box = [[10, 10, 50, 50]]
+    refs = [_det(box, [0]) for _ in range(49)] + [_det(box + [[60, 60, 90, 90]], [0, 1])]
+    preds = [_det(box, [0]) for _ in range(50)]
+    assert mean_ap(preds, refs).map50_95 == pytest.approx(0.5)
+    boot = bootstrap_map(preds, refs, resamples=300, seed=1)
+    assert len(boot) == 300 and set(np.round(boot, 9)) == {0.5, 1.0}
+    assert 0.2 < np.mean(boot == 1.0) < 0.5  # P(the image is not drawn) = (49/50)^50 = 0.36
+    np.testing.assert_array_equal(boot, bootstrap_map(preds, refs, resamples=300, seed=1))  # seeded
+    fig = compare_detections(refs, preds)
+    assert fig.lower == pytest.approx(0.5) and fig.upper == pytest.approx(1.0)
+    assert fig.verdict(0.9) == "fail"  # the figure itself is below the limit
+    per_image = np.asarray(mean_ap(preds, refs).per_image)
+    assert 1.96 * per_image.std(ddof=1) / math.sqrt(len(per_image)) < 0.05  # what the old interval used

@@ -658,6 +658,7 @@ def activation_qparams_for(model: Any, layers: Sequence[Layer], ranges: Mapping[
     """The Q/DQ parameters the writer gives each layer input (absent: the input stays float)."""
 
     view = GraphView(model)
+    ranges = plan_qdq(model, options, view=view, ranges=ranges).tie(ranges)  # the writer's parameters
     out = {}
     for layer in layers:
         if layer.input in ranges:

@@ -5,6 +5,7 @@ Stable API::
 
     box_iou(a [K, 4], b [M, 4]) -> [K, M] float64
     mean_ap(predictions, references, iou_thresholds=COCO_IOU_THRESHOLDS, max_dets=100) -> MapResult
+    bootstrap_map(predictions, references, resamples=400, seed=0) -> [resamples] mAP50-95
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
 
@@ -157,12 +158,23 @@ def _check_pairs(predictions: Sequence[Detections], references: Sequence[Detecti
         raise ValueError(f"{len(predictions)} images of predictions against {len(references)} of references")
 
 
-def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
-            iou_thresholds: Sequence[float] | np.ndarray = COCO_IOU_THRESHOLDS,
-            max_dets: int | None = COCO_MAX_DETS) -> MapResult:
-    """COCO mAP of ``predictions`` against ``references`` (one :class:`Detections` per image,
-    in the same image order; module docstring for the definition). Raises ValueError when the
-    two differ in image count or no threshold is given."""
+@dataclass
+class _Matched:
+    """The per-image matching :func:`mean_ap` pools: per class, each image's prediction scores and
+    true positives ``[T, K]`` (``None`` where the image holds neither), and its reference count."""
+
+    classes: list[int]
+    scores: dict[int, list[np.ndarray | None]]
+    tp: dict[int, list[np.ndarray | None]]
+    references: dict[int, np.ndarray]  # class -> reference boxes per image [images]
+    per_image: list[float]
+    main: slice
+    index50: int
+    thresholds: int  # rows of each tp (the asked thresholds, plus 0.5 where it was not one)
+
+
+def _match_images(predictions: Sequence[Detections], references: Sequence[Detections],
+                  iou_thresholds: Sequence[float] | np.ndarray, max_dets: int | None) -> _Matched:
     _check_pairs(predictions, references)
     thresholds = np.asarray(iou_thresholds, dtype=np.float64).reshape(-1)
     if thresholds.size == 0:
@@ -174,39 +186,78 @@ def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
     else:
         thresholds = np.append(thresholds, 0.5)
         index50 = len(thresholds) - 1
-    scores_of: dict[int, list[np.ndarray]] = {}
-    tp_of: dict[int, list[np.ndarray]] = {}
-    references_of: dict[int, int] = {}
+    n = len(references)
+    classes = sorted(set(np.concatenate([np.asarray(d.classes) for d in (*predictions, *references)] or
+                                        [np.zeros(0)]).astype(int).tolist()))
+    scores: dict[int, list[np.ndarray | None]] = {c: [None] * n for c in classes}
+    tps: dict[int, list[np.ndarray | None]] = {c: [None] * n for c in classes}
+    counts: dict[int, np.ndarray] = {c: np.zeros(n, np.int64) for c in classes}
     per_image: list[float] = []
-    for pred, ref in zip(predictions, references, strict=True):
+    for k, (pred, ref) in enumerate(zip(predictions, references, strict=True)):
         image_aps = []
-        for c in np.union1d(pred.classes, ref.classes).tolist():
+        for c in np.union1d(pred.classes, ref.classes).astype(int).tolist():
             pi = np.flatnonzero(pred.classes == c)
             pi = pi[np.argsort(-pred.scores[pi], kind="mergesort")][:max_dets]
             ri = np.flatnonzero(ref.classes == c)
             tp = _match(pred.boxes[pi], ref.boxes[ri], thresholds)
-            scores_of.setdefault(c, []).append(pred.scores[pi])
-            tp_of.setdefault(c, []).append(tp)
-            references_of[c] = references_of.get(c, 0) + len(ri)
+            scores[c][k], tps[c][k], counts[c][k] = pred.scores[pi], tp, len(ri)
             if len(ri):
                 image_aps.append(_average_precision(tp, len(ri))[main])
         per_image.append(float(np.mean(image_aps)) if image_aps else math.nan)
-    class_aps: dict[int, np.ndarray] = {}
-    for c in sorted(references_of):
-        if references_of[c] == 0:
+    return _Matched(classes, scores, tps, counts, per_image, main, index50, thresholds.size)
+
+
+def _class_aps(m: _Matched, images: Sequence[int]) -> dict[int, np.ndarray]:
+    """AP ``[T]`` per class with reference boxes, pooling the given images (repeats count again)."""
+    out: dict[int, np.ndarray] = {}
+    for c in m.classes:
+        refs = int(m.references[c][list(images)].sum()) if len(images) else 0
+        if refs == 0:
             continue
-        scores = np.concatenate(scores_of[c])
+        held = [k for k in images if m.scores[c][k] is not None]
+        scores = np.concatenate([m.scores[c][k] for k in held]) if held else np.zeros(0)  # type: ignore[misc]
+        tp = np.concatenate([m.tp[c][k] for k in held], axis=1) if held else np.zeros((m.thresholds, 0), bool)  # type: ignore[misc]
         order = np.argsort(-scores, kind="mergesort")
-        class_aps[c] = _average_precision(np.concatenate(tp_of[c], axis=1)[:, order], references_of[c])
+        out[c] = _average_precision(tp[:, order], refs)
+    return out
+
+
+def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
+            iou_thresholds: Sequence[float] | np.ndarray = COCO_IOU_THRESHOLDS,
+            max_dets: int | None = COCO_MAX_DETS) -> MapResult:
+    """COCO mAP of ``predictions`` against ``references`` (one :class:`Detections` per image,
+    in the same image order; module docstring for the definition). Raises ValueError when the
+    two differ in image count or no threshold is given."""
+    m = _match_images(predictions, references, iou_thresholds, max_dets)
+    class_aps = _class_aps(m, range(len(references)))
     images, reference_boxes = len(references), sum(len(r) for r in references)
     predicted_boxes = sum(len(p) for p in predictions)
     if not class_aps:
-        return MapResult(math.nan, math.nan, 0, images, reference_boxes, predicted_boxes, per_image,
+        return MapResult(math.nan, math.nan, 0, images, reference_boxes, predicted_boxes, m.per_image,
                          note="no reference boxes: mAP is undefined")
     table = np.stack(list(class_aps.values()))   # [classes, T]
-    return MapResult(float(table[:, main].mean()), float(table[:, index50].mean()), len(class_aps), images,
-                     reference_boxes, predicted_boxes, per_image,
-                     per_class={c: float(v[main].mean()) for c, v in class_aps.items()})
+    return MapResult(float(table[:, m.main].mean()), float(table[:, m.index50].mean()), len(class_aps), images,
+                     reference_boxes, predicted_boxes, m.per_image,
+                     per_class={c: float(v[m.main].mean()) for c, v in class_aps.items()})
+
+
+def bootstrap_map(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
+                  seed: int = 0) -> np.ndarray:
+    """mAP50-95 of ``resamples`` bootstrap samples of the images (drawn with replacement, as many as
+    there are; a draw without reference boxes is skipped): the spread of the data set's figure itself.
+
+    Decision: mAP pools its classes across images and averages over classes, so a class with one or
+    two reference boxes in the whole set moves it as much as a class with hundreds; the spread of
+    per-image figures misses that. The matching is done once; each sample re-pools it."""
+    m = _match_images(predictions, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS)
+    rng = np.random.default_rng(seed)
+    n = len(references)
+    out = []
+    for _ in range(resamples if n else 0):
+        aps = _class_aps(m, rng.integers(0, n, n).tolist())
+        if aps:
+            out.append(float(np.stack(list(aps.values()))[:, m.main].mean()))
+    return np.asarray(out, np.float64)
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:

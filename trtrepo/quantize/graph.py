@@ -43,6 +43,7 @@ class GraphView:
                 if name:
                     self.consumers[name].append((node, i))
         self.elem_type: dict[str, int] = {}
+        self.rank: dict[str, int] = {}  # tensors whose rank shape inference knows
         try:
             inferred = onnx.shape_inference.infer_shapes(without_weights(model))
         except Exception as exc:  # shape inference is a help, not a requirement
@@ -51,6 +52,8 @@ class GraphView:
         for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
             if vi.type.HasField("tensor_type"):
                 self.elem_type[vi.name] = vi.type.tensor_type.elem_type
+                if vi.type.tensor_type.HasField("shape"):
+                    self.rank[vi.name] = len(vi.type.tensor_type.shape.dim)
         for name, t in {**self.initializers, **self.constants}.items():
             self.elem_type[name] = t.data_type
         self.order = {node.name: i for i, node in enumerate(self.nodes)}
@@ -195,6 +198,39 @@ def prepare_model(model: Any) -> Any:
     copy = _ensure_opset(copy)
     _unique_node_names(copy)
     return copy
+
+
+def softmax_on_last_axis(model: Any) -> int:
+    """Rewrite, in place, each Softmax (opset >= 13) over an inner axis of a tensor of known rank as
+    ``Transpose -> Softmax(axis=-1) -> Transpose`` back; the number rewritten.
+
+    Decision: the same sums over the same values, and ONNX Runtime's CPU Softmax is fast on the
+    last axis only (YOLO's DFL softmax, ``[N, 16, 4, anchors]`` over axis 1, is a large share of a
+    quantized YOLO's time; figures in docs/benchmarks.md); ONNX Runtime's transpose optimizer merges
+    the new Transposes with their neighbours. Applied to the models the quantize stage writes for
+    a target that runs ONNX Runtime kernels; the FP32 reference is left as exported."""
+    from onnx import helper
+
+    view = GraphView(model)  # a prepared model (prepare_model): opset >= 13, the axis semantics above
+    nodes, done = [], 0
+    for node in model.graph.node:
+        rank = view.rank.get(node.input[0]) if node.op_type == "Softmax" and node.input else None
+        axis = view.attr(node, "axis", -1) if rank else None
+        if rank is None or axis is None or axis % rank == rank - 1:
+            nodes.append(node)
+            continue
+        k = axis % rank
+        perm = [i for i in range(rank) if i != k] + [k]
+        back = [perm.index(i) for i in range(rank)]
+        moved, result = f"{node.output[0]}_last_axis", f"{node.output[0]}_softmax_last_axis"
+        nodes += [helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=f"{node.name}_to_last_axis"),
+                  helper.make_node("Softmax", [moved], [result], axis=-1, name=node.name),
+                  helper.make_node("Transpose", [result], [node.output[0]], perm=back, name=f"{node.name}_from_last_axis")]
+        done += 1
+    if done:
+        del model.graph.node[:]
+        model.graph.node.extend(nodes)
+    return done
 
 
 def _drop_unused_initializers(model: Any) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..errors import TrtrepoError, UsageError
 from ..warngroups import Cause, Detail, in_run
-from .graph import GraphView, _drop_unused_initializers, prepare_model, weights_as_inputs
+from .graph import GraphView, _drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
 from .options import (
     _INT8_MAX,
     _INT8_REDUCED_MAX,
@@ -213,8 +213,11 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
 
     options = options or QuantizeOptions()
     work = prepare_model(model)
+    if options.target.integer_kernels:  # a model for ONNX Runtime's kernels (graph.softmax_on_last_axis)
+        softmax_on_last_axis(work)
     view = GraphView(work)
     plan, found = _covered_plan(work, view, ranges, options, source, warn)
+    ranges = plan.tie(ranges)
     writer = _QdqWriter(work, view)
     act_q = writer.activations(plan, ranges, options)
     qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
@@ -260,7 +263,8 @@ def _covered_plan(work: Any, view: GraphView, ranges: Mapping[str, RangeLike], o
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise UsageError(f"{source} do not cover the model: no range for tensor '{missing[0]}'{more}; "
                          "were they calibrated on another model?")
-    optional_missing = [t for t in plan.activation_tensors() if t not in ranges]
+    tied = plan.tie(ranges)
+    optional_missing = [t for t in plan.activation_tensors() if t not in tied]
     found: list[Detail] = []
     if optional_missing:
         found.append(Detail(UNIT_WITHOUT_RANGE, tuple(optional_missing), len(optional_missing),
@@ -310,12 +314,20 @@ class _QdqWriter:
         """One Q -> DQ pair per activation tensor, shared by the consumers the plan names."""
         act_q: dict[str, QParams] = {}
         act_dq_out: dict[str, str] = {}
-        for tensor in plan.activation_tensors():
-            qp = activation_qparams(_as_range(ranges[tensor]), options.target, nonneg=self.view.non_negative(tensor),
-                                    tensor=tensor)
-            act_q[tensor] = qp
-            s = self.add_init(f"{tensor}_scale", qp.scale)
-            z = self.add_init(f"{tensor}_zero_point", qp.zero_point)
+        params: dict[str, tuple[str, str]] = {}  # tensor -> its scale and zero-point initializers
+        tensors = plan.activation_tensors()
+        for tensor in sorted(tensors, key=lambda t: t in plan.tied):  # a tied output after its source
+            source = plan.tied.get(tensor, tensor)
+            if source in params:  # tied (QdqPlan.tied): the source's very initializers
+                act_q[tensor] = act_q[source]
+                s, z = params[source]
+            else:
+                qp = activation_qparams(_as_range(ranges[tensor]), options.target,
+                                        nonneg=self.view.non_negative(tensor), tensor=tensor)
+                act_q[tensor] = qp
+                s = self.add_init(f"{tensor}_scale", qp.scale)
+                z = self.add_init(f"{tensor}_zero_point", qp.zero_point)
+            params[tensor] = (s, z)
             q_out, dq_out = self.fresh(f"{tensor}_quantized"), self.fresh(f"{tensor}_dequantized")
             self.inserted_after[self.anchor(tensor)] += [
                 self.node("QuantizeLinear", [tensor, s, z], q_out, tensor),

@@ -27,6 +27,17 @@ class QdqPlan:
     # Transformer-aware exclusions (find_float_nodes): node -> reason, unquantizable tensor -> reason.
     auto_float: dict[str, str] = field(default_factory=dict)
     float_tensors: dict[str, str] = field(default_factory=dict)
+    # Outputs of data-movement ops quantized with their input's parameters (:func:`_tied_outputs`).
+    tied: dict[str, str] = field(default_factory=dict)
+
+    def tie(self, ranges: Mapping[str, RangeLike]) -> dict[str, RangeLike]:
+        """``ranges`` with every tied output given its source's range (where the source has one):
+        the parameters the writer and the weight steps use."""
+        out = dict(ranges)
+        for tensor, source in self.tied.items():
+            if source in ranges:
+                out[tensor] = ranges[source]
+        return out
 
     def activation_tensors(self) -> list[str]:
         seen: dict[str, None] = {}
@@ -84,10 +95,54 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     if target.transformer_safe and options.transformer_safe:
         kept = _units_on_quantized_inputs(view, kept)
         kept = _float_matmul_outputs(view, kept)
+    tied: dict[str, str] = {}
+    if target.integer_kernels:
+        kept, tied = _tie_outputs(view, kept)
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
-    return QdqPlan(kept, layers, excluded, target.name, kept_float, auto_float, dict(reasons.tensors))
+    return QdqPlan(kept, layers, excluded, target.name, kept_float, auto_float, dict(reasons.tensors), tied)
+
+
+# Ops that only move or select values (nearest Resize included): ONNX Runtime runs ``DQ -> op -> Q``
+# on the integers when Q has the DQ's scale and zero point (its QDQ "drop" and Split rules).
+DATA_MOVEMENT_OPS = ("MaxPool", "Split", "Resize", "Slice", "Transpose", "Reshape", "Squeeze", "Unsqueeze", "Flatten")
+
+
+def _tie_outputs(view: GraphView, points: list[QuantPoint]) -> tuple[list[QuantPoint], dict[str, str]]:
+    """The points with the quantized outputs of data-movement ops tied: output -> the tensor whose
+    parameters it takes (followed through chains, e.g. the SPPF's MaxPools), quantized for every
+    consumer (one Q -> DQ that all read).
+
+    Decision: such an output keeps its input's scale and zero point instead of its own calibrated
+    range. Its values are already on the input's grid, so the tie loses nothing (requantizing to a
+    narrower range of its own adds a rounding), every consumer may read the exact DQ, and ONNX
+    Runtime runs the op on uint8 instead of a DQ/float/Q round trip (YOLO's C3k2 Split, the SPPF
+    MaxPools, the neck's upsampling Resize). A Resize other than nearest interpolates new values and
+    keeps its own range; an output nobody quantizes stays float."""
+    for_all = {p.tensor for p in points if p.kind == "activation" and p.consumer is None}
+    for_node = {(p.consumer, p.tensor) for p in points if p.kind == "activation" and p.consumer is not None}
+    quantized = {p.tensor for p in points if p.kind == "activation"}
+    tied: dict[str, str] = {}
+    for node in view.nodes:  # graph order: a chain resolves to its first quantized tensor
+        if node.op_type not in DATA_MOVEMENT_OPS or not node.input or not node.input[0]:
+            continue
+        if node.op_type == "Resize" and view.attr(node, "mode", b"nearest") not in (b"nearest", "nearest"):
+            continue
+        source = node.input[0]
+        if source not in for_all and (node.name, source) not in for_node:
+            continue
+        for out in node.output:
+            if out in quantized:
+                tied[out] = tied.get(source, source)
+                for_all.add(out)
+    if not tied:
+        return points, tied
+    kept = [p for p in points if not (p.kind == "activation" and p.tensor in tied and p.consumer is not None)]
+    have = {p.tensor for p in kept if p.kind == "activation" and p.consumer is None}
+    kept += [QuantPoint(t, None, None, "activation", "tied_output", node=view.producer[t].name)
+             for t in tied if t not in have]
+    return kept, tied
 
 
 def _units_on_quantized_inputs(view: GraphView, points: list[QuantPoint]) -> list[QuantPoint]:
