@@ -43,7 +43,7 @@ class GraphView:
                 if name:
                     self.consumers[name].append((node, i))
         self.elem_type: dict[str, int] = {}
-        self.rank: dict[str, int] = {}  # tensors whose rank shape inference knows
+        self.shape: dict[str, list[int | None]] = {}  # tensors whose rank shape inference knows (None: a free dim)
         try:
             inferred = onnx.shape_inference.infer_shapes(without_weights(model))
         except Exception as exc:  # shape inference is a help, not a requirement
@@ -53,7 +53,8 @@ class GraphView:
             if vi.type.HasField("tensor_type"):
                 self.elem_type[vi.name] = vi.type.tensor_type.elem_type
                 if vi.type.tensor_type.HasField("shape"):
-                    self.rank[vi.name] = len(vi.type.tensor_type.shape.dim)
+                    self.shape[vi.name] = [d.dim_value if d.HasField("dim_value") else None
+                                           for d in vi.type.tensor_type.shape.dim]
         for name, t in {**self.initializers, **self.constants}.items():
             self.elem_type[name] = t.data_type
         self.order = {node.name: i for i, node in enumerate(self.nodes)}
@@ -202,30 +203,45 @@ def prepare_model(model: Any) -> Any:
 
 def softmax_on_last_axis(model: Any) -> int:
     """Rewrite, in place, each Softmax (opset >= 13) over an inner axis of a tensor of known rank as
-    ``Transpose -> Softmax(axis=-1) -> Transpose`` back; the number rewritten.
+    ``Transpose -> Softmax(axis=-1) -> Transpose`` back; the number rewritten. When the axis has a
+    static size ``C`` the Softmax runs on a ``[-1, C]`` view (``Reshape`` before, and back to the
+    transposed shape after).
 
     Decision: the same sums over the same values, and ONNX Runtime's CPU Softmax is fast on the
     last axis only (YOLO's DFL softmax, ``[N, 16, 4, anchors]`` over axis 1, is a large share of a
-    quantized YOLO's time; figures in docs/benchmarks.md); ONNX Runtime's transpose optimizer merges
-    the new Transposes with their neighbours. Applied to the models the quantize stage writes for
+    quantized YOLO's time; figures in docs/benchmarks.md). The 2-D view keeps ONNX Runtime's
+    transpose optimizer from pushing the Transposes back through the Softmax (it would, and the
+    Softmax would run on an inner axis again). Applied to the models the quantize stage writes for
     a target that runs ONNX Runtime kernels; the FP32 reference is left as exported."""
-    from onnx import helper
+    from onnx import helper, numpy_helper
 
     view = GraphView(model)  # a prepared model (prepare_model): opset >= 13, the axis semantics above
     nodes, done = [], 0
     for node in model.graph.node:
-        rank = view.rank.get(node.input[0]) if node.op_type == "Softmax" and node.input else None
+        shape = view.shape.get(node.input[0]) if node.op_type == "Softmax" and node.input else None
+        rank = len(shape) if shape else 0
         axis = view.attr(node, "axis", -1) if rank else None
-        if rank is None or axis is None or axis % rank == rank - 1:
+        if not rank or axis is None or axis % rank == rank - 1:
             nodes.append(node)
             continue
+        assert shape is not None
         k = axis % rank
         perm = [i for i in range(rank) if i != k] + [k]
         back = [perm.index(i) for i in range(rank)]
-        moved, result = f"{node.output[0]}_last_axis", f"{node.output[0]}_softmax_last_axis"
-        nodes += [helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=f"{node.name}_to_last_axis"),
-                  helper.make_node("Softmax", [moved], [result], axis=-1, name=node.name),
-                  helper.make_node("Transpose", [result], [node.output[0]], perm=back, name=f"{node.name}_from_last_axis")]
+        out = node.output[0]
+        moved, result = f"{out}_last_axis", f"{out}_softmax_last_axis"
+        nodes.append(helper.make_node("Transpose", [node.input[0]], [moved], perm=perm, name=f"{node.name}_to_last_axis"))
+        if shape[k]:
+            flat_shape = f"{out}_rows_shape"
+            model.graph.initializer.append(numpy_helper.from_array(np.array([-1, shape[k]], np.int64), flat_shape))
+            nodes += [helper.make_node("Shape", [moved], [f"{moved}_shape"], name=f"{node.name}_shape"),
+                      helper.make_node("Reshape", [moved, flat_shape], [f"{moved}_rows"], name=f"{node.name}_rows"),
+                      helper.make_node("Softmax", [f"{moved}_rows"], [f"{result}_rows"], axis=-1, name=node.name),
+                      helper.make_node("Reshape", [f"{result}_rows", f"{moved}_shape"], [result],
+                                       name=f"{node.name}_unrows")]
+        else:
+            nodes.append(helper.make_node("Softmax", [moved], [result], axis=-1, name=node.name))
+        nodes.append(helper.make_node("Transpose", [result], [out], perm=back, name=f"{node.name}_from_last_axis"))
         done += 1
     if done:
         del model.graph.node[:]
