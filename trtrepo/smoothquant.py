@@ -130,101 +130,164 @@ def apply_smoothquant(model: Any, channels: Mapping[str, tuple[np.ndarray, np.nd
     statistics, or whose channel count does not match the weights, are left alone; so are the
     nodes named in ``skip`` (kept float by the placement: smoothing them buys nothing)."""
     import onnx
-    from onnx import helper, numpy_helper
 
     out = onnx.ModelProto()
     out.CopyFrom(model)
-    graph = out.graph
-    inits = {t.name: t for t in graph.initializer}
-    nodes = {n.name: n for n in graph.node}
-    producer = {o: n for n in graph.node for o in n.output}
-    consumers: dict[str, list[Any]] = {}
-    for n in graph.node:
-        for i in n.input:
-            consumers.setdefault(i, []).append(n)
-    graph_outputs = {o.name for o in graph.output}
-    used = {t.name for t in graph.initializer} | {o for n in graph.node for o in n.output} | {i.name for i in graph.input}
-
-    def fresh(base: str) -> str:
-        name, k = base, 1
-        while name in used:
-            name, k = f"{base}_{k}", k + 1
-        used.add(name)
-        return name
-
+    g = _SmoothGraph(out.graph)
     ranges: dict[str, tuple[float, float]] = {}
     groups: list[dict[str, Any]] = []
-    inserted: dict[str, list[Any]] = {}  # producer node name ('' = graph input) -> Mul nodes after it
     for x, names in smooth_candidates(model).items():
         names = [n for n in names if not (skip and n in skip)]
         if not names or x not in channels:
             continue
         cmin, cmax = (np.asarray(v, np.float64) for v in channels[x])
-        rows: list[tuple[Any, np.ndarray, int, np.ndarray]] = []
-        for n in names:
-            node = nodes[n]
-            w = numpy_helper.to_array(inits[node.input[1]])
-            r = _weight_rows(node, w)
-            if r is None or r[0].shape != cmin.shape:
-                rows = []
-                break
-            rows.append((node, w, r[1], r[0]))
+        rows = _group_rows(g, names, cmin)
         if not rows:
             continue
         act = np.maximum(np.abs(cmin), np.abs(cmax))
         s = smooth_scales(act, np.max([r[3] for r in rows], axis=0), alpha)
-        for node, w, axis, _ in rows:
-            shape = [1, 1]
-            shape[axis] = -1
-            scaled = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
-            name = fresh(f"{node.input[1]}_smoothed")
-            graph.initializer.append(numpy_helper.from_array(scaled, name))
-            node.input[1] = name
+        _scale_weights(g, rows, s)
         lo, hi = float(np.min(cmin / s)), float(np.max(cmax / s))
-        prod = producer.get(x)
-        sole = {c.name for c in consumers.get(x, [])} == {r[0].name for r in rows} and x not in graph_outputs
-        if (prod is not None and prod.op_type == "LayerNormalization" and sole and len(prod.input) >= 2
-                and prod.input[1] in inits and (len(prod.input) < 3 or not prod.input[2] or prod.input[2] in inits)
-                and len(consumers.get(prod.input[1], [])) == 1):
-            gamma = numpy_helper.to_array(inits[prod.input[1]]).astype(np.float64)
-            if gamma.shape == s.shape:
-                g_name = fresh(f"{prod.input[1]}_smoothed")
-                graph.initializer.append(numpy_helper.from_array((gamma / s).astype(np.float32), g_name))
-                prod.input[1] = g_name
-                if len(prod.input) >= 3 and prod.input[2]:
-                    beta = numpy_helper.to_array(inits[prod.input[2]]).astype(np.float64)
-                    b_name = fresh(f"{prod.input[2]}_smoothed")
-                    graph.initializer.append(numpy_helper.from_array((beta / s).astype(np.float32), b_name))
-                    prod.input[2] = b_name
-                ranges[x] = (lo, hi)
-                groups.append({"input": x, "nodes": [r[0].name for r in rows], "folded_into": prod.name,
-                               "outlier_ratio": _ratio(act), "smoothed_ratio": _ratio(act / s)})
-                continue
-        inv = fresh(f"{x}_smooth_scale")
-        graph.initializer.append(numpy_helper.from_array((1.0 / s).astype(np.float32), inv))
-        xs = fresh(f"{x}_smoothed")
-        mul = helper.make_node("Mul", [x, inv], [xs], name=fresh(f"{x}_SmoothQuant"))
-        inserted.setdefault(prod.name if prod is not None else "", []).append(mul)
-        for node, *_ in rows:
-            node.input[0] = xs
-        ranges[xs] = (lo, hi)
-        groups.append({"input": x, "nodes": [r[0].name for r in rows], "folded_into": mul.name,
+        prod = g.producer.get(x)
+        if prod is not None and _folds_into_layernorm(g, x, prod, rows, s):
+            _fold_into_layernorm(g, prod, s)
+            smoothed, folded_into = x, prod.name
+        else:
+            smoothed, folded_into = _insert_scale_mul(g, x, prod, rows, s)
+        ranges[smoothed] = (lo, hi)
+        groups.append({"input": x, "nodes": [r[0].name for r in rows], "folded_into": folded_into,
                        "outlier_ratio": _ratio(act), "smoothed_ratio": _ratio(act / s)})
-    # the original weights (and LayerNorm scales) now read by nobody: dropped, not carried twice
+    _drop_unread_initializers(g)
+    _place_inserted_muls(g)
+    return SmoothResult(out, ranges, groups, float(alpha))
+
+
+class _SmoothGraph:
+    """The graph being smoothed with the lookups every group needs: initializers, nodes,
+    producers, consumers, names in use, and the Mul nodes inserted so far (by producer node
+    name, '' for a graph input), placed in topological order at the end."""
+
+    def __init__(self, graph: Any) -> None:
+        self.graph = graph
+        self.inits = {t.name: t for t in graph.initializer}
+        self.nodes = {n.name: n for n in graph.node}
+        self.producer = {o: n for n in graph.node for o in n.output}
+        self.consumers: dict[str, list[Any]] = {}
+        for n in graph.node:
+            for i in n.input:
+                self.consumers.setdefault(i, []).append(n)
+        self.outputs = {o.name for o in graph.output}
+        self.used = ({t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
+                     | {i.name for i in graph.input})
+        self.inserted: dict[str, list[Any]] = {}
+
+    def fresh(self, base: str) -> str:
+        """``base``, or ``base_<k>`` for the first k that no tensor or node uses yet."""
+        name, k = base, 1
+        while name in self.used:
+            name, k = f"{base}_{k}", k + 1
+        self.used.add(name)
+        return name
+
+    def add_initializer(self, array: np.ndarray, base: str) -> str:
+        """Add ``array`` as a new initializer named after ``base``; returns its name."""
+        from onnx import numpy_helper
+
+        name = self.fresh(base)
+        self.graph.initializer.append(numpy_helper.from_array(array, name))
+        return name
+
+
+def _group_rows(g: _SmoothGraph, names: list[str], cmin: np.ndarray) -> list[tuple[Any, np.ndarray, int, np.ndarray]]:
+    """Decision: a group is smoothed only as a whole. Each node's (node, weight, channel axis,
+    per-channel |W| max), or [] when any node's weight cannot be smoothed or its channel count
+    differs from the statistics'."""
+    from onnx import numpy_helper
+
+    rows: list[tuple[Any, np.ndarray, int, np.ndarray]] = []
+    for n in names:
+        node = g.nodes[n]
+        w = numpy_helper.to_array(g.inits[node.input[1]])
+        r = _weight_rows(node, w)
+        if r is None or r[0].shape != cmin.shape:
+            return []
+        rows.append((node, w, r[1], r[0]))
+    return rows
+
+
+def _scale_weights(g: _SmoothGraph, rows: list[tuple[Any, np.ndarray, int, np.ndarray]], s: np.ndarray) -> None:
+    """Each weight's input-channel rows times ``s`` (in float64, stored in the weight's dtype) as a
+    new initializer: the originals stay untouched for other readers."""
+    for node, w, axis, _ in rows:
+        shape = [1, 1]
+        shape[axis] = -1
+        scaled = (w.astype(np.float64) * s.reshape(shape)).astype(w.dtype)
+        node.input[1] = g.add_initializer(scaled, f"{node.input[1]}_smoothed")
+
+
+def _folds_into_layernorm(g: _SmoothGraph, x: str, prod: Any, rows: list[tuple[Any, np.ndarray, int, np.ndarray]],
+                          s: np.ndarray) -> bool:
+    """Decision: ``1 / s`` folds into the LayerNormalization producing ``x`` only when the smoothed
+    nodes are ``x``'s sole readers (not a graph output), the LayerNorm's scale (and bias, if any)
+    are constants read by it alone, and the scale has one entry per channel. Otherwise a Mul."""
+    from onnx import numpy_helper
+
+    sole = {c.name for c in g.consumers.get(x, [])} == {r[0].name for r in rows} and x not in g.outputs
+    if not (prod.op_type == "LayerNormalization" and sole and len(prod.input) >= 2
+            and prod.input[1] in g.inits and (len(prod.input) < 3 or not prod.input[2] or prod.input[2] in g.inits)
+            and len(g.consumers.get(prod.input[1], [])) == 1):
+        return False
+    return bool(numpy_helper.to_array(g.inits[prod.input[1]]).shape == s.shape)
+
+
+def _fold_into_layernorm(g: _SmoothGraph, prod: Any, s: np.ndarray) -> None:
+    """The LayerNorm's scale (and bias) divided by ``s``, as new float32 initializers."""
+    from onnx import numpy_helper
+
+    gamma = numpy_helper.to_array(g.inits[prod.input[1]]).astype(np.float64)
+    prod.input[1] = g.add_initializer((gamma / s).astype(np.float32), f"{prod.input[1]}_smoothed")
+    if len(prod.input) >= 3 and prod.input[2]:
+        beta = numpy_helper.to_array(g.inits[prod.input[2]]).astype(np.float64)
+        prod.input[2] = g.add_initializer((beta / s).astype(np.float32), f"{prod.input[2]}_smoothed")
+
+
+def _insert_scale_mul(g: _SmoothGraph, x: str, prod: Any, rows: list[tuple[Any, np.ndarray, int, np.ndarray]],
+                      s: np.ndarray) -> tuple[str, str]:
+    """A ``Mul`` by ``1 / s`` after ``x`` that feeds the smoothed nodes only (other readers keep
+    ``x``); returns (smoothed tensor, Mul node name)."""
+    from onnx import helper
+
+    inv = g.add_initializer((1.0 / s).astype(np.float32), f"{x}_smooth_scale")
+    xs = g.fresh(f"{x}_smoothed")
+    mul = helper.make_node("Mul", [x, inv], [xs], name=g.fresh(f"{x}_SmoothQuant"))
+    g.inserted.setdefault(prod.name if prod is not None else "", []).append(mul)
+    for node, *_ in rows:
+        node.input[0] = xs
+    return xs, mul.name
+
+
+def _drop_unread_initializers(g: _SmoothGraph) -> None:
+    """The original weights (and LayerNorm scales) now read by nobody: dropped, not carried twice."""
+    graph = g.graph
     used = {i for n in graph.node for i in n.input} | {o.name for o in graph.output}
-    used |= {i for muls in inserted.values() for n in muls for i in n.input}
+    used |= {i for muls in g.inserted.values() for n in muls for i in n.input}
     if any(t.name not in used for t in graph.initializer):
         keep = [t for t in graph.initializer if t.name in used]
         del graph.initializer[:]
         graph.initializer.extend(keep)
-    if inserted:
-        order = list(inserted.get("", []))
-        for n in graph.node:
-            order.append(n)
-            order.extend(inserted.get(n.name, []))
-        del graph.node[:]
-        graph.node.extend(order)
-    return SmoothResult(out, ranges, groups, float(alpha))
+
+
+def _place_inserted_muls(g: _SmoothGraph) -> None:
+    """Each inserted Mul right after its producer (graph-input Muls first): topological order kept."""
+    if not g.inserted:
+        return
+    graph = g.graph
+    order = list(g.inserted.get("", []))
+    for n in graph.node:
+        order.append(n)
+        order.extend(g.inserted.get(n.name, []))
+    del graph.node[:]
+    graph.node.extend(order)
 
 
 def _ratio(absmax: np.ndarray) -> float:
