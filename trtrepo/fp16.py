@@ -55,36 +55,81 @@ def convert_to_fp16(
 ) -> Any:
     """Return a float16 copy of ``model`` (an ``onnx.ModelProto``) with float32 IO kept."""
     import onnx
-    from onnx import TensorProto, helper, numpy_helper
 
     model_copy = onnx.ModelProto()
     model_copy.CopyFrom(model)
-    model = model_copy
-    default_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
-    if default_opset is None:
-        raise UsageError("model has no default-domain opset import")
-    has_qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
-    if has_qdq and default_opset < MIN_QDQ_FP16_OPSET:
-        ir = model.ir_version
-        try:
-            model = onnx.version_converter.convert_version(model, MIN_QDQ_FP16_OPSET)
-        except Exception as exc:
-            raise UsageError(f"cannot convert the model to opset {MIN_QDQ_FP16_OPSET} for float16 Q/DQ scales: {exc}") from exc
-        model.ir_version = max(ir, 9)
+    model = _with_fp16_qdq_opset(model_copy)
     types = _elem_types(model)
     graph = model.graph
     keep_ops = set(keep_fp32_ops)
     keep_nodes = set(keep_fp32_nodes)
 
-    # 1. initializers
+    fp32_inits = _initializers_to_fp16(graph)
+    _constants_and_casts_to_fp16(graph)
+    cast = _CastMaker()
+    new_nodes, rename = _cast_inputs_down(graph, fp32_inits, cast)
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name in rename:
+                node.input[i] = rename[name]
+        new_nodes.extend(_resize_scales_up(node, cast))
+        if node.op_type in keep_ops or node.name in keep_nodes:
+            new_nodes.extend(_kept_fp32(node, types, cast))
+        else:
+            new_nodes.append(node)
+    _cast_outputs_up(graph, new_nodes)
+
+    del graph.node[:]
+    graph.node.extend(new_nodes)
+    # value_info types are stale now; shape inference recomputes them
+    del graph.value_info[:]
+    try:
+        model = onnx.shape_inference.infer_shapes(model)
+    except Exception as exc:  # pragma: no cover - inference is best effort
+        log.warning("shape inference after float16 conversion failed: %s", exc)
+    return model
+
+
+def _with_fp16_qdq_opset(model: Any) -> Any:
+    """Decision: a model with Q/DQ below opset 19 is converted to opset 19 (float16 scales need
+    it; IR version at least 9); any other model is returned as is. A model without a
+    default-domain opset is refused."""
+    import onnx
+
+    default_opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), None)
+    if default_opset is None:
+        raise UsageError("model has no default-domain opset import")
+    has_qdq = any(n.op_type in ("QuantizeLinear", "DequantizeLinear") for n in model.graph.node)
+    if not has_qdq or default_opset >= MIN_QDQ_FP16_OPSET:
+        return model
+    ir = model.ir_version
+    try:
+        model = onnx.version_converter.convert_version(model, MIN_QDQ_FP16_OPSET)
+    except Exception as exc:
+        raise UsageError(f"cannot convert the model to opset {MIN_QDQ_FP16_OPSET} for float16 Q/DQ scales: {exc}") from exc
+    model.ir_version = max(ir, 9)
+    return model
+
+
+def _initializers_to_fp16(graph: Any) -> set[str]:
+    """Every float32 initializer becomes float16 (clamped); returns their names."""
+    from onnx import TensorProto, numpy_helper
+
     fp32_inits = set()
     for init in graph.initializer:
         if init.data_type == TensorProto.FLOAT:
             arr = numpy_helper.to_array(init)
             init.CopyFrom(numpy_helper.from_array(_fp16_array(arr), init.name))
             fp32_inits.add(init.name)
+    return fp32_inits
 
-    # 2. constants and casts
+
+def _constants_and_casts_to_fp16(graph: Any) -> None:
+    """Float32 ``Constant``/``ConstantOfShape`` tensors become float16 (clamped) and
+    ``Cast(to=FLOAT)`` casts to FLOAT16; a Constant given as ``value_float(s)`` is refused."""
+    import onnx
+    from onnx import TensorProto, numpy_helper
+
     for node in graph.node:
         if node.op_type in ("Constant", "ConstantOfShape"):
             for attr in node.attribute:
@@ -97,50 +142,75 @@ def convert_to_fp16(
                 if attr.name == "to" and attr.i == TensorProto.FLOAT:
                     attr.i = TensorProto.FLOAT16
 
+
+class _CastMaker:
+    """Cast nodes with numbered, unique output and node names."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, src: str, to: int, hint: str) -> tuple[str, Any]:
+        from onnx import TensorProto, helper
+
+        self.count += 1
+        dst = f"{src}__{'fp16' if to == TensorProto.FLOAT16 else 'fp32'}_{self.count}"
+        return dst, helper.make_node("Cast", [src], [dst], to=to, name=f"{hint}_cast_{self.count}")
+
+
+def _cast_inputs_down(graph: Any, fp32_inits: set[str], cast: _CastMaker) -> tuple[list[Any], dict[str, str]]:
+    """A Cast to float16 right after each float32 graph input (clients keep sending float32);
+    returns the Casts and input name -> float16 name."""
+    from onnx import TensorProto
+
     new_nodes: list[Any] = []
-    counter = [0]
-
-    def cast(src: str, to: int, hint: str) -> tuple[str, Any]:
-        counter[0] += 1
-        dst = f"{src}__{'fp16' if to == TensorProto.FLOAT16 else 'fp32'}_{counter[0]}"
-        return dst, helper.make_node("Cast", [src], [dst], to=to, name=f"{hint}_cast_{counter[0]}")
-
-    # 3. float32 graph inputs: cast to float16 right after the input
     rename: dict[str, str] = {}
     for vi in graph.input:
         if vi.type.tensor_type.elem_type == TensorProto.FLOAT and vi.name not in fp32_inits:
             dst, node = cast(vi.name, TensorProto.FLOAT16, "input")
             new_nodes.append(node)
             rename[vi.name] = dst
+    return new_nodes, rename
 
-    # 4. nodes kept in float32: cast float16 inputs up and outputs down
-    for node in graph.node:
-        for i, name in enumerate(node.input):
-            if name in rename:
-                node.input[i] = rename[name]
-        if node.op_type == "Resize" and len(node.input) > 2 and node.input[2]:
-            # Resize's scales are float32 by the operator's type constraint (a YOLO neck's upsample)
-            dst, c = cast(node.input[2], TensorProto.FLOAT, f"{node.name}_scales")
-            new_nodes.append(c)
-            node.input[2] = dst
-        if node.op_type in keep_ops or node.name in keep_nodes:
-            for i, name in enumerate(node.input):
-                original = name.split("__fp16_")[0]
-                if name and types.get(original) == TensorProto.FLOAT:
-                    dst, c = cast(name, TensorProto.FLOAT, f"{node.name}_in{i}")
-                    new_nodes.append(c)
-                    node.input[i] = dst
-            new_nodes.append(node)
-            for i, name in enumerate(node.output):
-                if types.get(name) != TensorProto.FLOAT:
-                    continue
-                tmp = f"{name}__fp32out"
-                node.output[i] = tmp
-                new_nodes.append(helper.make_node("Cast", [tmp], [name], to=TensorProto.FLOAT16, name=f"{node.name}_out{i}_cast"))
-        else:
-            new_nodes.append(node)
 
-    # 5. float32 graph outputs: produce float16 internally, cast back to float32
+def _resize_scales_up(node: Any, cast: _CastMaker) -> list[Any]:
+    """Decision: a Resize's ``scales`` are float32 by the operator's type constraint (a YOLO
+    neck's upsample), so a Cast back to float32 feeds them; other nodes get nothing."""
+    from onnx import TensorProto
+
+    if not (node.op_type == "Resize" and len(node.input) > 2 and node.input[2]):
+        return []
+    dst, c = cast(node.input[2], TensorProto.FLOAT, f"{node.name}_scales")
+    node.input[2] = dst
+    return [c]
+
+
+def _kept_fp32(node: Any, types: dict[str, int], cast: _CastMaker) -> list[Any]:
+    """A node kept in float32: its originally-float32 inputs cast up, the node, and its float32
+    outputs cast back down to float16 under their original names."""
+    from onnx import TensorProto, helper
+
+    out: list[Any] = []
+    for i, name in enumerate(node.input):
+        original = name.split("__fp16_")[0]
+        if name and types.get(original) == TensorProto.FLOAT:
+            dst, c = cast(name, TensorProto.FLOAT, f"{node.name}_in{i}")
+            out.append(c)
+            node.input[i] = dst
+    out.append(node)
+    for i, name in enumerate(node.output):
+        if types.get(name) != TensorProto.FLOAT:
+            continue
+        tmp = f"{name}__fp32out"
+        node.output[i] = tmp
+        out.append(helper.make_node("Cast", [tmp], [name], to=TensorProto.FLOAT16, name=f"{node.name}_out{i}_cast"))
+    return out
+
+
+def _cast_outputs_up(graph: Any, new_nodes: list[Any]) -> None:
+    """Each float32 graph output is produced in float16 under an internal name and cast back to
+    float32 under its own name (clients and Triton configs unchanged)."""
+    from onnx import TensorProto, helper
+
     produced = {o for n in new_nodes for o in n.output}
     for vi in graph.output:
         if vi.type.tensor_type.elem_type != TensorProto.FLOAT or vi.name not in produced:
@@ -154,16 +224,6 @@ def convert_to_fp16(
                 if inp == vi.name:
                     n.input[i] = internal
         new_nodes.append(helper.make_node("Cast", [internal], [vi.name], to=TensorProto.FLOAT, name=f"output_{vi.name}_cast"))
-
-    del graph.node[:]
-    graph.node.extend(new_nodes)
-    # value_info types are stale now; shape inference recomputes them
-    del graph.value_info[:]
-    try:
-        model = onnx.shape_inference.infer_shapes(model)
-    except Exception as exc:  # pragma: no cover - inference is best effort
-        log.warning("shape inference after float16 conversion failed: %s", exc)
-    return model
 
 
 def _elem_types(model: Any) -> dict[str, int]:
