@@ -464,53 +464,69 @@ def speed_markdown(speed: Mapping[str, Any]) -> list[str]:
         lines += [f"{onnx['label']} is the same graph on ONNX Runtime's CPU provider in this process: served vs "
                   f"{onnx['label']} is the served model's own gain over it (Triton's transport included, so a lower "
                   f"bound), apart from what ONNX Runtime gains over {ref_name}.", ""]
+    lines += _speed_table(speed)
+    extra = budget_lines(speed) + [f"warning: {w}" for w in speed.get("warnings") or []]
+    if extra:
+        lines += [""] + [f"- {e}" for e in extra]
+    lines += ["", _accuracy_kept_line(speed.get("accuracy_kept"), ref_name)]
+    return lines
+
+
+def _speed_table(speed: Mapping[str, Any]) -> list[str]:
+    """The speed table (ONNX columns when the ONNX model was timed), a row per skipped size, and
+    the notes on rows whose speedup is withheld."""
+    ref_name, onnx = speed["reference"]["label"], speed.get("onnx")
     head = (f"| batch | {ref_name} median ms | {ref_name} p99 ms | {ref_name} infer/s | served median ms | served p99 ms | "
             "served infer/s | speedup (median) | speedup (p99) | throughput ratio |")
     sep = "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"
     if onnx:
         head += f" {onnx['label']} median ms | served vs {onnx['label']} |"
         sep += "---:|---:|"
-    lines += [head, sep]
+    lines = [head, sep]
     notes = []
     for row in speed["rows"]:
-        r, s = row["reference"], row["served"]
         why = withheld(row)
-        mark = row_mark(row)
-        ratios = ("not computed | not computed | not computed" if why else
-                  f"{_x(row['speedup_median'])} | {_x(row['speedup_p99'])} | {_x(row['throughput_ratio'])}")
-        line = (f"| {row['batch_size']}{mark} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {_f(r['throughput'], '.1f')} | "
-                f"{s['median_ms']:.2f} | {s['p99_ms']:.2f} | {_f(s['throughput'], '.1f')} | {ratios} |")
-        if onnx:
-            o = row.get("onnx")
-            ow = _onnx_withheld(row)
-            line += " - | - |" if o is None else \
-                f" {o['median_ms']:.2f}{'*' if _unsettled(o) else ''} | {'not computed' if ow else _x(row.get('speedup_vs_onnx'))} |"
-        lines.append(line)
+        lines.append(_speed_table_row(row, why, bool(onnx)))
         if why:
-            notes.append(f"- batch {row['batch_size']}{mark}: speedup not computed ({why})")
+            notes.append(f"- batch {row['batch_size']}{row_mark(row)}: speedup not computed ({why})")
     for sk in speed.get("skipped_batch_sizes", []):
         lines.append(f"| {sk['batch_size']} | skipped: {sk['reason']} |" + " |" * (head.count("|") - 3))
     if notes:
         lines += [""] + notes
-    extra = budget_lines(speed) + [f"warning: {w}" for w in speed.get("warnings") or []]
-    if extra:
-        lines += [""] + [f"- {e}" for e in extra]
-    kept = speed.get("accuracy_kept")
-    lines.append("")
-    if not kept:
-        lines.append("Accuracy kept: not measured (the accuracy phase did not run).")
-    else:
-        parts = []
-        for name, m in kept["outputs"].items():
-            bits = []
-            if m.get("top1_agreement") is not None and name == kept.get("label_output"):
-                bits.append(f"top-1 agreement {_pct(m['top1_agreement'])}")
-            if m.get("reference_accuracy") is not None and m.get("candidate_accuracy") is not None:
-                bits.append(f"accuracy {_pct(m['reference_accuracy'])} -> {_pct(m['candidate_accuracy'])}")
-            bits.append(f"cosine mean {_f(m.get('cosine_mean'), '.6f')} (min {_f(m.get('cosine_min'), '.6f')})")
-            parts.append(f"`{name}` " + ", ".join(bits))
-        lines.append(f"Accuracy kept ({kept['samples']} samples, served vs {ref_name}): " + "; ".join(parts) + ".")
     return lines
+
+
+def _speed_table_row(row: Mapping[str, Any], why: str | None, onnx: bool) -> str:
+    """One size's row; decision: a withheld row (``why``) shows "not computed" in its speedup
+    cells, and its ONNX speedup likewise when that one is withheld."""
+    r, s = row["reference"], row["served"]
+    ratios = ("not computed | not computed | not computed" if why else
+              f"{_x(row['speedup_median'])} | {_x(row['speedup_p99'])} | {_x(row['throughput_ratio'])}")
+    line = (f"| {row['batch_size']}{row_mark(row)} | {r['median_ms']:.2f} | {r['p99_ms']:.2f} | {_f(r['throughput'], '.1f')} | "
+            f"{s['median_ms']:.2f} | {s['p99_ms']:.2f} | {_f(s['throughput'], '.1f')} | {ratios} |")
+    if onnx:
+        o = row.get("onnx")
+        ow = _onnx_withheld(row)
+        line += " - | - |" if o is None else \
+            f" {o['median_ms']:.2f}{'*' if _unsettled(o) else ''} | {'not computed' if ow else _x(row.get('speedup_vs_onnx'))} |"
+    return line
+
+
+def _accuracy_kept_line(kept: Mapping[str, Any] | None, ref_name: str) -> str:
+    """What accuracy the served model kept, per output; decision: top-1 agreement only for the
+    label output, accuracy only when both sides have one, cosine always."""
+    if not kept:
+        return "Accuracy kept: not measured (the accuracy phase did not run)."
+    parts = []
+    for name, m in kept["outputs"].items():
+        bits = []
+        if m.get("top1_agreement") is not None and name == kept.get("label_output"):
+            bits.append(f"top-1 agreement {_pct(m['top1_agreement'])}")
+        if m.get("reference_accuracy") is not None and m.get("candidate_accuracy") is not None:
+            bits.append(f"accuracy {_pct(m['reference_accuracy'])} -> {_pct(m['candidate_accuracy'])}")
+        bits.append(f"cosine mean {_f(m.get('cosine_mean'), '.6f')} (min {_f(m.get('cosine_min'), '.6f')})")
+        parts.append(f"`{name}` " + ", ".join(bits))
+    return f"Accuracy kept ({kept['samples']} samples, served vs {ref_name}): " + "; ".join(parts) + "."
 
 
 def plot_speed(ax: Any, speed: Mapping[str, Any]) -> list[dict[str, Any]]:
@@ -818,106 +834,21 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
     cpu0 = cpu_sample()
     phase_start = time.perf_counter()
     run = run or SpeedRun()
-    deadline, progress = run.deadline, run.progress
-    say = run.note or (lambda _msg: None)
-    rows = []
-    cut: list[dict[str, Any]] = []
-    threads_used: int | None = reference.requested_threads
-    onnx_threads: int | None = None if onnx is None else onnx.requested_threads
-    full_s = 0.0  # what timing every size fully (three windows of ``iterations`` calls per side, at the medians) takes
-    bounded = math.isfinite(deadline)
-    attempts = TIMING_ATTEMPTS  # under a deadline, a retry series only starts with time left for it (time_stable)
-    last_round: tuple[int, float] | None = None  # (batch size, seconds of one call of every side) of the last size
+    phase = _SpeedPhase(target, reference, onnx, options, run, pool, io)
+    phase.skipped = skipped
     for k, b in enumerate(sizes):
-        now = time.perf_counter()
-        left = deadline - now
-        guess = None if last_round is None else last_round[1] * b / last_round[0]  # a call grows with the batch
-        if bounded and (left <= 0 or (guess is not None and guess > left)):
-            why = "the time budget was spent" if left <= 0 else \
-                f"one call of each side would take about {guess:.1f} s, {left:.1f} s of the time budget are left"
-            skipped.append({"batch_size": b, "reason": f"not timed: {why} (--thorough times it)"})
-            cut.append({"batch_size": b, "side": None, "what": "not timed"})
-            continue
-        size_deadline = now + left / (len(sizes) - k) if bounded else math.inf
-        feeds = speed_batches(pool, b, options.max_batches)
-        payloads = [Payload(f, expected_shapes(io, b)) for f in feeds]
-        say(f"batch {b}" + (f", {left:.0f} s left of the time budget" if bounded else ""))
-        # Warm-up round (each side timed), served first: no Triton request is in flight while the
-        # reference runs. Under a deadline the warm-up calls stop after a quarter of the size's share.
-        warm_n = max(1, options.warmup)
-        warm_until = now + (size_deadline - now) / 4 if bounded else math.inf
-        t0 = time.perf_counter()
-        target.load(payloads, 1, requests=warm_n)
-        t_s = (time.perf_counter() - t0) / warm_n
-        t_r = reference.warm(feeds, warm_n, until=warm_until)
-        t_o = onnx.warm(feeds, warm_n, until=warm_until) if onnx is not None else 0.0
-        round_s = t_s + t_r + t_o
-        last_round = (b, round_s)
-        n = calls_per_window(size_deadline - time.perf_counter(), round_s, options.iterations)
-        stab = Stability(requests=n, pct=options.stability_pct, max_trials=options.max_trials)
-        last = [time.perf_counter()]
-
-        def tick(what: str, windows: int, _b: int = b, _last: list[float] = last) -> None:
-            if time.perf_counter() - _last[0] >= PROGRESS_EVERY_S:
-                _last[0] = time.perf_counter()
-                rest = f", {max(0.0, deadline - _last[0]):.0f} s left of the time budget" if bounded else ""
-                say(f"batch {_b}, {what} window {windows}{rest}")
-
-        # Served: its windows cannot be cut mid-way (trtrepo.validate's load loop), so its share
-        # bounds how many it may take.
-        served_trials = options.max_trials
-        if bounded and t_s > 0:
-            share = (size_deadline - time.perf_counter()) * t_s / round_s
-            served_trials = int(min(options.max_trials, max(3, share // (n * t_s))))
-        m = target.measure(payloads, Stability(requests=n, pct=options.stability_pct, max_trials=served_trials),
-                           concurrency=1)
-        s_lat, _, s_wall = m.merged()
-        served = timing_summary(s_lat, b, s_wall)
-        served["stability"] = {"windows": len(m.windows), "stable": m.stable, "spread_pct": m.summary()["spread_pct"],
-                               "calls_per_window": n, "cut": bool(not m.stable and served_trials < options.max_trials)}
-        now = time.perf_counter()
-        ref_deadline = now + (size_deadline - now) * t_r / (t_r + t_o) if bounded and t_r + t_o > 0 else size_deadline
-        lat, wall, threads_used, record = reference.measure(feeds, stab, 0, b, deadline=ref_deadline, attempts=attempts,
-                                                            on_window=lambda w: tick(reference.label, w))
-        ref = _side(lat, wall, b, record)
-        onnx_side = None
-        if onnx is not None:
-            lat, wall, onnx_threads, record = onnx.measure(feeds, stab, 0, b, deadline=size_deadline, attempts=attempts,
-                                                           on_window=lambda w: tick(onnx.label, w))  # type: ignore[union-attr]
-            onnx_side = _side(lat, wall, b, record)
-        row = speed_row(b, ref, served, onnx_side)
-        rows.append(row)
-        full_s += 3 * options.iterations * sum(t["median_ms"] for t in (ref, served, onnx_side) if t) / 1e3
-        for side, t in (("served", served), ("reference", ref), ("onnx", onnx_side)):
-            if t is not None and t["stability"].get("cut"):
-                cut.append({"batch_size": b, "side": side,
-                            "what": f"{SIDE_NAMES[side]} not settled ({t['stability']['windows']} window(s) of "
-                                    f"{n} calls)"})
-        log.info("batch %d: %s median %.2f ms, served median %.2f ms (%.2fx)", b, reference.label, ref["median_ms"],
-                 served["median_ms"], row["speedup_median"] or float("nan"))
-        if progress is not None:
-            progress(1)
-    flags = implausible_rows(rows)
-    for row in rows:
+        phase.time_size(b, len(sizes) - k)
+    flags = implausible_rows(phase.rows)
+    for row in phase.rows:
         row["implausible"] = flags.get(row["batch_size"])
     load1 = os.getloadavg() if hasattr(os, "getloadavg") else None
-    usage = machine_usage(cpu0, cpu_sample(), available_cores())
-    if run.load_before is not None and usage.get("load_average_before") is not None:
-        usage["load_average_before"] = min(float(usage["load_average_before"]), float(run.load_before))
+    usage = _usage_since(cpu0, run.load_before)
     spent = time.perf_counter() - phase_start
-    srv = dict(server or {})
+    cut = phase.cut
     out = {
         "compared": COMPARED,
         "sides": "",  # both sides named, below
-        "reference": {"label": reference.label, "engine": reference.engine, "version": reference.version,
-                      "precision": reference.precision, "device": reference.device, "threads": threads_used,
-                      "threads_requested": reference.requested_threads},
-        "served": {"model": srv.get("model"), "version": srv.get("version"), "protocol": srv.get("protocol"),
-                   "concurrency": 1, "shared_memory": "none", "backend": srv.get("backend"),
-                   "server_version": srv.get("server_version")},
-        "onnx": None if onnx is None else {"label": onnx.label, "path": onnx.path, "origin": onnx.origin,
-                                           "precision": onnx.precision, "engine": "onnxruntime", "version": onnx.version,
-                                           "threads": onnx_threads},
+        **phase.side_records(server),
         "iterations": options.iterations,
         "measurement": options.stability.to_dict(),
         "warmup": options.warmup,
@@ -931,11 +862,176 @@ def compare_speed(target: Any, reference: TimedReference, batches: Sequence[Mapp
         "load_average": [None if load0 is None else load0[0], None if load1 is None else load1[0]],
         "machine": usage,
         "warnings": machine_warnings(usage, server_local=False),
-        "budget": {"time_budget_s": run.budget_s, "phase_s": None if not bounded else max(0.0, deadline - phase_start),
-                   "spent_s": spent, "cut": cut, "full_estimate_s": full_s if cut else None},
-        "rows": rows,
-        "skipped_batch_sizes": skipped,
+        "budget": {"time_budget_s": run.budget_s,
+                   "phase_s": None if not phase.bounded else max(0.0, phase.deadline - phase_start),
+                   "spent_s": spent, "cut": cut, "full_estimate_s": phase.full_s if cut else None},
+        "rows": phase.rows,
+        "skipped_batch_sizes": phase.skipped,
         "accuracy_kept": accuracy_kept(accuracy),
     }
     out["sides"] = compared_sides(out)
     return out
+
+
+def _usage_since(cpu0: Any, load_before: float | None) -> dict[str, Any]:
+    """The machine's usage over the phase; decision: the load before it is the lower of the
+    phase's and ``load_before`` (validate's start), since the latency levels leave a load of
+    this run's own."""
+    usage = machine_usage(cpu0, cpu_sample(), available_cores())
+    if load_before is not None and usage.get("load_average_before") is not None:
+        usage["load_average_before"] = min(float(usage["load_average_before"]), float(load_before))
+    return usage
+
+
+class _SpeedPhase:
+    """The speed phase's state across batch sizes: the sides, the deadline shared among the
+    sizes, and what was measured, cut and skipped so far. ``full_s``: what timing every size
+    fully (three windows of ``iterations`` calls per side, at the medians) takes."""
+
+    def __init__(self, target: Any, reference: TimedReference, onnx: TimedReference | None, options: SpeedOptions,
+                 run: SpeedRun, pool: Any, io: Any) -> None:
+        self.target, self.reference, self.onnx, self.options, self.run = target, reference, onnx, options, run
+        self.pool, self.io = pool, io
+        self.deadline = run.deadline
+        self.say: Callable[[str], None] = run.note or (lambda _msg: None)
+        self.bounded = math.isfinite(self.deadline)
+        self.attempts = TIMING_ATTEMPTS  # under a deadline, a retry series only starts with time left for it (time_stable)
+        self.rows: list[dict[str, Any]] = []
+        self.cut: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.threads_used: int | None = reference.requested_threads
+        self.onnx_threads: int | None = None if onnx is None else onnx.requested_threads
+        self.full_s = 0.0
+        self.last_round: tuple[int, float] | None = None  # (batch size, seconds of one call of every side) of the last size
+
+    def time_size(self, b: int, sizes_left: int) -> None:
+        """Time batch size ``b`` on every side within its share of the time left (the time left
+        over the ``sizes_left`` sizes still to time), or record it as not timed."""
+        now = time.perf_counter()
+        left = self.deadline - now
+        why = self._why_not_timed(b, left)
+        if why is not None:
+            self.skipped.append({"batch_size": b, "reason": f"not timed: {why} (--thorough times it)"})
+            self.cut.append({"batch_size": b, "side": None, "what": "not timed"})
+            return
+        size_deadline = now + left / sizes_left if self.bounded else math.inf
+        feeds = speed_batches(self.pool, b, self.options.max_batches)
+        payloads = [Payload(f, expected_shapes(self.io, b)) for f in feeds]
+        self.say(f"batch {b}" + (f", {left:.0f} s left of the time budget" if self.bounded else ""))
+        t_s, t_r, t_o = self._warm(now, size_deadline, feeds, payloads)
+        round_s = t_s + t_r + t_o
+        self.last_round = (b, round_s)
+        n = calls_per_window(size_deadline - time.perf_counter(), round_s, self.options.iterations)
+        tick = self._ticker(b)
+        served = self._time_served(b, payloads, n, size_deadline, (t_s, round_s))
+        ref, onnx_side = self._time_references(b, feeds, n, (size_deadline, t_r, t_o), tick)
+        row = speed_row(b, ref, served, onnx_side)
+        self.rows.append(row)
+        self.full_s += 3 * self.options.iterations * sum(t["median_ms"] for t in (ref, served, onnx_side) if t) / 1e3
+        self._note_unsettled(b, n, {"served": served, "reference": ref, "onnx": onnx_side})
+        log.info("batch %d: %s median %.2f ms, served median %.2f ms (%.2fx)", b, self.reference.label,
+                 ref["median_ms"], served["median_ms"], row["speedup_median"] or float("nan"))
+        if self.run.progress is not None:
+            self.run.progress(1)
+
+    def _why_not_timed(self, b: int, left: float) -> str | None:
+        """Decision: under a deadline, a size is not timed once the budget is spent or when one
+        call of every side (the last size's, grown with the batch) would not fit in what is left."""
+        if not self.bounded:
+            return None
+        guess = None if self.last_round is None else self.last_round[1] * b / self.last_round[0]
+        if left <= 0:
+            return "the time budget was spent"
+        if guess is not None and guess > left:
+            return f"one call of each side would take about {guess:.1f} s, {left:.1f} s of the time budget are left"
+        return None
+
+    def _warm(self, now: float, size_deadline: float, feeds: list[Any], payloads: list[Any]) -> tuple[float, float, float]:
+        """Warm-up round (each side timed), served first: no Triton request is in flight while the
+        reference runs. Under a deadline the warm-up calls stop after a quarter of the size's
+        share. Returns seconds per call (served, reference, ONNX or 0)."""
+        warm_n = max(1, self.options.warmup)
+        warm_until = now + (size_deadline - now) / 4 if self.bounded else math.inf
+        t0 = time.perf_counter()
+        self.target.load(payloads, 1, requests=warm_n)
+        t_s = (time.perf_counter() - t0) / warm_n
+        t_r = self.reference.warm(feeds, warm_n, until=warm_until)
+        t_o = self.onnx.warm(feeds, warm_n, until=warm_until) if self.onnx is not None else 0.0
+        return t_s, t_r, t_o
+
+    def _ticker(self, b: int) -> Callable[[str, int], None]:
+        """A window callback that says progress at most every PROGRESS_EVERY_S."""
+        last = [time.perf_counter()]
+
+        def tick(what: str, windows: int) -> None:
+            if time.perf_counter() - last[0] >= PROGRESS_EVERY_S:
+                last[0] = time.perf_counter()
+                rest = f", {max(0.0, self.deadline - last[0]):.0f} s left of the time budget" if self.bounded else ""
+                self.say(f"batch {b}, {what} window {windows}{rest}")
+
+        return tick
+
+    def _time_served(self, b: int, payloads: list[Any], n: int, size_deadline: float,
+                     warm: tuple[float, float]) -> dict[str, Any]:
+        """Decision: the served side's windows cannot be cut mid-way (trtrepo.validate's load
+        loop), so under a deadline its share of the size's time (its part of the warm-up round
+        ``warm`` = (served call, whole round)) bounds how many windows it may take (at least 3)."""
+        t_s, round_s = warm
+        opts = self.options
+        served_trials = opts.max_trials
+        if self.bounded and t_s > 0:
+            share = (size_deadline - time.perf_counter()) * t_s / round_s
+            served_trials = int(min(opts.max_trials, max(3, share // (n * t_s))))
+        m = self.target.measure(payloads, Stability(requests=n, pct=opts.stability_pct, max_trials=served_trials),
+                                concurrency=1)
+        s_lat, _, s_wall = m.merged()
+        served = timing_summary(s_lat, b, s_wall)
+        served["stability"] = {"windows": len(m.windows), "stable": m.stable, "spread_pct": m.summary()["spread_pct"],
+                               "calls_per_window": n, "cut": bool(not m.stable and served_trials < opts.max_trials)}
+        return served
+
+    def _time_references(self, b: int, feeds: list[Any], n: int, share: tuple[float, float, float],
+                         tick: Callable[[str, int], None]) -> tuple[dict[str, Any], dict[str, Any] | None]:
+        """Decision: the reference and the ONNX model split what is left of the size's share
+        (``share`` = (size deadline, reference call, ONNX call)) in proportion to their warm-up
+        calls; the ONNX model runs to the size's deadline."""
+        size_deadline, t_r, t_o = share
+        stab = Stability(requests=n, pct=self.options.stability_pct, max_trials=self.options.max_trials)
+        now = time.perf_counter()
+        ref_deadline = now + (size_deadline - now) * t_r / (t_r + t_o) if self.bounded and t_r + t_o > 0 else size_deadline
+        reference = self.reference
+        lat, wall, self.threads_used, record = reference.measure(feeds, stab, 0, b, deadline=ref_deadline,
+                                                                 attempts=self.attempts,
+                                                                 on_window=lambda w: tick(reference.label, w))
+        ref = _side(lat, wall, b, record)
+        onnx = self.onnx
+        if onnx is None:
+            return ref, None
+        lat, wall, self.onnx_threads, record = onnx.measure(feeds, stab, 0, b, deadline=size_deadline,
+                                                            attempts=self.attempts,
+                                                            on_window=lambda w: tick(onnx.label, w))
+        return ref, _side(lat, wall, b, record)
+
+    def _note_unsettled(self, b: int, n: int, sides: Mapping[str, dict[str, Any] | None]) -> None:
+        """Each side whose timing was cut before it settled goes into ``cut``."""
+        for side, t in sides.items():
+            if t is not None and t["stability"].get("cut"):
+                self.cut.append({"batch_size": b, "side": side,
+                                 "what": f"{SIDE_NAMES[side]} not settled ({t['stability']['windows']} window(s) of "
+                                         f"{n} calls)"})
+
+    def side_records(self, server: Mapping[str, Any] | None) -> dict[str, Any]:
+        """The report's ``reference``, ``served`` and ``onnx`` entries (threads as used)."""
+        reference, onnx = self.reference, self.onnx
+        srv = dict(server or {})
+        return {
+            "reference": {"label": reference.label, "engine": reference.engine, "version": reference.version,
+                          "precision": reference.precision, "device": reference.device, "threads": self.threads_used,
+                          "threads_requested": reference.requested_threads},
+            "served": {"model": srv.get("model"), "version": srv.get("version"), "protocol": srv.get("protocol"),
+                       "concurrency": 1, "shared_memory": "none", "backend": srv.get("backend"),
+                       "server_version": srv.get("server_version")},
+            "onnx": None if onnx is None else {"label": onnx.label, "path": onnx.path, "origin": onnx.origin,
+                                               "precision": onnx.precision, "engine": "onnxruntime",
+                                               "version": onnx.version, "threads": self.onnx_threads},
+        }
