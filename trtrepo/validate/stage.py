@@ -8,7 +8,7 @@ import logging
 import math
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -126,29 +126,12 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
 
     started = time.perf_counter()
     load_start = cpu_sample().load1
-    onnx, weights = reference.onnx, reference.weights
-    if data.preprocess is None:  # an image folder for a detector exported with its input size: its own letterbox
-        exported = exporter_preprocess(onnx if onnx is not None else reference.source)
-        data = data if exported is None else replace(data, preprocess=exported)
+    data = _with_export_letterbox(data, reference)
     thresholds = thresholds or Thresholds()
     speed = options.speed if options.latency else None
-    speed_device = None
-    if speed is not None:  # a device that is not there fails before any work
-
-        speed_device = resolve_reference_device(speed.device, resolve_source(reference.source, weights).kind)
-    raw = None  # a PyTorch reference without --onnx/--input-shape: its input shapes come from the data
-    src = resolve_source(reference.source, weights)
-    if onnx is None and not reference.input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
-        raw = data.open()
-    io = reference_io(reference.source, onnx=onnx, weights=weights, input_shapes=reference.input_shapes, data=raw,
-                      output_names=reference.output_names, cache=reference.cache)
-    source = data.open(io)
-    payloads, batch_labels = make_payloads(source, io, options.batch_size)
-    if options.shared_memory == "cuda":
-        _cuda_shm()  # fail before any traffic on a machine without a GPU
-    if len(options.urls) > 1 and options.shared_memory != "none":
-        raise OptionError("shared_memory", f"{options.shared_memory}: one server only ({{url}} names {len(options.urls)})",
-                          others={"url": "the server URL"})
+    speed_device = _speed_device(speed, reference)  # a device that is not there fails before any work
+    req = _tensor_requests(reference, data, options.batch_size)
+    _check_transport(options)
     with contextlib.ExitStack() as stack:
         stack.enter_context(task("validate"))  # progress lines of the phases below (trtrepo.progress)
         target = stack.enter_context(TritonTarget(options))
@@ -158,108 +141,226 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
         version = target.resolve_version(metadata)
         for other in fleet:
             other.wait_ready()
-        served_io, image_input = io, encoded_input(io, metadata)
-        endpoint, files = None, list[Path]()
-        if image_input is not None:  # an image ensemble: the files themselves go to the server
-            found = source.sample_files()
-            if found is None:
-                raise OptionError("", f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): "
-                                      f"{{data_spec}} must be an image folder, whose files go to the server as they "
-                                      f"are and through {{preprocess}} into the reference",
-                                  others={"data_spec": "the data", "preprocess": "the preprocessing"})
-            files = found
-            endpoint = detector_endpoint(io, metadata, config, lambda name: served_config(target, name))
-            if endpoint is not None:  # a detector ensemble: one image per request, detections out
-                _check_detector_options(options)
-                check_letterbox(getattr(source, "preprocess", None))
-                served_io, payloads = endpoint.served_io(io), endpoint.payloads(files)
-            else:
-                served_io = endpoint_io(io, image_input)
-                payloads = encoded_payloads(payloads, files, image_input)
-        mismatches = compare_contract(served_io, metadata, config, batch_size=options.batch_size)
-        for other in fleet:  # every server of a fleet serves the same model
-            om, oc = other.metadata(), other.config()
-            mismatches += [Mismatch(f"{other.url}: {m.field}", m.expected, m.actual)
-                           for m in compare_contract(served_io, om, oc, batch_size=options.batch_size)]
-            other_version = other.resolve_version(om)
-            if other_version != version:
-                mismatches.append(Mismatch(f"{other.url}: version", version, other_version))
-        server = {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
-                  "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
-                  "extensions": info.get("extensions", []), "reference": reference.source, "data": getattr(source, "name", str(data.spec)),
-                  "max_batch_size": int(config.get("max_batch_size", 0) or 0),
-                  "dynamic_batching": "dynamic_batching" in config,
-                  "endpoint": "encoded images" if image_input else "tensors", "image_input": image_input}
-        contract = {"ok": not mismatches, "max_batch_size": server["max_batch_size"],
-                    "mismatches": [m.to_dict() for m in mismatches],
-                    "reference_io": io.to_dict(), "request_io": served_io.to_dict(), "served": {"inputs": metadata.get("inputs", []),
-                                                             "outputs": metadata.get("outputs", [])}}
-        report = ValidationReport(server, contract)
+        _to_image_endpoint(req, target, metadata, config, options)
+        mismatches = compare_contract(req.served_io, metadata, config, batch_size=options.batch_size)
+        mismatches += _fleet_mismatches(fleet, req.served_io, version, options.batch_size)
+        server = _server_record(options, info, version, reference.source, req, str(data.spec), config)
+        report = ValidationReport(server, _contract_record(mismatches, server["max_batch_size"], req, metadata))
         if mismatches:
             if report_dir is not None:
                 report.write(report_dir)
             raise ContractError(options.model, mismatches)
-        target.prepare(served_io)
+        target.prepare(req.served_io)
         for other in fleet:
-            other.prepare(served_io)
-        timed, call_s = None, None
-        if speed is not None and speed_device is not None and image_input is None and server["max_batch_size"] > 0 \
-                and io.has_batch_axis:
-            timed, call_s = _warm_reference(reference.source, io, speed, speed_device, weights, payloads, options.time_budget)
+            other.prepare(req.served_io)
+        timed, call_s = _timed_reference(req, reference, options, (speed, speed_device), server["max_batch_size"])
         if fleet:
             server["servers"] = list(options.urls)
             report.fleet = {"servers": list(options.urls),
-                            "agreement": agreement([target, *fleet], payloads, options.max_server_diff)}
+                            "agreement": agreement([target, *fleet], req.payloads, options.max_server_diff)}
         if options.accuracy:
-            ref = make_reference(reference.source, io, weights=weights)
-            guess = "" if call_s is None else f"at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
-            bar = _progress(len(source), "reference", options.progress)
-            try:
-                with phase("accuracy reference", len(source), "samples", note=guess) as ph:
-                    rows = reference_rows(ref, source, io, progress=_counting(ph, bar.update))
-            finally:
-                bar.close()
-            bar = _progress(len(payloads), "accuracy", options.progress)
-            try:
-                with phase("accuracy served", len(payloads), "requests") as ph:
-                    if endpoint is not None:
-                        refs = reference_detections(rows, files, getattr(source, "preprocess", None), endpoint)
-                        report.detection = run_detection(target, endpoint, payloads, refs,
-                                                         source.sample_names() or [Path(f).name for f in files],
-                                                         concurrency=max(options.concurrency), worst=options.worst,
-                                                         progress=_counting(ph, bar.update))
-                    else:
-                        report.accuracy = run_accuracy(target, payloads, rows, batch_labels,
-                                                       concurrency=max(options.concurrency), worst=options.worst,
-                                                       label_output=options.label_output,
-                                                       progress=_counting(ph, bar.update), names=source.sample_names(),
-                                                       detectors=detector_output_classes(io))
-            finally:
-                bar.close()
-            if report.accuracy is not None:
-                report.accuracy["batch_size"] = options.batch_size
+            _accuracy_phase(report, target, req, reference, options, call_s)
         if options.latency:
             with phase("latency", note=_latency_estimate(options)):
-                report.latency = run_latency(target, payloads, options, version, config, fleet=fleet)
-        if speed is not None and image_input is not None:
-            log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
-                        "the reference); validate the model behind the ensemble for that", options.model)
-        elif speed is not None and speed_device is not None:
-            deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
-                if options.time_budget is not None else math.inf
-            report.speed_vs_reference = run_speed(target, payloads, io, speed, timed=timed,
-                                                  server={**server, "backend": _backend(config)},
-                                                  accuracy=report.accuracy, progress=options.progress,
-                                                  fp32=(onnx, "onnx") if onnx is not None else (io.source, "export"),
-                                                  run=SpeedRun(deadline, options.time_budget, load_start))
-            if report.speed_vs_reference is not None and call_s is not None:
-                report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s,
-                                                           "slow": call_s >= SLOW_CALL_S}
+                report.latency = run_latency(target, req.payloads, options, version, config, fleet=fleet)
+        _speed_phase(report, target, req, options, speed=(speed, speed_device), timed=(timed, call_s),
+                     served=(server, config), onnx=reference.onnx, clock=(started, load_start))
         report.thresholds = check_thresholds(report.to_dict(), thresholds) \
             + detection_thresholds(report.to_dict(), thresholds.min_map)
     if report_dir is not None:
         report.write(report_dir)
     return report
+
+
+@dataclass
+class _Requests:
+    """What validate sends and compares against: the opened data, the reference's IO, the IO the
+    served model is asked on (``io`` itself unless an image endpoint), the request batches with
+    their labels, and for an image endpoint its input, files and detector endpoint (if one)."""
+
+    source: Any
+    io: ModelIO
+    served_io: ModelIO
+    payloads: list[Payload]
+    batch_labels: list[np.ndarray | None]
+    image_input: str | None = None
+    endpoint: Any = None
+    files: list[Path] = field(default_factory=list)
+
+
+def _with_export_letterbox(data: DataOptions, reference: ReferenceSource) -> DataOptions:
+    """Decision: data without a preprocessing spec against a detector exported with its input size
+    is read through that export's own letterbox; any other data is used as given."""
+    if data.preprocess is not None:
+        return data
+    exported = exporter_preprocess(reference.onnx if reference.onnx is not None else reference.source)
+    return data if exported is None else replace(data, preprocess=exported)
+
+
+def _speed_device(speed: SpeedOptions | None, reference: ReferenceSource) -> str | None:
+    """The device the reference is timed on, resolved now so that a missing one fails before any
+    work; None when the speed phase does not run."""
+    if speed is None:
+        return None
+    return resolve_reference_device(speed.device, resolve_source(reference.source, reference.weights).kind)
+
+
+def _tensor_requests(reference: ReferenceSource, data: DataOptions, batch_size: int) -> _Requests:
+    """The reference's IO and the data as tensor requests. Decision: a PyTorch reference without
+    an ONNX file or input shapes (and not a built-in) takes its input shapes from the data."""
+    onnx, weights = reference.onnx, reference.weights
+    raw = None
+    src = resolve_source(reference.source, weights)
+    if onnx is None and not reference.input_shapes and src.is_torch and builtin.builtin(src.kind) is None:
+        raw = data.open()
+    io = reference_io(reference.source, onnx=onnx, weights=weights, input_shapes=reference.input_shapes, data=raw,
+                      output_names=reference.output_names, cache=reference.cache)
+    source = data.open(io)
+    payloads, batch_labels = make_payloads(source, io, batch_size)
+    return _Requests(source, io, io, payloads, batch_labels)
+
+
+def _check_transport(options: ValidateOptions) -> None:
+    """CUDA shared memory needs a GPU (checked before any traffic); shared memory of any kind
+    needs a single server."""
+    if options.shared_memory == "cuda":
+        _cuda_shm()  # fail before any traffic on a machine without a GPU
+    if len(options.urls) > 1 and options.shared_memory != "none":
+        raise OptionError("shared_memory", f"{options.shared_memory}: one server only ({{url}} names {len(options.urls)})",
+                          others={"url": "the server URL"})
+
+
+def _to_image_endpoint(req: _Requests, target: TritonTarget, metadata: Mapping[str, Any], config: Mapping[str, Any],
+                       options: ValidateOptions) -> None:
+    """Decision: a served model that takes encoded images gets the image files themselves (the
+    data must be an image folder); a detector ensemble among those gets one image per request
+    and answers detections. A tensor model's requests stay as they are."""
+    image_input = encoded_input(req.io, metadata)
+    req.image_input = image_input
+    if image_input is None:
+        return
+    found = req.source.sample_files()
+    if found is None:
+        raise OptionError("", f"model '{options.model}' takes encoded images (input '{image_input}', BYTES): "
+                              f"{{data_spec}} must be an image folder, whose files go to the server as they "
+                              f"are and through {{preprocess}} into the reference",
+                          others={"data_spec": "the data", "preprocess": "the preprocessing"})
+    req.files = found
+    endpoint = detector_endpoint(req.io, metadata, config, lambda name: served_config(target, name))
+    req.endpoint = endpoint
+    if endpoint is not None:  # a detector ensemble: one image per request, detections out
+        _check_detector_options(options)
+        check_letterbox(getattr(req.source, "preprocess", None))
+        req.served_io, req.payloads = endpoint.served_io(req.io), endpoint.payloads(found)
+    else:
+        req.served_io = endpoint_io(req.io, image_input)
+        req.payloads = encoded_payloads(req.payloads, found, image_input)
+
+
+def _fleet_mismatches(fleet: Sequence[TritonTarget], served_io: ModelIO, version: Any, batch_size: int) -> list[Mismatch]:
+    """Every server of a fleet serves the same model: its contract and its version."""
+    mismatches: list[Mismatch] = []
+    for other in fleet:
+        om, oc = other.metadata(), other.config()
+        mismatches += [Mismatch(f"{other.url}: {m.field}", m.expected, m.actual)
+                       for m in compare_contract(served_io, om, oc, batch_size=batch_size)]
+        other_version = other.resolve_version(om)
+        if other_version != version:
+            mismatches.append(Mismatch(f"{other.url}: version", version, other_version))
+    return mismatches
+
+
+def _server_record(options: ValidateOptions, info: Mapping[str, Any], version: Any, reference: str, req: _Requests,
+                   data_spec: str, config: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's ``server`` entry: what was validated against what."""
+    return {"url": options.url, "protocol": options.protocol, "model": options.model, "version": version,
+            "server_version": info.get("server_version", ""), "server_ready": info.get("server_ready"),
+            "extensions": info.get("extensions", []), "reference": reference,
+            "data": getattr(req.source, "name", data_spec),
+            "max_batch_size": int(config.get("max_batch_size", 0) or 0),
+            "dynamic_batching": "dynamic_batching" in config,
+            "endpoint": "encoded images" if req.image_input else "tensors", "image_input": req.image_input}
+
+
+def _contract_record(mismatches: Sequence[Mismatch], max_batch_size: int, req: _Requests,
+                     metadata: Mapping[str, Any]) -> dict[str, Any]:
+    """The report's ``contract`` entry."""
+    return {"ok": not mismatches, "max_batch_size": max_batch_size,
+            "mismatches": [m.to_dict() for m in mismatches],
+            "reference_io": req.io.to_dict(), "request_io": req.served_io.to_dict(),
+            "served": {"inputs": metadata.get("inputs", []), "outputs": metadata.get("outputs", [])}}
+
+
+def _timed_reference(req: _Requests, reference: ReferenceSource, options: ValidateOptions,
+                     speed: tuple[SpeedOptions | None, str | None],
+                     max_batch_size: int) -> tuple[TimedReference | None, float | None]:
+    """Decision: the reference is loaded and warmed up front only when its speed will be timed:
+    a speed phase with a device, tensor requests, and a batch axis on both sides."""
+    opts, device = speed
+    if opts is None or device is None or req.image_input is not None or max_batch_size <= 0 or not req.io.has_batch_axis:
+        return None, None
+    return _warm_reference(reference.source, req.io, opts, device, reference.weights, req.payloads, options.time_budget)
+
+
+def _accuracy_phase(report: ValidationReport, target: TritonTarget, req: _Requests, reference: ReferenceSource,
+                    options: ValidateOptions, call_s: float | None) -> None:
+    """The reference's outputs on every sample, then the served model's on the same requests:
+    detections for a detector endpoint, output agreement otherwise."""
+    source = req.source
+    ref = make_reference(reference.source, req.io, weights=reference.weights)
+    guess = "" if call_s is None else f"at most about {call_s * len(source):.0f} s at {call_s:.2f} s a sample"
+    bar = _progress(len(source), "reference", options.progress)
+    try:
+        with phase("accuracy reference", len(source), "samples", note=guess) as ph:
+            rows = reference_rows(ref, source, req.io, progress=_counting(ph, bar.update))
+    finally:
+        bar.close()
+    bar = _progress(len(req.payloads), "accuracy", options.progress)
+    try:
+        with phase("accuracy served", len(req.payloads), "requests") as ph:
+            if req.endpoint is not None:
+                refs = reference_detections(rows, req.files, getattr(source, "preprocess", None), req.endpoint)
+                report.detection = run_detection(target, req.endpoint, req.payloads, refs,
+                                                 source.sample_names() or [Path(f).name for f in req.files],
+                                                 concurrency=max(options.concurrency), worst=options.worst,
+                                                 progress=_counting(ph, bar.update))
+            else:
+                report.accuracy = run_accuracy(target, req.payloads, rows, req.batch_labels,
+                                               concurrency=max(options.concurrency), worst=options.worst,
+                                               label_output=options.label_output,
+                                               progress=_counting(ph, bar.update), names=source.sample_names(),
+                                               detectors=detector_output_classes(req.io))
+    finally:
+        bar.close()
+    if report.accuracy is not None:
+        report.accuracy["batch_size"] = options.batch_size
+
+
+def _speed_phase(report: ValidationReport, target: TritonTarget, req: _Requests, options: ValidateOptions, *,
+                 speed: tuple[SpeedOptions | None, str | None], timed: tuple[TimedReference | None, float | None],
+                 served: tuple[Mapping[str, Any], Mapping[str, Any]], onnx: str | Path | None,
+                 clock: tuple[float, float | None]) -> None:
+    """Decision: the speed phase is skipped (with a warning) for an image endpoint, whose decoding
+    the reference lacks; otherwise it runs until the deadline (what is left of the time budget
+    counted from ``clock``'s start, at least :data:`SPEED_FLOOR_S` or the budget) and keeps the
+    first warm call's time."""
+    opts, device = speed
+    (timed_ref, call_s), (server, config), (started, load_start) = timed, served, clock
+    if opts is not None and req.image_input is not None:
+        log.warning("speed against the reference skipped: model '%s' takes encoded images (its decoding is not in "
+                    "the reference); validate the model behind the ensemble for that", options.model)
+        return
+    if opts is None or device is None:
+        return
+    deadline = max(started + options.time_budget, time.perf_counter() + min(SPEED_FLOOR_S, options.time_budget)) \
+        if options.time_budget is not None else math.inf
+    report.speed_vs_reference = run_speed(target, req.payloads, req.io, opts, timed=timed_ref,
+                                          server={**server, "backend": _backend(config)},
+                                          accuracy=report.accuracy, progress=options.progress,
+                                          fp32=(onnx, "onnx") if onnx is not None else (req.io.source, "export"),
+                                          run=SpeedRun(deadline, options.time_budget, load_start))
+    if report.speed_vs_reference is not None and call_s is not None:
+        report.speed_vs_reference["first_call"] = {"batch_size": 1, "seconds": call_s, "slow": call_s >= SLOW_CALL_S}
 
 
 def _check_detector_options(options: ValidateOptions) -> None:
@@ -376,71 +477,16 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
 
     use_shm = options.shared_memory != "none"
     stab = options.stability
-    open_loop = bool(options.request_rates)
-    levels_in = list(options.request_rates) if open_loop else list(options.concurrency)
-    slots = max(options.concurrency) if not open_loop else min(256, max(8, int(max(options.request_rates))))
+    run = _LatencyRun(target, tuple(fleet), payloads, options, version)
     if use_shm:
-        target.setup_shared_memory(options.shared_memory, slots, payloads)
-    cores = available_cores()
-    local = _local(options.url)
+        target.setup_shared_memory(options.shared_memory, run.slots(), payloads)
     levels = []
     warnings: list[str] = []
     try:
-        for lvl in levels_in:
-            c = None if open_loop else int(lvl)
-            if options.warmup:
-                for t in (target, *fleet):
-                    t.load(payloads, c or 1, requests=max(options.warmup, c or 1), use_shm=use_shm)
-            befores = [t.settled_statistics(version) for t in fleet]
-            before = target.settled_statistics(version)
-            cpu0 = cpu_sample()
-            bar = _progress(None, f"rate={lvl:g}/s" if open_loop else f"c={lvl}", options.progress)
-            try:
-                if fleet:
-                    ms = measure_together([target, *fleet], payloads, stab, concurrency=c, rate=None if c else float(lvl),
-                                          distribution=options.distribution,
-                                          books=[t.server_books(version, b)
-                                                 for t, b in zip((target, *fleet), (before, *befores), strict=True)])
-                    m = ms[0]
-                else:
-                    m = target.measure(payloads, stab, concurrency=c, rate=None if c else float(lvl),
-                                       distribution=options.distribution, use_shm=use_shm, progress=bar.update,
-                                       books=target.server_books(version, before))
-            finally:
-                bar.close()
-            usage = machine_usage(cpu0, cpu_sample(), cores)
-            span = m.reported_readings()  # the server's figures of the reported windows' requests
-            if span is None:  # a fleet, or the server booked requests of another client: the whole level
-                span = before, target.settled_statistics(version, at_least=_booked(before, options.model, version)
-                                                         + m.completed)
-            server = stats_diff(*span, options.model, version)
-            row = m.summary()
-            together = server  # the servers' figures of the row's requests (a fleet: every server's added)
-            if fleet:
-                per_server = [{"url": target.url, **row, "server": server}]
-                for t, b, mt in zip(fleet, befores, ms[1:], strict=True):
-                    sp = mt.reported_readings() or (b, t.settled_statistics(
-                        version, at_least=_booked(b, options.model, version) + mt.completed))
-                    per_server.append({"url": t.url, **mt.summary(), "server": stats_diff(*sp, options.model, version)})
-                row = {**row, **total_row(ms, stab.percentiles), "servers": per_server}
-                together = added_requests([p["server"] for p in per_server])
-            client = row["client_ms"]
-            overhead, overhead_note = level_overhead(client["mean"], row["requests"], together)
-            level_warnings = machine_warnings(usage, server_local=local)  # the level's own: report.level_verdict
-            if open_loop and row.get("late_share", 0) > DELAYED_SHARE:
-                level_warnings.append(f"{100 * row['late_share']:.0f}% of the requests left more than 1 ms late: the "
-                                      f"client could not hold {lvl:g} requests/s")
-            label = f"request rate {lvl:g}/s" if open_loop else f"concurrency {lvl}"
-            if not row["stable"]:
-                warnings.append(f"{label}: not stable after {len(m.windows)} windows: throughput spread "
-                                f"{row['spread_pct']['throughput_pct']:.1f}%, latency spread "
-                                f"{row['spread_pct']['latency_pct']:.1f}% (limit {stab.pct:g}%)")
-            warnings += [f"{label}: {w}" for w in level_warnings]
-            levels.append({"concurrency": c, **row, "server": server, "client_requests": row["requests"],
-                           "server_requests": together["request_count"], "overhead_ms": overhead,
-                           "overhead_note": overhead_note, "machine": usage, "warnings": level_warnings})
-            log.info("%s: %.1f infer/s, p99 %.2f ms%s", label, row["throughput"], client.get("p99", client["max"]),
-                     "" if row["stable"] else " (not stable)")
+        for lvl in run.levels_in:
+            level, level_warnings = run.level(lvl)
+            levels.append(level)
+            warnings += level_warnings
     finally:
         if use_shm:
             target.release_shared_memory()
@@ -448,12 +494,112 @@ def run_latency(target: TritonTarget, payloads: Sequence[Payload], options: Vali
     if use_shm and levels:
         shm_warnings, comparison = _shm_comparison(target, payloads, options, levels[0], config or {})
         warnings += shm_warnings
+    open_loop = run.open_loop
     return {"shared_memory_comparison": comparison, "measurement": stab.to_dict(), "mode": "request_rate" if open_loop else "concurrency",
             "distribution": options.distribution if open_loop else None, "warmup": options.warmup,
             "batch_size": options.batch_size, "shared_memory": options.shared_memory, "levels": levels,
             "warnings": warnings,
             # kept for readers of schema /2
             "requests_per_level": options.requests, "duration_s": None if options.requests else stab.interval_s}
+
+
+class _LatencyRun:
+    """The latency phase's levels on one server or a fleet: closed loop (a concurrency per level)
+    or open loop (a request rate per level, ``options.request_rates`` given)."""
+
+    def __init__(self, target: TritonTarget, fleet: tuple[TritonTarget, ...], payloads: Sequence[Payload],
+                 options: ValidateOptions, version: str) -> None:
+        self.target, self.fleet, self.payloads, self.options, self.version = target, fleet, payloads, options, version
+        self.use_shm = options.shared_memory != "none"
+        self.open_loop = bool(options.request_rates)
+        self.levels_in = list(options.request_rates) if self.open_loop else list(options.concurrency)
+        self.cores = available_cores()
+        self.local = _local(options.url)
+
+    def slots(self) -> int:
+        """Decision: shared-memory slots are the highest concurrency, or for an open loop the
+        highest rate clamped to [8, 256] requests in flight."""
+        opts = self.options
+        return max(opts.concurrency) if not self.open_loop else min(256, max(8, int(max(opts.request_rates))))
+
+    def level(self, lvl: float) -> tuple[dict[str, Any], list[str]]:
+        """One level measured: its row (client figures, the server's for the same requests,
+        overhead, machine usage) and the run's warnings about it."""
+        target, fleet, options, version = self.target, self.fleet, self.options, self.version
+        c = None if self.open_loop else int(lvl)
+        if options.warmup:
+            for t in (target, *fleet):
+                t.load(self.payloads, c or 1, requests=max(options.warmup, c or 1), use_shm=self.use_shm)
+        befores = [t.settled_statistics(version) for t in fleet]
+        before = target.settled_statistics(version)
+        cpu0 = cpu_sample()
+        ms = self._measure(lvl, c, before, befores)
+        m = ms[0]
+        usage = machine_usage(cpu0, cpu_sample(), self.cores)
+        server = stats_diff(*self._readings(target, m, before), options.model, version)
+        row = m.summary()
+        together = server  # the servers' figures of the row's requests (a fleet: every server's added)
+        if fleet:
+            row, together = self._fleet_row(row, server, ms, befores)
+        client = row["client_ms"]
+        overhead, overhead_note = level_overhead(client["mean"], row["requests"], together)
+        label = f"request rate {lvl:g}/s" if self.open_loop else f"concurrency {lvl}"
+        level_warnings = self._level_warnings(lvl, row, usage)
+        warnings = [] if row["stable"] else [
+            f"{label}: not stable after {len(m.windows)} windows: throughput spread "
+            f"{row['spread_pct']['throughput_pct']:.1f}%, latency spread "
+            f"{row['spread_pct']['latency_pct']:.1f}% (limit {options.stability.pct:g}%)"]
+        warnings += [f"{label}: {w}" for w in level_warnings]
+        log.info("%s: %.1f infer/s, p99 %.2f ms%s", label, row["throughput"], client.get("p99", client["max"]),
+                 "" if row["stable"] else " (not stable)")
+        return ({"concurrency": c, **row, "server": server, "client_requests": row["requests"],
+                 "server_requests": together["request_count"], "overhead_ms": overhead,
+                 "overhead_note": overhead_note, "machine": usage, "warnings": level_warnings}, warnings)
+
+    def _measure(self, lvl: float, c: int | None, before: Any, befores: list[Any]) -> list[Any]:
+        """Decision: a fleet is measured on all servers at once (each with the level's load of its
+        own, books of every server); a single server with its shared memory and a progress bar."""
+        target, fleet, options, version = self.target, self.fleet, self.options, self.version
+        bar = _progress(None, f"rate={lvl:g}/s" if self.open_loop else f"c={lvl}", options.progress)
+        try:
+            if fleet:
+                return list(measure_together([target, *fleet], self.payloads, options.stability, concurrency=c,
+                                             rate=None if c else float(lvl), distribution=options.distribution,
+                                             books=[t.server_books(version, b)
+                                                    for t, b in zip((target, *fleet), (before, *befores), strict=True)]))
+            return [target.measure(self.payloads, options.stability, concurrency=c, rate=None if c else float(lvl),
+                                   distribution=options.distribution, use_shm=self.use_shm, progress=bar.update,
+                                   books=target.server_books(version, before))]
+        finally:
+            bar.close()
+
+    def _readings(self, t: TritonTarget, m: Any, before: Any) -> tuple[Any, Any]:
+        """Decision: the server's figures of the reported windows' requests when the windows have
+        them; otherwise (a fleet, or the server booked requests of another client) the whole level."""
+        span = m.reported_readings()
+        if span is None:
+            span = before, t.settled_statistics(self.version, at_least=_booked(before, self.options.model, self.version)
+                                                + m.completed)
+        return span
+
+    def _fleet_row(self, row: dict[str, Any], server: dict[str, Any], ms: list[Any],
+                   befores: list[Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+        """A fleet level's row: the totals, one row per server; and every server's figures added."""
+        per_server = [{"url": self.target.url, **row, "server": server}]
+        for t, b, mt in zip(self.fleet, befores, ms[1:], strict=True):
+            per_server.append({"url": t.url, **mt.summary(),
+                               "server": stats_diff(*self._readings(t, mt, b), self.options.model, self.version)})
+        row = {**row, **total_row(ms, self.options.stability.percentiles), "servers": per_server}
+        return row, added_requests([p["server"] for p in per_server])
+
+    def _level_warnings(self, lvl: float, row: Mapping[str, Any], usage: Mapping[str, Any]) -> list[str]:
+        """The level's own warnings (report.level_verdict): the machine's, and for an open loop a
+        client that sent more than DELAYED_SHARE of the requests over 1 ms late."""
+        level_warnings = machine_warnings(usage, server_local=self.local)
+        if self.open_loop and row.get("late_share", 0) > DELAYED_SHARE:
+            level_warnings.append(f"{100 * row['late_share']:.0f}% of the requests left more than 1 ms late: the "
+                                  f"client could not hold {lvl:g} requests/s")
+        return level_warnings
 
 
 DELAYED_SHARE = 0.10
