@@ -259,67 +259,20 @@ def config_from_io(
     kind = spec.kind
     if kind not in BACKENDS or kind == "ensemble":
         raise UsageError(f"model '{name}': config_from_io does not build '{kind}' configs")
-    batching = io.has_batch_axis
-    engine_max = plan.triton_max_batch(options.profiles) if spec.engine and plan is not None else None
-    if not batching:
-        if options.max_batch_size:
-            raise OptionError(
-                "", f"model '{name}': {{max_batch_size}} {options.max_batch_size} but the model has no dynamic batch "
-                    f"axis (axis 0 of every input and output); use {{max_batch_size}} 0",
-                others={"max_batch_size": "the max batch size"})
-        mbs = 0
-    elif options.max_batch_size is not None:
-        mbs = options.max_batch_size
-    else:
-        mbs = engine_max if engine_max is not None else DEFAULT_MAX_BATCH
+    mbs = _max_batch_size(name, io, options, plan if spec.engine else None)
     batching = mbs > 0
-
-    label_output = options.label_output
-    if options.has_labels and label_output is None:
-        # one value per class: judged per sample when axis 0 is a batch axis, even one that
-        # --max-batch-size 0 leaves to the model (dims [-1, classes])
-        cands = [t for t in io.outputs if len(t.sample_shape if io.has_batch_axis else t.shape) == 1]
-        if len(cands) != 1:
-            raise OptionError("", f"model '{name}': cannot tell which output the labels belong to; give {{label_output}}",
-                              others={"label_output": "the label output"})
-        label_output = cands[0].name
-    if label_output is not None:
-        io.output(label_output)  # names the output when missing
-
+    label_output = _label_output(name, io, options)
     inputs = tuple(_tensor_config(t, batching) for t in io.inputs)
     outputs = tuple(
         _tensor_config(t, batching, options.label_filename if options.has_labels and t.name == label_output else None)
         for t in io.outputs
     )
-    dyn = None
-    if options.dynamic_batching and mbs > 1:
-        # Triton fills an empty preferred_batch_size with max_batch_size at load time: say so explicitly.
-        preferred = tuple(options.preferred_batch_sizes) or (mbs,)
-        dyn = DynamicBatching(preferred, options.max_queue_delay_us, options.preserve_ordering)
-    elif options.preferred_batch_sizes and mbs <= 1:
-        raise OptionError("", f"model '{name}': {{preferred_batch_sizes}} needs {{max_batch_size}} > 1 (it is {mbs})",
-                          others={"preferred_batch_sizes": "the preferred batch sizes", "max_batch_size": "the max batch size"})
+    dyn = _dynamic_batching(name, options, mbs)
     groups = (InstanceGroup(_instance_kind(options, kind), options.instance_count, tuple(options.gpus), tuple(options.profiles)),)
-
-    warmup: tuple[Warmup, ...] = ()
-    if options.warmup:
-        winputs = tuple(
-            WarmupInput(t.name, t.triton_dtype, tuple(1 if d == -1 else d for d in c.dims), "random" if options.warmup_random else "zero")
-            for t, c in zip(io.inputs, inputs, strict=True)
-        )
-        warmup = (Warmup("warmup", max(1, mbs), 1, winputs),)
-
-    params = dict(options.parameters)
-    for key, value in spec.parameters(options).items():
-        params.setdefault(key, value)
-    if spec.runs_python and options.execution_env:
-        params.setdefault("EXECUTION_ENV_PATH", execution_env_value(options.execution_env))
+    warmup = _warmup(io, inputs, options, mbs)
+    params = _parameters(spec, options)
     cuda = CudaOptimization(graphs=True) if options.cuda_graphs else None
-    if options.cuda_graphs and not spec.engine:
-        raise OptionError("", f"model '{name}': {{cuda_graphs}} applies to the tensorrt backend only (backend is {kind})",
-                          others={"cuda_graphs": "CUDA graphs"})
-    if options.cc_model_filenames and not spec.engine:
-        raise UsageError(f"model '{name}': cc_model_filenames applies to TensorRT plans only")
+    _check_engine_only(name, spec, options)
     return ModelConfig(
         name=name,
         kind=kind,
@@ -332,9 +285,86 @@ def config_from_io(
         warmup=warmup,
         version_policy=VersionPolicy.parse(options.version_policy) if options.version_policy else None,
         response_cache=options.response_cache,
-        parameters=tuple(sorted(params.items())),
+        parameters=params,
         cc_model_filenames=tuple(options.cc_model_filenames),
     )
+
+
+def _max_batch_size(name: str, io: ModelIO, options: ModelOptions, plan: PlanMetadata | None) -> int:
+    """Decision: 0 for a model without a dynamic batch axis (a max batch size given for it is
+    refused); else the one given; else what an engine's profiles allow (``plan``); else
+    DEFAULT_MAX_BATCH. The plan's profiles are read first, whatever is decided (a profile it lacks fails)."""
+    engine_max = plan.triton_max_batch(options.profiles) if plan is not None else None
+    if not io.has_batch_axis:
+        if options.max_batch_size:
+            raise OptionError(
+                "", f"model '{name}': {{max_batch_size}} {options.max_batch_size} but the model has no dynamic batch "
+                    f"axis (axis 0 of every input and output); use {{max_batch_size}} 0",
+                others={"max_batch_size": "the max batch size"})
+        return 0
+    if options.max_batch_size is not None:
+        return options.max_batch_size
+    return engine_max if engine_max is not None else DEFAULT_MAX_BATCH
+
+
+def _label_output(name: str, io: ModelIO, options: ModelOptions) -> str | None:
+    """The output the labels file belongs to. Decision: with labels and none named, the one output
+    with one value per class (judged per sample when axis 0 is a batch axis, even one that
+    --max-batch-size 0 leaves to the model: dims [-1, classes]); several or none is an error."""
+    label_output = options.label_output
+    if options.has_labels and label_output is None:
+        cands = [t for t in io.outputs if len(t.sample_shape if io.has_batch_axis else t.shape) == 1]
+        if len(cands) != 1:
+            raise OptionError("", f"model '{name}': cannot tell which output the labels belong to; give {{label_output}}",
+                              others={"label_output": "the label output"})
+        label_output = cands[0].name
+    if label_output is not None:
+        io.output(label_output)  # names the output when missing
+    return label_output
+
+
+def _dynamic_batching(name: str, options: ModelOptions, mbs: int) -> DynamicBatching | None:
+    """Decision: dynamic batching only with a max batch size over 1, its preferred sizes explicit
+    (Triton fills an empty preferred_batch_size with max_batch_size at load time: say so);
+    preferred sizes without room to batch are refused."""
+    if options.dynamic_batching and mbs > 1:
+        preferred = tuple(options.preferred_batch_sizes) or (mbs,)
+        return DynamicBatching(preferred, options.max_queue_delay_us, options.preserve_ordering)
+    if options.preferred_batch_sizes and mbs <= 1:
+        raise OptionError("", f"model '{name}': {{preferred_batch_sizes}} needs {{max_batch_size}} > 1 (it is {mbs})",
+                          others={"preferred_batch_sizes": "the preferred batch sizes", "max_batch_size": "the max batch size"})
+    return None
+
+
+def _warmup(io: ModelIO, inputs: tuple[TensorConfig, ...], options: ModelOptions, mbs: int) -> tuple[Warmup, ...]:
+    """One warm-up request at the max batch size (at least 1), dynamic dims as 1, zeros or random."""
+    if not options.warmup:
+        return ()
+    winputs = tuple(
+        WarmupInput(t.name, t.triton_dtype, tuple(1 if d == -1 else d for d in c.dims), "random" if options.warmup_random else "zero")
+        for t, c in zip(io.inputs, inputs, strict=True)
+    )
+    return (Warmup("warmup", max(1, mbs), 1, winputs),)
+
+
+def _parameters(spec: BackendSpec, options: ModelOptions) -> tuple[tuple[str, str], ...]:
+    """The config's parameters: the ones given win over the backend's defaults; a Python model
+    with an execution environment names it (EXECUTION_ENV_PATH)."""
+    params = dict(options.parameters)
+    for key, value in spec.parameters(options).items():
+        params.setdefault(key, value)
+    if spec.runs_python and options.execution_env:
+        params.setdefault("EXECUTION_ENV_PATH", execution_env_value(options.execution_env))
+    return tuple(sorted(params.items()))
+
+
+def _check_engine_only(name: str, spec: BackendSpec, options: ModelOptions) -> None:
+    """CUDA graphs and per-compute-capability plan files apply to TensorRT engines only."""
+    if options.cuda_graphs and not spec.engine:
+        raise OptionError("", f"model '{name}': {{cuda_graphs}} applies to the tensorrt backend only (backend is {spec.kind})",
+                          others={"cuda_graphs": "CUDA graphs"})
+    if options.cc_model_filenames and not spec.engine:
+        raise UsageError(f"model '{name}': cc_model_filenames applies to TensorRT plans only")
 
 
 ENV_ARCHIVE_SUFFIXES = (".tar.gz", ".tgz")
