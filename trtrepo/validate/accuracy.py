@@ -132,6 +132,50 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     agreement for the label output) carry it as ``file``. ``detectors``: the outputs that are a
     YOLO-style head's, with their class counts (:func:`~trtrepo.validate.detection.detector_output_classes`),
     also judged in boxes (the gate's rule; ``detection`` in their metrics)."""
+    ref_parts = _reference_parts(payloads, reference)
+    res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
+    served_parts = [res.outputs[i] for i in range(len(payloads))]
+    y = _label_array(labels)
+    index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
+    outputs = list(ref_parts[0])
+    if label_output is not None and label_output not in outputs:
+        raise OptionError("label_output", f"{label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
+    classifiers = _classifier_outputs(outputs, ref_parts, label_output)
+    primary = label_output or (classifiers[0] if classifiers else None)
+    metrics: dict[str, Any] = {}
+    worst_rows: dict[str, list[dict[str, Any]]] = {}
+    cosines: dict[str, np.ndarray] = {}
+    for name in outputs:
+        refs = [r[name] for r in ref_parts]
+        served = [s[name].astype(np.float32, copy=False) for s in served_parts]
+        is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
+        metrics[name], cosines[name] = _output_metrics(name, refs, served, (y if is_label else None, is_label),
+                                                       (detectors or {}).get(name, False))
+        worst_rows[name] = _worst(cosines[name], refs, served, index, y, worst, names)
+    top1 = _top1_pair(ref_parts, served_parts, primary) if primary is not None and primary in classifiers else None
+    return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
+            "worst_samples": worst_rows, "per_sample": per_sample_rows(index, cosines, top1, y, names)}
+
+
+def _label_array(labels: Sequence[np.ndarray | None]) -> np.ndarray | None:
+    """Decision: the labels count only when every batch has them (and there is a batch)."""
+    has_labels = all(lb is not None for lb in labels)
+    return np.concatenate([np.asarray(lb) for lb in labels]) if has_labels and labels else None
+
+
+def _top1_pair(ref_parts: list[dict[str, np.ndarray]], served_parts: list[dict[str, np.ndarray]],
+               primary: str) -> tuple[np.ndarray, np.ndarray]:
+    """Top-1 classes of the label output, reference and served, in payload order."""
+    return (np.concatenate([np.argmax(r[primary], axis=1) for r in ref_parts]),
+            np.concatenate([np.argmax(s[primary], axis=1) for s in served_parts]))
+
+
+def _reference_parts(payloads: Sequence[Payload],
+                     reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
+                     ) -> list[dict[str, np.ndarray]]:
+    """The reference's outputs per payload, each payload's ``expected`` shapes set to them.
+    Decision: per-sample rows (:func:`reference_rows`) are stacked by the payload's sample
+    positions; a callable runs on the payload's inputs."""
     ref_parts: list[dict[str, np.ndarray]] = []
     for p in payloads:
         if isinstance(reference, Sequence):  # per-sample rows (see reference_rows)
@@ -141,42 +185,29 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
             out = reference(p.inputs)
         ref_parts.append(out)
         p.expected = {k: tuple(v.shape) for k, v in out.items()}
-    res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
-    served_parts = [res.outputs[i] for i in range(len(payloads))]
-    has_labels = all(lb is not None for lb in labels)
-    y = np.concatenate([np.asarray(lb) for lb in labels]) if has_labels and labels else None
-    index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
-    outputs = list(ref_parts[0])
-    if label_output is not None and label_output not in outputs:
-        raise OptionError("label_output", f"{label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
+    return ref_parts
 
-    # [N, C] outputs, except what looks like an embedding (unit-norm rows, an embedding-like name):
-    # the same rule as the held-out check of quantize/deploy (trtrepo.evaluate.label_output)
-    classifiers = [n for n in outputs if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)
-                   and (n == label_output or not looks_like_embedding(n, np.concatenate([r[n] for r in ref_parts])))]
-    primary = label_output or (classifiers[0] if classifiers else None)
-    metrics: dict[str, Any] = {}
-    worst_rows: dict[str, list[dict[str, Any]]] = {}
-    cosines: dict[str, np.ndarray] = {}
-    for name in outputs:
-        refs = [r[name] for r in ref_parts]
-        served = [s[name].astype(np.float32, copy=False) for s in served_parts]
-        is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
-        m, cos = _merge_metrics(name, refs, served, y if is_label else None, classification=is_label,
-                                classes=(detectors or {}).get(name, False))
-        d = m.to_dict()
-        d["top1_drop_points"] = m.top1_drop_points
-        if m.detection is not None:
-            d["detection"] = figures_dict(m.detection)
-        metrics[name] = d
-        cosines[name] = cos
-        worst_rows[name] = _worst(cos, refs, served, index, y, worst, names)
-    top1 = None
-    if primary is not None and primary in classifiers:
-        top1 = (np.concatenate([np.argmax(r[primary], axis=1) for r in ref_parts]),
-                np.concatenate([np.argmax(s[primary], axis=1) for s in served_parts]))
-    return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
-            "worst_samples": worst_rows, "per_sample": per_sample_rows(index, cosines, top1, y, names)}
+
+def _classifier_outputs(outputs: list[str], ref_parts: list[dict[str, np.ndarray]], label_output: str | None) -> list[str]:
+    """Decision: [N, C] outputs are classifiers, except what looks like an embedding (unit-norm
+    rows, an embedding-like name) unless it is the label output named: the same rule as the
+    held-out check of quantize/deploy (trtrepo.evaluate.label_output)."""
+    return [n for n in outputs if all(r[n].ndim == 2 and r[n].shape[1] >= 2 for r in ref_parts)
+            and (n == label_output or not looks_like_embedding(n, np.concatenate([r[n] for r in ref_parts])))]
+
+
+def _output_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], label: tuple[np.ndarray | None, bool],
+                    classes: int | None | bool) -> tuple[dict[str, Any], np.ndarray]:
+    """One output's metrics as the report keeps them (``label``: (labels, whether it is judged as
+    the label output, top-k); ``classes``: a detector head's class count, judged in boxes too) and
+    its per-sample cosines."""
+    y, is_label = label
+    m, cos = _merge_metrics(name, refs, served, y, classification=is_label, classes=classes)
+    d = m.to_dict()
+    d["top1_drop_points"] = m.top1_drop_points
+    if m.detection is not None:
+        d["detection"] = figures_dict(m.detection)
+    return d, cos
 
 
 def per_sample_rows(index: np.ndarray, cosines: dict[str, np.ndarray], top1: tuple[np.ndarray, np.ndarray] | None,
