@@ -34,6 +34,27 @@ def _pixel_budget() -> int:
     return int(text)
 
 
+def _positive_ints(value: Any, what: str, n: tuple[int, ...]) -> tuple[int, ...] | None:
+    """A size option as ``len in n`` positive ints of at most MAX_IMAGE_SIDE (an int alone is
+    one); None stays None."""
+    if value is None:
+        return None
+    try:
+        vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
+    except (TypeError, ValueError, OverflowError):
+        raise UsageError(f"preprocess option '{what}': expected positive ints, got {value!r}") from None
+    if len(vals) not in n or any(v <= 0 for v in vals):
+        raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
+    if any(v > MAX_IMAGE_SIDE for v in vals):
+        raise UsageError(f"preprocess option '{what}': {value!r} is larger than {MAX_IMAGE_SIDE} pixels per side")
+    return vals
+
+
+def _square(vals: tuple[int, ...] | None) -> tuple[int, ...] | None:
+    """One side given for a box: the square."""
+    return (vals[0], vals[0]) if vals is not None and len(vals) == 1 else vals
+
+
 @dataclass(frozen=True)
 class Preprocess:
     """How an image becomes an input tensor. Saved to and loaded from JSON or YAML.
@@ -69,19 +90,23 @@ class Preprocess:
     _INTERP = ("nearest", "bilinear", "bicubic", "lanczos")
 
     def __post_init__(self) -> None:
-        def norm(value: Any, what: str, n: tuple[int, ...]) -> tuple[int, ...] | None:
-            if value is None:
-                return None
-            try:
-                vals = (int(value),) if isinstance(value, (int, float)) else tuple(int(v) for v in value)
-            except (TypeError, ValueError, OverflowError):
-                raise UsageError(f"preprocess option '{what}': expected positive ints, got {value!r}") from None
-            if len(vals) not in n or any(v <= 0 for v in vals):
-                raise UsageError(f"preprocess option '{what}': expected {' or '.join(map(str, n))} positive ints, got {value!r}")
-            if any(v > MAX_IMAGE_SIDE for v in vals):
-                raise UsageError(f"preprocess option '{what}': {value!r} is larger than {MAX_IMAGE_SIDE} pixels per side")
-            return vals
+        self._check_types()
+        object.__setattr__(self, "resize", _positive_ints(self.resize, "resize", (1, 2)))
+        object.__setattr__(self, "center_crop", _square(_positive_ints(self.center_crop, "center_crop", (1, 2))))
+        box = _square(_positive_ints(self.letterbox, "letterbox", (1, 2)))
+        object.__setattr__(self, "letterbox", box)
+        if box is not None and (self.resize is not None or self.center_crop is not None):
+            raise UsageError("preprocess option 'letterbox': excludes 'resize' and 'center_crop' (it resizes and pads "
+                             "the image itself)")
+        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, numbers.Integral) or not 0 <= self.pad_value <= 255:
+            raise UsageError(f"preprocess option 'pad_value': expected a whole number 0..255, got {self.pad_value!r}")
+        object.__setattr__(self, "pad_value", int(self.pad_value))
+        object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
+        object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
+        self._check_choices()
 
+    def _check_types(self) -> None:
+        """Each option of the right type: a finite real scale, strings, finite mean/std numbers."""
         if isinstance(self.scale, bool) or not isinstance(self.scale, numbers.Real) or not np.isfinite(self.scale):
             raise UsageError(f"preprocess option 'scale': expected a finite number, got {self.scale!r}")
         for what in ("interpolation", "color", "layout", "dtype"):
@@ -94,23 +119,9 @@ class Preprocess:
             flat = list(values) if isinstance(values, (list, tuple, np.ndarray)) else [values]
             if not flat or any(isinstance(v, bool) or not isinstance(v, numbers.Real) or not np.isfinite(v) for v in flat):
                 raise UsageError(f"preprocess option '{what}': expected finite numbers, got {values!r}")
-        object.__setattr__(self, "resize", norm(self.resize, "resize", (1, 2)))
-        crop = norm(self.center_crop, "center_crop", (1, 2))
-        if crop is not None and len(crop) == 1:
-            crop = (crop[0], crop[0])
-        object.__setattr__(self, "center_crop", crop)
-        box = norm(self.letterbox, "letterbox", (1, 2))
-        if box is not None and len(box) == 1:
-            box = (box[0], box[0])
-        object.__setattr__(self, "letterbox", box)
-        if box is not None and (self.resize is not None or self.center_crop is not None):
-            raise UsageError("preprocess option 'letterbox': excludes 'resize' and 'center_crop' (it resizes and pads "
-                             "the image itself)")
-        if isinstance(self.pad_value, bool) or not isinstance(self.pad_value, numbers.Integral) or not 0 <= self.pad_value <= 255:
-            raise UsageError(f"preprocess option 'pad_value': expected a whole number 0..255, got {self.pad_value!r}")
-        object.__setattr__(self, "pad_value", int(self.pad_value))
-        object.__setattr__(self, "mean", tuple(float(v) for v in np.atleast_1d(self.mean)))
-        object.__setattr__(self, "std", tuple(float(v) for v in np.atleast_1d(self.std)))
+
+    def _check_choices(self) -> None:
+        """Each named choice one of its values; std non-zero; 1 or one-per-channel mean/std values."""
         if self.interpolation not in self._INTERP:
             raise UsageError(f"preprocess option 'interpolation': '{self.interpolation}' is not one of {', '.join(self._INTERP)}")
         if self.color not in ("rgb", "bgr", "gray"):
