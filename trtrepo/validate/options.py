@@ -74,12 +74,25 @@ class ValidateOptions:
     urls: tuple[str, ...] = field(default=(), init=False)  # every server; ``url`` is the first
 
     def __post_init__(self) -> None:
+        self._check_target()
+        self._check_load()
+        self._check_times()
+        urls = self._server_urls()
+        object.__setattr__(self, "urls", urls)
+        object.__setattr__(self, "url", urls[0])
+
+    def _check_target(self) -> None:
+        """A known protocol and shared-memory kind, and a model name."""
         if self.protocol not in PROTOCOLS:
             raise OptionError("protocol", f"{self.protocol!r}: one of {', '.join(PROTOCOLS)}")
         if self.shared_memory not in SHARED_MEMORY:
             raise OptionError("shared_memory", f"{self.shared_memory!r}: one of {', '.join(SHARED_MEMORY)}")
         if not self.model:
             raise OptionError("model", ": give the name of the model on the server", concept="the model name")
+
+    def _check_load(self) -> None:
+        """The load the levels put on the server: concurrency levels, requests per window (which
+        set the measurement's window size), interval, request distribution and rates, batch size."""
         if not self.concurrency or any(not 1 <= c <= MAX_CONCURRENCY for c in self.concurrency):
             raise OptionError("concurrency", f"{list(self.concurrency)}: levels must be integers 1..{MAX_CONCURRENCY}",
                               concept="the concurrency levels")
@@ -97,6 +110,9 @@ class ValidateOptions:
                               concept="the request rates")
         if self.batch_size < 1:
             raise OptionError("batch_size", f"{self.batch_size}: must be >= 1")
+
+    def _check_times(self) -> None:
+        """Timeouts, the model version, the time budget and the fleet's difference limit."""
         for what, v in (("timeout", self.timeout), ("ready_timeout", self.ready_timeout)):
             if not (v > 0 and math.isfinite(v)):
                 raise OptionError(what, f"{v}: must be a positive number of seconds")
@@ -108,6 +124,10 @@ class ValidateOptions:
         if not (self.max_server_diff >= 0 and math.isfinite(self.max_server_diff)):
             raise OptionError("max_server_diff", f"{self.max_server_diff}: a non-negative number",
                               concept="the largest difference between servers")
+
+    def _server_urls(self) -> tuple[str, ...]:
+        """Every server of ``url`` (a comma-separated list: a fleet), as HOST:PORT; an empty
+        address in a list or a server given twice is refused."""
         parts = (self.url or "").split(",")
         if len(parts) > 1 and any(not u.strip() for u in parts):
             raise OptionError("url", f"{self.url!r}: an empty address in the list", concept="the server URL")
@@ -115,8 +135,7 @@ class ValidateOptions:
         dup = sorted({u for u in urls if urls.count(u) > 1})
         if dup:
             raise OptionError("url", f"{self.url}: {dup[0]} given twice", concept="the server URL")
-        object.__setattr__(self, "urls", urls)
-        object.__setattr__(self, "url", urls[0])
+        return urls
 
     def server(self, url: str) -> ValidateOptions:
         """These options for one server of the fleet."""
