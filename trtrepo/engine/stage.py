@@ -203,27 +203,13 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     if options.timing_cache and Path(options.timing_cache).is_file():
         timing_cache = Path(options.timing_cache).read_bytes()
 
-    build_onnx = onnx_path
-    fp16_bytes: bytes | None = None
     fp16_info: dict[str, Any] | None = None
     if options.fp16 and options.legacy_calibrator:
         fp16_info = {"method": "builder-flag", "flag": "BuilderFlag.FP16"}
-
     with contextlib.ExitStack() as stack:
-        if options.fp16 and options.route == ROUTE_QDQ:
-            # converted into a temporary folder; kept (--fp16-onnx) only once the engine is built
-            tmpdir = Path(stack.enter_context(temp_dir("fp16")))
-            build_onnx = tmpdir / fp16_onnx_default(onnx_path).name
-            fp16_info = convert_for_fp16(onnx_path, build_onnx, io, options)
-            fp16_info["saved_to"] = options.fp16_onnx
-        feed = None
-        if options.route == ROUTE_IMPLICIT:
-            batches = _calibration_batches(options, io, profile) if options.data is not None else None
-            shapes = {name: r.opt for name, r in profile.items()}
-            for spec in io.inputs:
-                shapes.setdefault(spec.name, spec.shape)
-            feed = stack.enter_context(CalibrationFeed(batches, options.opt_batch, builder.cuda(), shapes,
-                                                       options.legacy_calibrator or "entropy", version, options.calib_cache))
+        build_onnx, converted = _fp16_onnx(stack, onnx_path, io, options)
+        fp16_info = converted or fp16_info
+        feed = _calibration_feed(stack, options, io, profile, builder)
         plan, new_timing_cache = builder.build(build_onnx, profile, options, feed, timing_cache)
         if feed is not None and not feed.cache_used and feed.batches_served == 0:
             raise TrtrepoError("TensorRT got no calibration batches and no usable cache; the INT8 ranges would be missing")
@@ -232,10 +218,8 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     if options.fp16:
         check_engine_io_types(engine_io, io, str(onnx_path))
     model_io = engine_io.to_model_io(io, source=str(output))
-    trtexec_onnx = onnx_path
-    if options.fp16 and options.route == ROUTE_QDQ:
-        trtexec_onnx = Path(options.fp16_onnx) if options.fp16_onnx else fp16_onnx_default(onnx_path)
-    trtexec = shlex.join(trtexec_command(trtexec_onnx, output, engine_io.profile or profile, options, major))
+    trtexec = shlex.join(trtexec_command(_trtexec_onnx(onnx_path, options), output, engine_io.profile or profile,
+                                         options, major))
     meta = PlanMetadata(
         tensorrt_version=version,
         gpu=gpu,
@@ -261,6 +245,53 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
         trtrepo_version=__version__,
         precision={"mode": options.precision, "fp16": fp16_info},
     )
+    meta_path, tc_path, calib_path = _write_build(output, plan, meta, options, (fp16_bytes, new_timing_cache), force)
+    return BuildResult(output, meta_path, meta, tc_path, calib_path)
+
+
+def _fp16_onnx(stack: contextlib.ExitStack, onnx_path: Path, io: ModelIO,
+               options: BuildOptions) -> tuple[Path, dict[str, Any] | None]:
+    """The ONNX model TensorRT builds and, when converted, how. Decision: ``--fp16`` on the Q/DQ
+    route converts the model (:func:`convert_for_fp16`) into a temporary folder, kept
+    (--fp16-onnx) only once the engine is built; otherwise the model itself."""
+    if not (options.fp16 and options.route == ROUTE_QDQ):
+        return onnx_path, None
+    tmpdir = Path(stack.enter_context(temp_dir("fp16")))
+    build_onnx = tmpdir / fp16_onnx_default(onnx_path).name
+    fp16_info = convert_for_fp16(onnx_path, build_onnx, io, options)
+    fp16_info["saved_to"] = options.fp16_onnx
+    return build_onnx, fp16_info
+
+
+def _calibration_feed(stack: contextlib.ExitStack, options: BuildOptions, io: ModelIO, profile: Any,
+                      builder: EngineBuilder) -> CalibrationFeed | None:
+    """Decision: only the implicit (legacy calibrator) route feeds TensorRT calibration batches
+    (from the data, or none: the cache alone), at the profile's opt shapes."""
+    if options.route != ROUTE_IMPLICIT:
+        return None
+    batches = _calibration_batches(options, io, profile) if options.data is not None else None
+    shapes = {name: r.opt for name, r in profile.items()}
+    for spec in io.inputs:
+        shapes.setdefault(spec.name, spec.shape)
+    return stack.enter_context(CalibrationFeed(batches, options.opt_batch, builder.cuda(), shapes,
+                                               options.legacy_calibrator or "entropy", builder.tensorrt_version,
+                                               options.calib_cache))
+
+
+def _trtexec_onnx(onnx_path: Path, options: BuildOptions) -> Path:
+    """The model the equivalent trtexec command builds: the FP16 conversion where one was made
+    (where --fp16-onnx kept it, else its default name), else the model itself."""
+    if options.fp16 and options.route == ROUTE_QDQ:
+        return Path(options.fp16_onnx) if options.fp16_onnx else fp16_onnx_default(onnx_path)
+    return onnx_path
+
+
+def _write_build(output: Path, plan: bytes, meta: PlanMetadata, options: BuildOptions,
+                 extra: tuple[bytes | None, bytes | None], force: bool) -> tuple[Path, Path | None, Path | None]:
+    """The plan and its metadata (together, atomically), then the kept FP16 model and the new
+    timing cache (``extra``); returns (metadata, timing cache, calibration cache) paths, each
+    cache only when written or there."""
+    fp16_bytes, new_timing_cache = extra
     meta_path = plan_metadata_path(output)
     with atomic_path(output, force=force) as tmp_plan, atomic_path(meta_path) as tmp_meta:
         tmp_plan.write_bytes(plan)
@@ -271,7 +302,7 @@ def build_engine(onnx_path: str | Path, output: str | Path, options: BuildOption
     if options.timing_cache and new_timing_cache:
         tc_path = atomic_write_bytes(options.timing_cache, new_timing_cache)
     calib_path = Path(options.calib_cache) if options.calib_cache and Path(options.calib_cache).is_file() else None
-    return BuildResult(output, meta_path, meta, tc_path, calib_path)
+    return meta_path, tc_path, calib_path
 
 
 # --------------------------------------------------------------------------------------------
