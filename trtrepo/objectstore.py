@@ -548,47 +548,15 @@ def _publish(store: S3Store, local_repo: Path, name: str, version: int, *, repla
     new_text = (model_dir / "config.pbtxt").read_text()
     new_msg = parse_config_text(new_text, f"{model_dir}/config.pbtxt")
     remote = remote_model(store, name)
-    numbers = set(remote.versions) | set(versions_of(model_dir))
-    target, retire = version, []
-    if version in remote.versions:
-        if version in remote.complete and not replaced and not allocated:
-            raise UsageError(f"{store.loc.url}/{name}/{version}: version {version} already exists")
-        # never overwritten in place: the next free number; a replaced complete version is retired
-        target = max(numbers) + 1
-        if version in remote.complete and replaced:
-            retire = [version]
+    target, retire = _target_version(store, remote, set(versions_of(model_dir)), version, (replaced, allocated))
     complete = [v for v in remote.complete if v not in retire]
     served = served_versions(new_msg, [*complete, target])
     _check_live_state(store, remote, new_text, new_msg, served, target)  # before any object is written
-    if remote.msg is not None and target in served_versions(remote.msg, [*remote.complete, target]):
-        now = served_versions(remote.msg, remote.complete)
-        if now:  # step 2: the live config would pick up the new number mid-upload: pin what it serves
-            store.put_bytes(f"{name}/config.pbtxt", pin_versions(remote.config_text or "", now).encode())
-            say(f"{name}: pinned the live config to version(s) {', '.join(map(str, now))} before the upload")
-    # small objects first: an interrupted upload has left the small ones and no large one half-way
-    files = sorted((p for p in (model_dir / str(version)).rglob("*") if p.is_file()), key=lambda p: (p.stat().st_size, str(p)))
-    objects = [(f"{name}/{target}/{p.relative_to(model_dir / str(version)).as_posix()}", p) for p in files]
-    objects += [(f"{name}/{p.relative_to(model_dir).as_posix()}", p) for p in sorted(model_dir.rglob("*"))
-                if p.is_file() and p.relative_to(model_dir).parts[0] != "config.pbtxt"
-                and not p.relative_to(model_dir).parts[0].isdigit()]  # model-level files: before the config
+    _pin_live_config(store, remote, target, say)
+    objects = _objects_to_upload(model_dir, name, version, target)
     if remote.msg is None:
-        # a model's first upload: without a config.pbtxt, tritonserver would take any object under NAME/ for a
-        # model (it fills the config in itself) and fail on the half-uploaded version, and a starting server
-        # with it. So the objects go beside the repository first, then into it by server-side copies.
-        # objects of a first upload interrupted during its copies: never served
-        store.delete([f"{name}/{k}" for k in remote.keys])
-        staging = store.staging()
-        tag = f"{uuid.uuid4().hex[:12]}"
-        for i, (key, p) in enumerate(objects, 1):
-            say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB) to {staging.loc.url}")
-            staging.put_file(f"{tag}/{key}", p)
-        # the staged config, last: the staged upload is complete, so a kill during the copies below
-        # (the one window: see the module's docstring) can be finished by 'repo check --fix'
         first = pin_versions(new_text, served_versions(new_msg, [target]))
-        staging.put_bytes(f"{tag}/{name}/config.pbtxt", first.encode())
-        for key, p in objects:
-            store.copy_from(staging, f"{tag}/{key}", key, p.stat().st_size)
-        staged = [f"{tag}/{key}" for key, _ in objects] + [f"{tag}/{name}/config.pbtxt"]
+        staged = _upload_first(store, remote, objects, first, say)
     else:
         for i, (key, p) in enumerate(objects, 1):
             say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB)")
@@ -605,6 +573,66 @@ def _publish(store: S3Store, local_repo: Path, name: str, version: int, *, repla
     if gone:
         store.delete(gone)
     return Published(name, target, f"{store.loc.url}/{name}/{target}", retire, stale)
+
+
+def _target_version(store: S3Store, remote: RemoteModel, local: set[int], version: int,
+                    how: tuple[bool, bool]) -> tuple[int, list[int]]:
+    """The number the upload takes and the versions it retires (``how``: (replaced, allocated)).
+    Decision: a number the remote lacks is kept; one it has is never overwritten in place but
+    moves to the next free number, which a complete version allows only when this write
+    replaces it (then retired) or allocated the number itself; a number the user gave is refused."""
+    replaced, allocated = how
+    if version not in remote.versions:
+        return version, []
+    if version in remote.complete and not replaced and not allocated:
+        raise UsageError(f"{store.loc.url}/{remote.name}/{version}: version {version} already exists")
+    target = max(set(remote.versions) | local) + 1
+    return target, [version] if version in remote.complete and replaced else []
+
+
+def _pin_live_config(store: S3Store, remote: RemoteModel, target: int, say: Callable[[str], None]) -> None:
+    """Step 2. Decision: when the live config would pick up the new number mid-upload, it is
+    pinned first to the versions it serves now."""
+    if remote.msg is None or target not in served_versions(remote.msg, [*remote.complete, target]):
+        return
+    now = served_versions(remote.msg, remote.complete)
+    if now:
+        store.put_bytes(f"{remote.name}/config.pbtxt", pin_versions(remote.config_text or "", now).encode())
+        say(f"{remote.name}: pinned the live config to version(s) {', '.join(map(str, now))} before the upload")
+
+
+def _objects_to_upload(model_dir: Path, name: str, version: int, target: int) -> list[tuple[str, Path]]:
+    """(key, file) of the version's files under the target number, small objects first (an
+    interrupted upload has left the small ones and no large one half-way), then the model-level
+    files (before the config, which is not among them)."""
+    files = sorted((p for p in (model_dir / str(version)).rglob("*") if p.is_file()), key=lambda p: (p.stat().st_size, str(p)))
+    objects = [(f"{name}/{target}/{p.relative_to(model_dir / str(version)).as_posix()}", p) for p in files]
+    objects += [(f"{name}/{p.relative_to(model_dir).as_posix()}", p) for p in sorted(model_dir.rglob("*"))
+                if p.is_file() and p.relative_to(model_dir).parts[0] != "config.pbtxt"
+                and not p.relative_to(model_dir).parts[0].isdigit()]
+    return objects
+
+
+def _upload_first(store: S3Store, remote: RemoteModel, objects: list[tuple[str, Path]], first_config: str,
+                  say: Callable[[str], None]) -> list[str]:
+    """A model's first upload, staged: without a config.pbtxt, tritonserver would take any object
+    under NAME/ for a model (it fills the config in itself) and fail on the half-uploaded version,
+    and a starting server with it. So the objects go beside the repository first, then into it by
+    server-side copies; returns the staged keys (deleted after the commit)."""
+    name = remote.name
+    # objects of a first upload interrupted during its copies: never served
+    store.delete([f"{name}/{k}" for k in remote.keys])
+    staging = store.staging()
+    tag = f"{uuid.uuid4().hex[:12]}"
+    for i, (key, p) in enumerate(objects, 1):
+        say(f"{name}: uploading {key} ({i}/{len(objects)}, {p.stat().st_size / 2**20:.1f} MiB) to {staging.loc.url}")
+        staging.put_file(f"{tag}/{key}", p)
+    # the staged config, last: the staged upload is complete, so a kill during the copies below
+    # (the one window: see the module's docstring) can be finished by 'repo check --fix'
+    staging.put_bytes(f"{tag}/{name}/config.pbtxt", first_config.encode())
+    for key, p in objects:
+        store.copy_from(staging, f"{tag}/{key}", key, p.stat().st_size)
+    return [f"{tag}/{key}" for key, _ in objects] + [f"{tag}/{name}/config.pbtxt"]
 
 
 def _check_live_state(store: S3Store, remote: RemoteModel, new_text: str, new_msg: Any, served: Sequence[int],
