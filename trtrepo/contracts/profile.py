@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import OptionError, UsageError
-from ..modelio import ModelIO
+from ..modelio import ModelIO, TensorSpec
 
 log = logging.getLogger(__name__)
 
@@ -268,57 +268,71 @@ class BatchProfile:
         takes those ranges (``--shape input_ids:...`` alone covers ``attention_mask``).
         """
         overrides = dict(self.shapes)
-        lo, mid, hi = self.batch_range
         batch_axis = 0 if self.batched else None
         given = self.check_shapes(io)
-
-        # Symbolic axes ranged by --shape: name -> ((min, opt, max), input that gave it)
-        symbols: dict[str, tuple[tuple[int, int, int], str]] = {}
-        for spec in io.inputs:
-            ranged = given.get(spec.name)
-            if ranged is None:
-                continue
-            for axis in spec.dynamic_axes:
-                label = spec.dim_names[axis] if spec.dim_names else None
-                if axis == batch_axis or not label:
-                    continue
-                rng = ranged.axis(axis)
-                prev = symbols.setdefault(label, (rng, spec.name))
-                if prev[0] != rng:
-                    raise OptionError(
-                        "shapes", f": inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it "
-                        f"different ranges ({','.join(map(str, prev[0]))} and {','.join(map(str, rng))}); the axis has "
-                        f"one size at run time, so give both the same MIN,OPT,MAX", others=_SETTINGS)
-
+        symbols = _ranged_symbols(io, given, batch_axis)
         result: dict[str, ShapeRange] = {}
         for spec in io.inputs:
             if spec.name in given:
                 result[spec.name] = given[spec.name]
-                continue
-            if spec.name in overrides or not spec.dynamic_axes:
-                continue
-            other = [a for a in spec.dynamic_axes if a != batch_axis]
-            labels = {a: spec.dim_names[a] if spec.dim_names else None for a in other}
-            missing = [a for a in other if labels[a] not in symbols]
-            if missing:
-                label = labels[missing[0]]
-                axis_desc = f"axis {missing[0]}" + (f" ('{label}')" if label else "")
-                example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
-                why = (" ({max_batch_size} 0: no batch axis, so axis 0 is an ordinary axis)"
-                       if not self.batched and missing[0] == 0 else "")
-                raise OptionError("", f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range{why}; "
-                                  f"give it with {{shapes}} {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)", others=_SETTINGS)
-            shapes = [list(spec.with_batch(b)) if self.batched else list(spec.shape) for b in (lo, mid, hi)]
-            for a in other:
-                rng, _ = symbols[labels[a]]  # type: ignore[index]
-                for k in range(3):
-                    shapes[k][a] = rng[k]
-            if other:
-                log.info("input '%s': range of axes %s taken from --shape %s (shared symbolic axes)", spec.name,
-                         ", ".join(f"'{labels[a]}'" for a in other),
-                         ", ".join(sorted({symbols[labels[a]][1] for a in other})))  # type: ignore[index]
-            result[spec.name] = ShapeRange(*(tuple(s) for s in shapes))
+            elif spec.name not in overrides and spec.dynamic_axes:
+                result[spec.name] = self._range_from_symbols(spec, symbols)
         return result
+
+    def _range_from_symbols(self, spec: TensorSpec, symbols: Mapping[str, tuple[tuple[int, int, int], str]]) -> ShapeRange:
+        """An input without ``--shape``: axis 0 takes the batch range (when ``batched``), every
+        other dynamic axis the range of the ``--shape`` that names its symbol. Decision: an axis
+        whose symbol no ``--shape`` ranges is an error that says how to give it."""
+        lo, mid, hi = self.batch_range
+        batch_axis = 0 if self.batched else None
+        other = [a for a in spec.dynamic_axes if a != batch_axis]
+        labels = {a: spec.dim_names[a] if spec.dim_names else None for a in other}
+        missing = [a for a in other if labels[a] not in symbols]
+        if missing:
+            raise self._no_range(spec, missing[0], labels[missing[0]])
+        shapes = [list(spec.with_batch(b)) if self.batched else list(spec.shape) for b in (lo, mid, hi)]
+        for a in other:
+            rng, _ = symbols[labels[a]]  # type: ignore[index]
+            for k in range(3):
+                shapes[k][a] = rng[k]
+        if other:
+            log.info("input '%s': range of axes %s taken from --shape %s (shared symbolic axes)", spec.name,
+                     ", ".join(f"'{labels[a]}'" for a in other),
+                     ", ".join(sorted({symbols[labels[a]][1] for a in other})))  # type: ignore[index]
+        return ShapeRange(*(tuple(s) for s in shapes))
+
+
+    def _no_range(self, spec: TensorSpec, axis: int, label: str | None) -> OptionError:
+        """The error for a dynamic axis nothing ranges: which axis, and how to give it."""
+        axis_desc = f"axis {axis}" + (f" ('{label}')" if label else "")
+        example = "x".join("N" if d == -1 else str(d) for d in spec.shape)
+        why = (" ({max_batch_size} 0: no batch axis, so axis 0 is an ordinary axis)"
+               if not self.batched and axis == 0 else "")
+        return OptionError("", f"input '{spec.name}' has dynamic {axis_desc} (shape {example}) with no range{why}; "
+                           f"give it with {{shapes}} {spec.name}:MIN,OPT,MAX (e.g. 1x8,8x64,32x128)", others=_SETTINGS)
+
+
+def _ranged_symbols(io: ModelIO, given: Mapping[str, ShapeRange],
+                    batch_axis: int | None) -> dict[str, tuple[tuple[int, int, int], str]]:
+    """Symbolic axes ranged by ``--shape``: name -> ((min, opt, max), input that gave it).
+    Decision: inputs that share a symbolic axis must give it the same range (one size at run time)."""
+    symbols: dict[str, tuple[tuple[int, int, int], str]] = {}
+    for spec in io.inputs:
+        ranged = given.get(spec.name)
+        if ranged is None:
+            continue
+        for axis in spec.dynamic_axes:
+            label = spec.dim_names[axis] if spec.dim_names else None
+            if axis == batch_axis or not label:
+                continue
+            rng = ranged.axis(axis)
+            prev = symbols.setdefault(label, (rng, spec.name))
+            if prev[0] != rng:
+                raise OptionError(
+                    "shapes", f": inputs '{prev[1]}' and '{spec.name}' share the dynamic axis '{label}' but give it "
+                    f"different ranges ({','.join(map(str, prev[0]))} and {','.join(map(str, rng))}); the axis has "
+                    f"one size at run time, so give both the same MIN,OPT,MAX", others=_SETTINGS)
+    return symbols
 
 
 def _parse_shapes(shapes: Iterable[str | tuple[str, ShapeRange]]) -> tuple[tuple[str, ShapeRange], ...]:
