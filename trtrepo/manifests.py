@@ -105,21 +105,13 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
             gpu.append(e.name)
         if cfg.backend == "python":
             python.append(e.name)
-            env = cfg.parameters["EXECUTION_ENV_PATH"].string_value if "EXECUTION_ENV_PATH" in cfg.parameters else ""
-            if env.startswith(MODEL_DIRECTORY + "/"):
+            if _ships_python_env(cfg):
                 python_env.append(e.name)
         if is_plan:
-            metas = sorted((repo / e.name).glob("*/*.plan.json"))
-            if not metas:
+            complete, plan_ccs = _plan_compute_capabilities(repo / e.name)
+            if not complete:
                 no_meta.append(e.name)
-            for m in metas:
-                try:
-                    meta = read_plan_metadata(m)
-                except UsageError:
-                    no_meta.append(e.name)
-                    continue
-                if meta is not None and meta.gpu is not None and not meta.hardware_compatibility:
-                    ccs.add(meta.gpu.compute_capability)
+            ccs |= plan_ccs
     for f in host_specific(repo):
         if f.kind == "host" and not (snapshot and "is missing" in f.message):
             host.append(f"{f.path}: {f.message}")
@@ -128,6 +120,30 @@ def facts_from_folder(path: str | Path, *, snapshot: bool = False) -> Repository
         python_models=tuple(python), gpu_models=tuple(gpu), python_env_models=tuple(python_env),
         plans_without_metadata=tuple(dict.fromkeys(no_meta)), compute_capabilities=tuple(sorted(ccs)),
         host_specific=tuple(host), source=str(path))
+
+
+def _ships_python_env(cfg: Any) -> bool:
+    """Decision: a Python model whose EXECUTION_ENV_PATH lies in its own folder ships its
+    environment (an archive copied there)."""
+    env = cfg.parameters["EXECUTION_ENV_PATH"].string_value if "EXECUTION_ENV_PATH" in cfg.parameters else ""
+    return env.startswith(MODEL_DIRECTORY + "/")
+
+
+def _plan_compute_capabilities(model_dir: Path) -> tuple[bool, set[str]]:
+    """Whether every plan of the model has readable metadata (and there is some), and the compute
+    capabilities its plans need. Decision: a plan built hardware-compatible needs none."""
+    metas = sorted(model_dir.glob("*/*.plan.json"))
+    complete = bool(metas)
+    ccs: set[str] = set()
+    for m in metas:
+        try:
+            meta = read_plan_metadata(m)
+        except UsageError:
+            complete = False
+            continue
+        if meta is not None and meta.gpu is not None and not meta.hardware_compatibility:
+            ccs.add(meta.gpu.compute_capability)
+    return complete, ccs
 
 
 def repository_facts(url: str, *, s3_endpoint: str | None = None) -> RepositoryFacts:
@@ -207,6 +223,13 @@ class ManifestOptions:
     metrics_port: int = 8002
 
     def __post_init__(self) -> None:
+        self._check_names()
+        self._check_scaling()
+        self._check_resources()
+        self._check_server()
+
+    def _check_names(self) -> None:
+        """Kubernetes names: a DNS-1035 label, a DNS-1123 namespace, DNS-1123 subdomains."""
         if len(self.name) > 63 or not _DNS_1035.match(self.name):
             raise _option("name", f"{self.name}: must be a DNS-1035 label (lowercase letters, digits and '-', starting "
                                   f"with a letter, at most 63 characters)")
@@ -216,6 +239,9 @@ class ManifestOptions:
         for setting, value in (("credentials_secret", self.credentials_secret), ("service_account", self.service_account)):
             if value is not None and (len(value) > 253 or not _DNS_SUBDOMAIN.match(value)):
                 raise _option(setting, f"{value}: must be a DNS-1123 subdomain (lowercase letters, digits, '-' and '.')")
+
+    def _check_scaling(self) -> None:
+        """1 <= min_replicas <= replicas <= max_replicas; a positive CPU target."""
         if self.min_replicas < 1:
             raise _option("min_replicas", f"{self.min_replicas}: must be at least 1 (the HorizontalPodAutoscaler's minimum)")
         if self.max_replicas < self.min_replicas:
@@ -225,6 +251,9 @@ class ManifestOptions:
                                       f"{self.max_replicas}", "min_replicas", "max_replicas")
         if self.target_cpu_percent < 1:
             raise _option("target_cpu_percent", f"{self.target_cpu_percent}: must be a positive percentage of the CPU request")
+
+    def _check_resources(self) -> None:
+        """GPUs 0 or more; each request positive and within its limit; an image reference."""
         if self.gpus is not None and self.gpus < 0:
             raise _option("gpus", f"{self.gpus}: must be 0 or more")
         for kind in ("cpu", "memory"):
@@ -235,6 +264,9 @@ class ManifestOptions:
                 raise _option(f"{kind}_request", f"{request}: must be more than 0")
         if self.image is not None and (not self.image or any(c.isspace() for c in self.image)):
             raise _option("image", f"{self.image!r}: not an image reference")
+
+    def _check_server(self) -> None:
+        """The server's model control (polling only with poll), startup time, distinct ports, endpoint."""
         if self.model_control_mode not in ("none", "poll"):
             raise _option("model_control_mode", f"{self.model_control_mode}: choose none or poll")
         if self.repository_poll_secs is not None:
