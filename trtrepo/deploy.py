@@ -545,96 +545,160 @@ def deploy(opts: DeployOptions) -> DeployReport:
     backend = _resolve_backend(opts, report)
     batch_profile(opts)  # --max-batch-size and --shape agree: fail before any work
     exported = exporter_preprocess(opts.source)
-    if exported is not None and opts.data is not None and opts.data.spec and not opts.data.preprocess:
-        # an image folder for a detector exported with its input size: its own letterbox
-        opts = replace(opts, data=replace(opts.data, preprocess=exported))
+    opts = _with_export_letterbox(opts, exported)
     if opts.ensemble:
         preprocess = _preprocess_spec(opts, exported)  # fail early, before any work
     with contextlib.ExitStack() as stack:
-        repo: str | Path = opts.repo
-        store = None
-        if remote:  # written locally against a stand-in of the remote repository, then uploaded
-
-            store = open_store(opts.repo, opts.s3_endpoint)
-            repo = Path(stack.enter_context(temp_dir("s3-repo"))) / "repo"
-            checkout(store, repo)  # fails on credentials, endpoint or bucket before any work
-        if opts.workdir:
-            work = Path(opts.workdir)
-            work.mkdir(parents=True, exist_ok=True)
-        else:
-            work = Path(stack.enter_context(temp_dir("deploy")))
+        repo, store = _repository_stand_in(stack, opts)
+        work = _work_dir(stack, opts)
         onnx_path, io = _export_step(opts, work, report)
         if opts.int8.task == "detect":  # said to be a detector: refused before any work when no output is laid out so
             detector_outputs(load_onnx(onnx_path, load_weights=False), "detect")
         spec = backends.for_option(backend)
         assert spec is not None  # _resolve_backend returns registered names
         _check_serving(opts, spec, onnx_path, io, report)
-        if opts.shapes:  # a mistyped or misfitting --shape is an error whatever the backend
-            batch_profile(opts, io).check_shapes(io)
-            if not spec.engine:
-                unused = f": the {backend} backend builds no TensorRT engine, so the shapes are not used"
-                if opts.backend != "auto":
-                    raise OptionError("shapes", f"{unused}; drop them ({{max_batch_size}} sets Triton's batch range)",
-                                      concept="the shape ranges", others={"max_batch_size": "the max batch size"})
-                report.warnings.append(f"--shape{unused} (backend auto chose {backend} on this machine)")
+        _check_shapes_used(opts, spec, backend, io, report)
         int8 = int8_for_backend(opts.int8, spec, report)
         calibration = CalibrationData(opts, io)  # opened once, when a step first needs it
         model_path, precision = _int8_step(opts, onnx_path, io, int8, work, report, calibration)
         plan = _build_step(opts, model_path, backend, work, report, io, calibration)
 
         with _timed(report, "repository") as step:
-            labels = _labels(opts)
-            common: dict[str, Any] = {"version": opts.version, "force": opts.force, "template_dir": opts.template_dir}
-            mopts = opts.model
-            written: list[tuple[WriteResult, ModelConfig, str]] = []
-            if plan is not None:
-                res, cfg = add_plan_model(repo, name, plan, io=io, options=mopts, labels=labels, **common)
-                written.append((res, cfg, cfg.spec.display))
-                report.notes.extend(res.warnings)
-            else:
-                res, cfg = add_onnx_model(repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
-                written.append((res, cfg, cfg.spec.display))
-            primary = cfg
-            if opts.python_variant and backend != "python":
-                res, cfg = add_onnx_model(repo, f"{name}_python", model_path, backend="python", options=mopts,
-                                          labels=labels, **common)
-                written.append((res, cfg, cfg.spec.display))
-            for res, _cfg, kind in written:
-                report.models.append(DeployedModel(res.name, res.version, kind, precision, res.version_dir,
-                                                   replaced=res.replaced))
-            detector = _detector_ensemble(repo, primary, model_path, preprocess, common, mopts,
-                                          opts.int8.task) if opts.ensemble else None
-            if detector is not None:
-                report.models.extend(detector)
-                if plan is not None:  # TensorRT's usual route beside the ensemble: NMS in the plan (engine.nms_plugin)
-                    raw, classes = next(iter(detector_outputs(load_onnx(model_path, load_weights=False), opts.int8.task).items()))
-                    try:
-                        nms_plan = build_efficient_nms(plan, raw, classes, NmsSettings()).plan
-                    except UsageError as exc:  # an extra beside a complete deployment: said, not fatal
-                        report.warnings.append(f"{name}_nms (NMS in the plan) not written: {exc}")
-                    else:
-                        res, cfg = add_plan_model(repo, f"{name}_nms", nms_plan, options=mopts, **common)
-                        report.models.append(DeployedModel(res.name, res.version, cfg.spec.display, precision, res.version_dir,
-                                                           "decode + EfficientNMS_TRT in the plan", replaced=res.replaced))
-            elif opts.ensemble:
-                pre, ens = add_image_ensemble(repo, primary, preprocess, options=mopts, **common)
-                report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",
-                                                   replaced=pre.replaced))
-                report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir,
-                                                   replaced=ens.replaced))
+            write = _RepositoryWrite(repo, name, opts, report, precision)
+            written = write.served(plan, model_path, backend, io)
+            if opts.ensemble:
+                write.ensembles(written[0][1], model_path, preprocess, plan)
             if store is not None:
                 _publish(store, Path(repo), report, allocated=opts.version is None)
             step.detail = f"{len(report.models)} model(s) in {opts.repo}"
-            skipped = calibration.skipped()
-            if skipped:
-                report.notes.append(f"--skip-non-images: skipped {len(skipped)} file(s) of {calibration.spec}: "
-                                    + ", ".join(Path(p).name for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
+            _note_skipped(calibration, report)
             report.warnings.extend(_local_server_warnings(opts, [c for _, c, _ in written]))
     if precision == "fp32":
         report.notes.append("deployed the FP32 ONNX model (no INT8 here: see the int8 step)")
     elif plan is None:
         report.notes.extend(_cpu_int8_notes(backend, int8.placement.reduce_range))
     return report
+
+
+def _with_export_letterbox(opts: DeployOptions, exported: Preprocess | None) -> DeployOptions:
+    """Decision: an image folder without a preprocessing spec for a detector exported with its
+    input size is read through the export's own letterbox; other data as given."""
+    if exported is not None and opts.data is not None and opts.data.spec and not opts.data.preprocess:
+        return replace(opts, data=replace(opts.data, preprocess=exported))
+    return opts
+
+
+def _repository_stand_in(stack: contextlib.ExitStack, opts: DeployOptions) -> tuple[str | Path, Any]:
+    """Where the models are written, and the object store when remote. Decision: a remote
+    repository is written locally against a stand-in (its checkout, which fails on credentials,
+    endpoint or bucket before any work), then uploaded; a local one directly."""
+    if not is_remote(opts.repo):
+        return opts.repo, None
+    store = open_store(opts.repo, opts.s3_endpoint)
+    repo = Path(stack.enter_context(temp_dir("s3-repo"))) / "repo"
+    checkout(store, repo)
+    return repo, store
+
+
+def _work_dir(stack: contextlib.ExitStack, opts: DeployOptions) -> Path:
+    """The intermediate files' folder: ``--workdir`` (kept), else a temporary one."""
+    if opts.workdir:
+        work = Path(opts.workdir)
+        work.mkdir(parents=True, exist_ok=True)
+        return work
+    return Path(stack.enter_context(temp_dir("deploy")))
+
+
+def _check_shapes_used(opts: DeployOptions, spec: Any, backend: str, io: ModelIO, report: DeployReport) -> None:
+    """A mistyped or misfitting --shape is an error whatever the backend. Decision: shapes for a
+    backend that builds no engine are refused when the backend was named, and a warning when
+    ``auto`` chose it on this machine."""
+    if not opts.shapes:
+        return
+    batch_profile(opts, io).check_shapes(io)
+    if spec.engine:
+        return
+    unused = f": the {backend} backend builds no TensorRT engine, so the shapes are not used"
+    if opts.backend != "auto":
+        raise OptionError("shapes", f"{unused}; drop them ({{max_batch_size}} sets Triton's batch range)",
+                          concept="the shape ranges", others={"max_batch_size": "the max batch size"})
+    report.warnings.append(f"--shape{unused} (backend auto chose {backend} on this machine)")
+
+
+def _note_skipped(calibration: CalibrationData, report: DeployReport) -> None:
+    """The files --skip-non-images left out of the data (the first ten named)."""
+    skipped = calibration.skipped()
+    if skipped:
+        report.notes.append(f"--skip-non-images: skipped {len(skipped)} file(s) of {calibration.spec}: "
+                            + ", ".join(Path(p).name for p in skipped[:10]) + (" ..." if len(skipped) > 10 else ""))
+
+
+@dataclass
+class _RepositoryWrite:
+    """The repository step: writes the deployment's models into ``repo`` (the local stand-in of a
+    remote one) and records each in ``report``."""
+
+    repo: str | Path
+    name: str
+    opts: DeployOptions
+    report: DeployReport
+    precision: str
+
+    @property
+    def common(self) -> dict[str, Any]:
+        return {"version": self.opts.version, "force": self.opts.force, "template_dir": self.opts.template_dir}
+
+    def served(self, plan: Path | None, model_path: Path, backend: str, io: ModelIO) -> list[tuple[WriteResult, ModelConfig, str]]:
+        """The served model (the first written, the ensembles' primary) and its Python twin.
+        Decision: an engine when one was built, else the ONNX model on ``backend``; with
+        ``--python-variant``, the same ONNX model on the Python backend beside it."""
+        opts, repo, name, mopts, common = self.opts, self.repo, self.name, self.opts.model, self.common
+        labels = _labels(opts)
+        written: list[tuple[WriteResult, ModelConfig, str]] = []
+        if plan is not None:
+            res, cfg = add_plan_model(repo, name, plan, io=io, options=mopts, labels=labels, **common)
+            written.append((res, cfg, cfg.spec.display))
+            self.report.notes.extend(res.warnings)
+        else:
+            res, cfg = add_onnx_model(repo, name, model_path, backend=backend, options=mopts, labels=labels, **common)
+            written.append((res, cfg, cfg.spec.display))
+        if opts.python_variant and backend != "python":
+            res, cfg = add_onnx_model(repo, f"{name}_python", model_path, backend="python", options=mopts,
+                                      labels=labels, **common)
+            written.append((res, cfg, cfg.spec.display))
+        for res, _cfg, kind in written:
+            self.report.models.append(DeployedModel(res.name, res.version, kind, self.precision, res.version_dir,
+                                                    replaced=res.replaced))
+        return written
+
+    def ensembles(self, primary: ModelConfig, model_path: Path, preprocess: Preprocess, plan: Path | None) -> None:
+        """Decision: a detector gets its preprocessing, NMS postprocessing and ensemble (and, beside
+        an engine, TensorRT's usual route: NMS in the plan); any other model an image ensemble."""
+        opts, report, mopts, common = self.opts, self.report, self.opts.model, self.common
+        detector = _detector_ensemble(self.repo, primary, model_path, preprocess, common, mopts, opts.int8.task)
+        if detector is not None:
+            report.models.extend(detector)
+            if plan is not None:
+                self._nms_in_plan(plan, model_path)
+            return
+        pre, ens = add_image_ensemble(self.repo, primary, preprocess, options=mopts, **common)
+        report.models.append(DeployedModel(pre.name, pre.version, "python", "-", pre.version_dir, "image decode + preprocess",
+                                           replaced=pre.replaced))
+        report.models.append(DeployedModel(ens.name, ens.version, "ensemble", "-", ens.version_dir,
+                                           replaced=ens.replaced))
+
+    def _nms_in_plan(self, plan: Path, model_path: Path) -> None:
+        """TensorRT's usual route beside the ensemble: NMS in the plan (engine.nms_plugin); an
+        extra beside a complete deployment, so a failure is said, not fatal."""
+        raw, classes = next(iter(detector_outputs(load_onnx(model_path, load_weights=False), self.opts.int8.task).items()))
+        try:
+            nms_plan = build_efficient_nms(plan, raw, classes, NmsSettings()).plan
+        except UsageError as exc:
+            self.report.warnings.append(f"{self.name}_nms (NMS in the plan) not written: {exc}")
+            return
+        res, cfg = add_plan_model(self.repo, f"{self.name}_nms", nms_plan, options=self.opts.model, **self.common)
+        self.report.models.append(DeployedModel(res.name, res.version, cfg.spec.display, self.precision, res.version_dir,
+                                                "decode + EfficientNMS_TRT in the plan", replaced=res.replaced))
 
 
 def _publish(store: Any, local: Path, report: DeployReport, *, allocated: bool) -> None:
