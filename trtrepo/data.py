@@ -225,6 +225,24 @@ def scan_image_folder(folder: Path, skip_non_images: bool = False) -> tuple[list
     files = sorted(p for p in folder.rglob("*") if p.is_file() and not p.name.startswith("."))
     if not files:
         raise UsageError(f"{folder}: image folder is empty")
+    bad = _non_images(folder, files, skip_non_images)
+    if not bad:
+        return files, []
+    skipped = {p for p, _ in bad}
+    files = [p for p in files if p not in skipped]
+    names = _skipped_names(folder, bad)
+    if (str(folder), names) not in _SKIP_WARNED:  # a command may open the folder twice: one warning
+        _SKIP_WARNED.add((str(folder), names))
+        log.warning("%s: skipped %d file(s) that are not images (--skip-non-images): %s", folder, len(bad), names)
+    if not files:
+        raise UsageError(f"{folder}: no image file left after skipping {len(bad)} non-image file(s)")
+    return files, [p for p, _ in bad]
+
+
+def _non_images(folder: Path, files: list[Path], skip_non_images: bool) -> list[tuple[Path, str | None]]:
+    """The files that are not images, sorted, with why (None: the extension). Decision: without
+    ``skip_non_images`` the first one is an error: a wrong extension first, then a header that
+    does not read as an image (the count of the others said)."""
     bad: list[tuple[Path, str | None]] = [(p, None) for p in files if p.suffix.lower() not in IMAGE_EXTENSIONS]
     if bad and not skip_non_images:
         raise OptionError("", f"{bad[0][0]}: not an image file (expected one of {', '.join(IMAGE_EXTENSIONS)}; "
@@ -238,18 +256,7 @@ def scan_image_folder(folder: Path, skip_non_images: bool = False) -> tuple[list
         path, why = unreadable[0]
         more = f" ({len(unreadable) - 1} more file(s) of {folder} as well)" if len(unreadable) > 1 else ""
         raise OptionError("", f"{path}: {why}{more}; {{skip_non_images}} skips such files", others=_SKIP)
-    bad = sorted(bad + unreadable)
-    if not bad:
-        return files, []
-    skipped = {p for p, _ in bad}
-    files = [p for p in files if p not in skipped]
-    names = _skipped_names(folder, bad)
-    if (str(folder), names) not in _SKIP_WARNED:  # a command may open the folder twice: one warning
-        _SKIP_WARNED.add((str(folder), names))
-        log.warning("%s: skipped %d file(s) that are not images (--skip-non-images): %s", folder, len(bad), names)
-    if not files:
-        raise UsageError(f"{folder}: no image file left after skipping {len(bad)} non-image file(s)")
-    return files, [p for p, _ in bad]
+    return sorted(bad + unreadable)
 
 
 def check_image_folder(spec: str | Path | None, skip_non_images: bool = False,
@@ -513,61 +520,78 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
         return plugin.open_data(split)
     path = Path(spec)
     if path.is_dir():
-        if preprocess is None:
-            raise OptionError("", f"{path}: an image folder needs a preprocessing spec ({{preprocess}} FILE)",
-                              others={"preprocess": "preprocess"})
-        if preprocess.input_name is None and io is not None:
-            if len(io.inputs) != 1:
-                raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
-            preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
-        return ImageFolderSource(path, preprocess, label_array, skip_non_images)
+        return _open_image_folder(path, preprocess, io, label_array, skip_non_images)
     kind = _not_regular(path)
     if kind is not None:
         raise UsageError(f"{path}: {kind}, not a regular file or a folder (the data is a folder, .npy, .npz, "
                          f"'module:callable' or demo:SPLIT)")
     if path.suffix.lower() in (".npy", ".npz"):
-        if not path.is_file():
-            raise UsageError(f"{path}: data file not found")
-
-        def pick(n: int) -> np.ndarray | None:
-            return subset_rows(n, limit, seed)
-
-        if path.suffix.lower() == ".npy":
-            return _open_npy(path, io, pick, label_array)
-        return _open_npz(path, io, pick, label_array, classes)
+        return _open_array_file(path, io, label_array, classes, (limit, seed))
     if _looks_like_entry_point(spec) and not path.exists():
-        fn = _import_callable(spec)
-        try:
-            result = fn()
-        except Exception as exc:
-            raise UsageError(f"'{spec}': calling the data callable failed ({type(exc).__name__}: {exc})") from exc
-        if hasattr(result, "__len__") and hasattr(result, "__getitem__") and not isinstance(result, (list, tuple)):
-            src: DataSource = DatasetSource(spec, result)
-        elif isinstance(result, Iterable):  # read lazily: --limit takes the first N (no random access)
-
-            cap = limit if limit is not None else MAX_ITERABLE_SAMPLES + 1
-            items, total = [], 0
-            for item in itertools.islice(result, cap):
-                items.append(_to_sample(item, spec))
-                total += sum(int(np.asarray(v).nbytes) for v in items[-1].inputs.values())
-                if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > data_budget()):
-                    raise OptionError("", f"'{spec}': the callable yields more than "
-                                      f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
-                                      f"({total / 2**30:.1f} GiB so far); give {{limit}} (an iterable is read up to "
-                                      f"{{limit}}, first samples first)", others={"limit": _LIMIT})
-            src = ListSource(spec, items)
-        else:
-            raise UsageError(f"'{spec}': the callable returned a {type(result).__name__}, not an iterable or dataset")
+        src = _open_entry_point(spec, limit)
         if label_array is not None:
-            arrays_src = src
-            if len(label_array) != len(arrays_src):
-                raise UsageError(f"{labels}: {len(label_array)} labels for {len(arrays_src)} samples")
-            items = [Sample(s.inputs, int(lab)) for s, lab in zip(arrays_src, label_array, strict=True)]
-            src = ListSource(spec, items)
+            if len(label_array) != len(src):
+                raise UsageError(f"{labels}: {len(label_array)} labels for {len(src)} samples")
+            src = ListSource(spec, [Sample(s.inputs, int(lab)) for s, lab in zip(src, label_array, strict=True)])
         return src
     if not path.exists():
         raise UsageError(f"{spec}: data not found (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
     raise UsageError(f"{spec}: unsupported data file type '{path.suffix}' (expected a folder, .npy or .npz)")
+
+
+def _open_image_folder(path: Path, preprocess: Preprocess | None, io: ModelIO | None, label_array: np.ndarray | None,
+                       skip_non_images: bool) -> DataSource:
+    """An image folder, read through ``preprocess`` (required). Decision: a spec that names no
+    input feeds the model's only one (a model with several is refused)."""
+    if preprocess is None:
+        raise OptionError("", f"{path}: an image folder needs a preprocessing spec ({{preprocess}} FILE)",
+                          others={"preprocess": "preprocess"})
+    if preprocess.input_name is None and io is not None:
+        if len(io.inputs) != 1:
+            raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
+        preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
+    return ImageFolderSource(path, preprocess, label_array, skip_non_images)
+
+
+def _open_array_file(path: Path, io: ModelIO | None, label_array: np.ndarray | None, classes: int | None,
+                     subset: tuple[int | None, int | None]) -> DataSource:
+    """A .npy or .npz file, only the rows of the subset (``subset``: (limit, seed)) read."""
+    if not path.is_file():
+        raise UsageError(f"{path}: data file not found")
+    limit, seed = subset
+
+    def pick(n: int) -> np.ndarray | None:
+        return subset_rows(n, limit, seed)
+
+    if path.suffix.lower() == ".npy":
+        return _open_npy(path, io, pick, label_array)
+    return _open_npz(path, io, pick, label_array, classes)
+
+
+def _open_entry_point(spec: str, limit: int | None) -> DataSource:
+    """The data a ``module:callable`` returns. Decision: a sized, indexable result (not a list or
+    tuple) is a dataset read by index; any other iterable is read lazily up to ``limit`` (no
+    random access), or up to the sample and byte budgets without one."""
+    fn = _import_callable(spec)
+    try:
+        result = fn()
+    except Exception as exc:
+        raise UsageError(f"'{spec}': calling the data callable failed ({type(exc).__name__}: {exc})") from exc
+    if hasattr(result, "__len__") and hasattr(result, "__getitem__") and not isinstance(result, (list, tuple)):
+        return DatasetSource(spec, result)
+    if not isinstance(result, Iterable):
+        raise UsageError(f"'{spec}': the callable returned a {type(result).__name__}, not an iterable or dataset")
+    cap = limit if limit is not None else MAX_ITERABLE_SAMPLES + 1
+    items, total = [], 0
+    for item in itertools.islice(result, cap):
+        items.append(_to_sample(item, spec))
+        total += sum(int(np.asarray(v).nbytes) for v in items[-1].inputs.values())
+        if limit is None and (len(items) > MAX_ITERABLE_SAMPLES or total > data_budget()):
+            raise OptionError("", f"'{spec}': the callable yields more than "
+                              f"{min(len(items) - 1, MAX_ITERABLE_SAMPLES)} samples "
+                              f"({total / 2**30:.1f} GiB so far); give {{limit}} (an iterable is read up to "
+                              f"{{limit}}, first samples first)", others={"limit": _LIMIT})
+    return ListSource(spec, items)
 
 
 def _check_rows(h: ArrayHeader, spec: TensorSpec) -> None:
