@@ -83,21 +83,29 @@ class ValidationReport:
         if self.detection:
             lines += [f"  {line}" for line in detection_console_lines(self.detection)]
         if self.latency:
-            levels = self.latency["levels"]
-            if self.detection or s.get("image_input"):
-                lines.append("  latency end to end (one encoded image per request: decode + preprocessing + model"
-                             + (" + NMS):" if self.detection else "):"))
-            for lv in levels:
-                lines += _level_lines(lv)
-            stable = sum(1 for lv in levels if level_verdict(lv).stable)
-            lines.append(f"  latency: {stable} of {len(levels)} level(s) stable"
-                         + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter "
-                                                             "machine or raise --max-trials)"))
-            lines += [f"  warning: {w}" for w in self.latency.get("warnings", [])]
+            lines += self._latency_lines(self.latency)
         sp = self.speed_vs_reference
         if sp:
             lines += [f"  {line}" for line in speed_summary_lines(sp)]
         lines += [f"  {t.name}: {t.value:.4g} (limit {t.limit:g}) {'ok' if t.passed else 'FAILED'}" for t in self.thresholds]
+        return lines
+
+    def _latency_lines(self, latency: Mapping[str, Any]) -> list[str]:
+        """The console's latency block: each level, how many were stable, the warnings. Decision:
+        an image endpoint's latency is said to be end to end (decode, preprocessing, model, and
+        NMS for a detector)."""
+        levels = latency["levels"]
+        lines = []
+        if self.detection or self.server.get("image_input"):
+            lines.append("  latency end to end (one encoded image per request: decode + preprocessing + model"
+                         + (" + NMS):" if self.detection else "):"))
+        for lv in levels:
+            lines += _level_lines(lv)
+        stable = sum(1 for lv in levels if level_verdict(lv).stable)
+        lines.append(f"  latency: {stable} of {len(levels)} level(s) stable"
+                     + ("" if stable == len(levels) else " (the others are not figures to quote: rerun on a quieter "
+                                                         "machine or raise --max-trials)"))
+        lines += [f"  warning: {w}" for w in latency.get("warnings", [])]
         return lines
 
     def failure_detail(self) -> str:
@@ -121,28 +129,7 @@ class ValidationReport:
             lines += ["| field | reference | server |", "|---|---|---|"]
             lines += [f"| {m['field']} | {m['expected']} | {m['actual']} |" for m in self.contract.get("mismatches", [])]
         if self.accuracy:
-            a = self.accuracy
-            lines += ["", f"## Accuracy ({a['samples']} samples, {a['requests']} requests of up to {a['batch_size']})", "",
-                      "| output | top-1 agree | top-5 agree | reference acc | served acc | top-1 drop (pts) | max abs err | "
-                      "mean abs err | cosine mean | cosine min |", "|---|---|---|---|---|---|---|---|---|---|"]
-            for name, m in a["outputs"].items():
-                drop = m.get("top1_drop_points")
-                lines.append(f"| {name} | {_pct(m.get('top1_agreement'))} | {_pct(m.get('top5_agreement'))} | "
-                             f"{_pct(m.get('reference_accuracy'))} | {_pct(m.get('candidate_accuracy'))} | "
-                             f"{'-' if drop is None else f'{drop:.2f}'} | {m['max_abs_error']:.4g} | {m['mean_abs_error']:.4g} | "
-                             f"{m['cosine_mean']:.6f} | {m['cosine_min']:.6f} |")
-            for name, rows in a.get("worst_samples", {}).items():
-                if not rows:
-                    continue
-                lines += ["", f"Worst samples of `{name}` (lowest cosine):", "",
-                          "| sample | file | cosine | max abs err | reference top-1 | served top-1 | label |",
-                          "|---|---|---|---|---|---|---|"]
-                for r in rows:
-                    lines.append(f"| {r['sample']} | {r.get('file', '-')} | {r['cosine']:.6f} | {r['max_abs_error']:.4g} | "
-                                 f"{r.get('reference_top1', '-')} | {r.get('served_top1', '-')} | {r.get('label', '-')} |")
-            if a.get("per_sample"):
-                lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
-                          f"sides): `per_sample` in validate.json and samples.csv."]
+            lines += accuracy_markdown(self.accuracy)
         if self.detection:
             lines += detection_markdown(self.detection)
         if self.fleet:
@@ -177,6 +164,33 @@ class ValidationReport:
             write_samples_csv(self.accuracy["per_sample"], paths["samples"])  # type: ignore[index]
         write_report(folder, "validate", self.to_json(), self.to_markdown())
         return paths
+
+
+def accuracy_markdown(a: Mapping[str, Any]) -> list[str]:
+    """The accuracy section: one row per output, the worst samples of each, where the per-sample
+    rows are."""
+    lines = ["", f"## Accuracy ({a['samples']} samples, {a['requests']} requests of up to {a['batch_size']})", "",
+             "| output | top-1 agree | top-5 agree | reference acc | served acc | top-1 drop (pts) | max abs err | "
+             "mean abs err | cosine mean | cosine min |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for name, m in a["outputs"].items():
+        drop = m.get("top1_drop_points")
+        lines.append(f"| {name} | {_pct(m.get('top1_agreement'))} | {_pct(m.get('top5_agreement'))} | "
+                     f"{_pct(m.get('reference_accuracy'))} | {_pct(m.get('candidate_accuracy'))} | "
+                     f"{'-' if drop is None else f'{drop:.2f}'} | {m['max_abs_error']:.4g} | {m['mean_abs_error']:.4g} | "
+                     f"{m['cosine_mean']:.6f} | {m['cosine_min']:.6f} |")
+    for name, rows in a.get("worst_samples", {}).items():
+        if not rows:
+            continue
+        lines += ["", f"Worst samples of `{name}` (lowest cosine):", "",
+                  "| sample | file | cosine | max abs err | reference top-1 | served top-1 | label |",
+                  "|---|---|---|---|---|---|---|"]
+        for r in rows:
+            lines.append(f"| {r['sample']} | {r.get('file', '-')} | {r['cosine']:.6f} | {r['max_abs_error']:.4g} | "
+                         f"{r.get('reference_top1', '-')} | {r.get('served_top1', '-')} | {r.get('label', '-')} |")
+    if a.get("per_sample"):
+        lines += ["", f"Per-sample results ({len(a['per_sample'])} rows: file, cosine per output, top-1 of both "
+                  f"sides): `per_sample` in validate.json and samples.csv."]
+    return lines
 
 
 def accuracy_console_lines(accuracy: Mapping[str, Any], worst: int = 3) -> list[str]:
@@ -324,35 +338,46 @@ def latency_markdown(lat: dict[str, Any]) -> list[str]:
              + " | ".join(pcts) + " | mean | windows | spread infer/s | stable | server request | queue | "
              "compute input | compute infer | compute output | avg batch | overhead | flags |",
              "|" + "---|" * (16 + len(pcts))]
-    for lv in lat["levels"]:
-        c, sv = lv["client_ms"], lv["server"]
-        v = level_verdict(lv)
-        avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
-        level = (f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])) + v.marker
-        lines.append(f"| {level} | {lv['requests']} | {sv.get('request_count', '-')} | {lv['throughput']:.1f} | "
-                     + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
-                     + f" | {c['mean']:.2f} | {v.windows} | {_ms(v.spread_pct)}% | "
-                     f"{'yes' if v.stable else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
-                     f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
-                     f"{avg} | {_ms(v.overhead_ms)} | {'; '.join(v.flags()) or '-'} |")
-    per_server = [(lv, sv) for lv in lat["levels"] for sv in lv.get("servers", [])]
-    if per_server:
-        lines += ["", "Per server (each level ran on every server at once, each with the level's concurrency or rate "
-                  "of its own; the rows above are the totals: throughputs added, latencies of all servers together):",
-                  "", f"| {'request rate' if rate_mode else 'concurrency'} | server | requests | infer/s | "
-                  + " | ".join(pcts) + " | stable | server request |", "|" + "---|" * (6 + len(pcts))]
-        for lv, sv in per_server:
-            level = f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])
-            c = sv["client_ms"]
-            lines.append(f"| {level} | {sv['url']} | {sv['requests']} | {sv['throughput']:.1f} | "
-                         + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
-                         + f" | {'yes' if level_verdict(sv).stable else '**no**'} | {_ms(sv['server']['request_ms'])} |")
+    lines += [_latency_row(lv, pcts, rate_mode) for lv in lat["levels"]]
+    lines += _per_server_markdown(lat["levels"], pcts, rate_mode)
     cmp_ = lat.get("shared_memory_comparison")
     if cmp_:
         lines += ["", f"Without shared memory, {cmp_['level']}: {cmp_['without']:.1f} infer/s "
                       f"(with: {cmp_['with_shared_memory']:.1f})."]
     if lat.get("warnings"):
         lines += ["", "Warnings:", ""] + [f"- {w}" for w in lat["warnings"]]
+    return lines
+
+
+def _latency_row(lv: Mapping[str, Any], pcts: list[str], rate_mode: bool) -> str:
+    """One level's row of the latency table (its verdict's marker, stability and flags)."""
+    c, sv = lv["client_ms"], lv["server"]
+    v = level_verdict(lv)
+    avg = "-" if sv["avg_batch"] is None else f"{sv['avg_batch']:.2f}"
+    level = (f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])) + v.marker
+    return (f"| {level} | {lv['requests']} | {sv.get('request_count', '-')} | {lv['throughput']:.1f} | "
+            + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
+            + f" | {c['mean']:.2f} | {v.windows} | {_ms(v.spread_pct)}% | "
+            f"{'yes' if v.stable else '**no**'} | {_ms(sv['request_ms'])} | {_ms(sv['queue_ms'])} | "
+            f"{_ms(sv['compute_input_ms'])} | {_ms(sv['compute_infer_ms'])} | {_ms(sv['compute_output_ms'])} | "
+            f"{avg} | {_ms(v.overhead_ms)} | {'; '.join(v.flags()) or '-'} |")
+
+
+def _per_server_markdown(levels: list[Mapping[str, Any]], pcts: list[str], rate_mode: bool) -> list[str]:
+    """A fleet's table of each server's figures per level (nothing without a fleet)."""
+    per_server = [(lv, sv) for lv in levels for sv in lv.get("servers", [])]
+    if not per_server:
+        return []
+    lines = ["", "Per server (each level ran on every server at once, each with the level's concurrency or rate "
+             "of its own; the rows above are the totals: throughputs added, latencies of all servers together):",
+             "", f"| {'request rate' if rate_mode else 'concurrency'} | server | requests | infer/s | "
+             + " | ".join(pcts) + " | stable | server request |", "|" + "---|" * (6 + len(pcts))]
+    for lv, sv in per_server:
+        level = f"{lv['request_rate']:g}/s" if rate_mode else str(lv["concurrency"])
+        c = sv["client_ms"]
+        lines.append(f"| {level} | {sv['url']} | {sv['requests']} | {sv['throughput']:.1f} | "
+                     + " | ".join(f"{c[p]:.2f}" if p in c else "-" for p in pcts)
+                     + f" | {'yes' if level_verdict(sv).stable else '**no**'} | {_ms(sv['server']['request_ms'])} |")
     return lines
 
 
@@ -449,36 +474,7 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
         ax_iter = iter(axes[0])
         plotted: list[dict[str, Any]] = []
         if levels:
-            ax = next(ax_iter)
-            verdicts = [level_verdict(lv) for lv in levels]
-            thr = [lv["throughput"] for lv in levels]
-            srv = [lv["server"]["request_ms"] for lv in levels]
-            series = [(f"client {key}", [lv["client_ms"][key] for lv in levels], style, marker)
-                      for key, style, marker in (("p50", "-", "o"), ("p99", "--", "s"))]
-            if all(v is not None for v in srv):
-                series.append(("server request (mean)", srv, ":", "^"))
-            for name, ys, style, marker in series:
-                line, = ax.plot(thr, ys, style, label=name)
-                for x, y, v in zip(thr, ys, verdicts, strict=True):
-                    ax.plot([x], [y], marker, color=line.get_color(),
-                            markerfacecolor=line.get_color() if v.stable else "none")
-            labels = [level_label(lv) + v.marker + ("" if v.stable else " not stable")
-                      + (" (machine warning)" if v.warnings else "") for lv, v in zip(levels, verdicts, strict=True)]
-            for lv, text in zip(levels, labels, strict=True):
-                ax.annotate(text, (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points", xytext=(4, 4),
-                            fontsize=8)
-            if not all(v.stable for v in verdicts):
-                ax.plot([], [], "o", color="gray", markerfacecolor="none", label="* not stable (hollow)")
-            plotted = [{"level": level_label(lv), "label": text, "throughput": lv["throughput"],
-                        "p50_ms": lv["client_ms"]["p50"], "p99_ms": lv["client_ms"]["p99"],
-                        "server_request_ms": lv["server"]["request_ms"], "stable": v.stable,
-                        "marker": "filled" if v.stable else "hollow", "flags": v.flags()}
-                       for lv, v, text in zip(levels, verdicts, labels, strict=True)]
-            ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
-            ax.set_xlabel("throughput (inferences/s)")
-            ax.set_ylabel("latency (ms)")
-            ax.grid(True, alpha=0.3)
-            ax.legend()
+            plotted = _plot_levels(next(ax_iter), levels, s)
         if speed:
             speed_drawn = plot_speed(next(ax_iter), speed)
         meta.update({"Title": f"trtrepo validate: {s.get('model')}", "Description": "panels: " + "; ".join(panels)})
@@ -489,3 +485,36 @@ def write_plot(report: ValidationReport, path: str | Path) -> Path:
     return Path(path)
 
 
+def _plot_levels(ax: Any, levels: list[dict[str, Any]], s: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """The latency-vs-throughput panel: client p50/p99 (and the server's mean request time when
+    every level has it) per level; decision: an unstable level's points are hollow and labelled
+    ``*``, one with machine warnings says so. Returns what was plotted, one row per level."""
+    verdicts = [level_verdict(lv) for lv in levels]
+    thr = [lv["throughput"] for lv in levels]
+    srv = [lv["server"]["request_ms"] for lv in levels]
+    series = [(f"client {key}", [lv["client_ms"][key] for lv in levels], style, marker)
+              for key, style, marker in (("p50", "-", "o"), ("p99", "--", "s"))]
+    if all(v is not None for v in srv):
+        series.append(("server request (mean)", srv, ":", "^"))
+    for name, ys, style, marker in series:
+        line, = ax.plot(thr, ys, style, label=name)
+        for x, y, v in zip(thr, ys, verdicts, strict=True):
+            ax.plot([x], [y], marker, color=line.get_color(),
+                    markerfacecolor=line.get_color() if v.stable else "none")
+    labels = [level_label(lv) + v.marker + ("" if v.stable else " not stable")
+              + (" (machine warning)" if v.warnings else "") for lv, v in zip(levels, verdicts, strict=True)]
+    for lv, text in zip(levels, labels, strict=True):
+        ax.annotate(text, (lv["throughput"], lv["client_ms"]["p99"]), textcoords="offset points", xytext=(4, 4),
+                    fontsize=8)
+    if not all(v.stable for v in verdicts):
+        ax.plot([], [], "o", color="gray", markerfacecolor="none", label="* not stable (hollow)")
+    ax.set_title(f"{s.get('model')} v{s.get('version') or '-'} over {s.get('protocol')}: latency vs throughput")
+    ax.set_xlabel("throughput (inferences/s)")
+    ax.set_ylabel("latency (ms)")
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    return [{"level": level_label(lv), "label": text, "throughput": lv["throughput"],
+             "p50_ms": lv["client_ms"]["p50"], "p99_ms": lv["client_ms"]["p99"],
+             "server_request_ms": lv["server"]["request_ms"], "stable": v.stable,
+             "marker": "filled" if v.stable else "hollow", "flags": v.flags()}
+            for lv, v, text in zip(levels, verdicts, labels, strict=True)]
