@@ -189,20 +189,41 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
     """Evaluate the limits on a report dict (``ValidationReport.to_dict()``); one result per
     checked value, named ``top1_drop[OUTPUT]`` (the label output only: the first ``[N, C]``
     output unless ``--label-output``), ``cosine[OUTPUT]`` (every output), ``p99_ms[c=N]``."""
-    results: list[ThresholdResult] = []
     acc = report.get("accuracy") or {}
+    results = _top1_drop_results(acc, thresholds.max_top1_drop)
+    results += _cosine_results(acc, thresholds)
+    results += _p99_results(report.get("latency") or {}, thresholds.max_p99_ms)
+    agree = (report.get("fleet") or {}).get("agreement") or {}
+    for row in agree.get("outputs", []):  # several servers (--url A,B): their outputs for the same requests
+        v = float(row["max_abs_diff"])
+        results.append(ThresholdResult(f"server_diff[{row['server']}:{row['output']}]", float(agree["limit"]), v,
+                                       bool(row["within_limit"]),
+                                       f"largest |difference| from {agree['reference_server']}'s output"))
+    return results
+
+
+def _top1_drop_results(acc: Mapping[str, Any], limit: float | None) -> list[ThresholdResult]:
+    """The top-1 drop of the label output. Decision: the limit needs the accuracy phase and a
+    classification output; without either it is an error, not a pass."""
+    if limit is None:
+        return []
+    if not acc:
+        raise OptionError("max_top1_drop", "needs the accuracy phase (turned off; give {accuracy})",
+                          concept="the top-1 drop limit", others={"accuracy": "accuracy=True"})
+    primary = acc.get("label_output")
+    checked = [(n, m) for n, m in (acc.get("outputs") or {}).items() if n == primary and m.get("top1_drop_points") is not None]
+    if not checked:
+        raise OptionError("max_top1_drop", ": no classification output ([N, C] logits); use {min_cosine}",
+                          concept="the top-1 drop limit", others={"min_cosine": "the cosine floor"})
+    return [_top1_drop_result(name, m, limit) for name, m in checked]
+
+
+def _cosine_results(acc: Mapping[str, Any], thresholds: Thresholds) -> list[ThresholdResult]:
+    """The mean cosine of every output (``min_cosine``, which needs the accuracy phase), and of
+    every output without classes (``min_embedding_cosine``, the default gate, when accuracy ran).
+    Decision: a classifier output is judged by top-1 and ``min_cosine``, not the embedding gate."""
     outputs = acc.get("outputs") or {}
-    if thresholds.max_top1_drop is not None:
-        if not acc:
-            raise OptionError("max_top1_drop", "needs the accuracy phase (turned off; give {accuracy})",
-                              concept="the top-1 drop limit", others={"accuracy": "accuracy=True"})
-        primary = acc.get("label_output")
-        checked = [(n, m) for n, m in outputs.items() if n == primary and m.get("top1_drop_points") is not None]
-        if not checked:
-            raise OptionError("max_top1_drop", ": no classification output ([N, C] logits); use {min_cosine}",
-                              concept="the top-1 drop limit", others={"min_cosine": "the cosine floor"})
-        for name, m in checked:
-            results.append(_top1_drop_result(name, m, thresholds.max_top1_drop))
+    results: list[ThresholdResult] = []
     if thresholds.min_cosine is not None:
         if not acc:
             raise OptionError("min_cosine", "needs the accuracy phase (turned off; give {accuracy})",
@@ -219,23 +240,22 @@ def check_thresholds(report: Mapping[str, Any], thresholds: Thresholds) -> list[
             results.append(ThresholdResult(f"embedding_cosine[{name}]", thresholds.min_embedding_cosine, v,
                                            v >= thresholds.min_embedding_cosine - 1e-9,
                                            "mean cosine similarity of an output without classes (default gate)"))
-    if thresholds.max_p99_ms is not None:
-        lat = report.get("latency") or {}
-        if not lat:
-            raise OptionError("max_p99_ms", "needs the latency phase (turned off; give {latency})",
-                              concept="the p99 latency limit", others={"latency": "latency=True"})
-        for level in lat.get("levels", []):
-            v = float(level["client_ms"]["p99"])
-            where = (f"rate={level['request_rate']:g}/s" if level.get("request_rate") is not None
-                     else f"c={level['concurrency']}")
-            results.append(ThresholdResult(f"p99_ms[{where}]", thresholds.max_p99_ms, v,
-                                           v <= thresholds.max_p99_ms, "client p99 latency, ms"))
-    agree = (report.get("fleet") or {}).get("agreement") or {}
-    for row in agree.get("outputs", []):  # several servers (--url A,B): their outputs for the same requests
-        v = float(row["max_abs_diff"])
-        results.append(ThresholdResult(f"server_diff[{row['server']}:{row['output']}]", float(agree["limit"]), v,
-                                       bool(row["within_limit"]),
-                                       f"largest |difference| from {agree['reference_server']}'s output"))
+    return results
+
+
+def _p99_results(lat: Mapping[str, Any], limit: float | None) -> list[ThresholdResult]:
+    """The client p99 latency of every level (needs the latency phase)."""
+    if limit is None:
+        return []
+    if not lat:
+        raise OptionError("max_p99_ms", "needs the latency phase (turned off; give {latency})",
+                          concept="the p99 latency limit", others={"latency": "latency=True"})
+    results = []
+    for level in lat.get("levels", []):
+        v = float(level["client_ms"]["p99"])
+        where = (f"rate={level['request_rate']:g}/s" if level.get("request_rate") is not None
+                 else f"c={level['concurrency']}")
+        results.append(ThresholdResult(f"p99_ms[{where}]", limit, v, v <= limit, "client p99 latency, ms"))
     return results
 
 
