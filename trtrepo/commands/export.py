@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from ..contracts import builtin
@@ -47,7 +49,7 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
             preprocess: str | None, input_dtypes: tuple[str, ...],
             input_names: str | None, output_names: str | None, dynamic_axes: tuple[str, ...], opset: int, force: bool) -> None:
     """Export SOURCE to ONNX (the help text is the command's ``help``: it lists the built-in models)."""
-    from ..export import InputShape, export_onnx, inputs_from_data, parse_input_shape, resolve_source  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..export import export_onnx, resolve_source  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     src = resolve_source(source, weights)
     inputs = None
@@ -57,20 +59,9 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
     if data_spec is not None:
         if not src.is_torch or builtin.builtin(src.kind) is not None:
             raise UsageError(f"--data does not apply to {source} (its inputs are known; the data only serves calibration)")
-        from ..data import open_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-
-        inputs, from_data = inputs_from_data(open_data(data_spec, preprocess=preprocess))
-        axes = {**from_data, **{k: {**from_data.get(k, {}), **v} for k, v in axes.items()}}
+        inputs, axes = _inputs_from_data(data_spec, preprocess, axes)
     elif input_shapes:
-        parsed = [parse_input_shape(s) for s in input_shapes]
-        names = input_names.split(",") if input_names else None
-        if names is not None and len(names) != len(parsed):
-            raise UsageError(f"--input-names lists {len(names)} names but {len(parsed)} --input-shape were given")
-        dtypes = dict(d.split(":", 1) for d in input_dtypes) if input_dtypes else {}
-        inputs = []
-        for i, (pname, shape) in enumerate(parsed):
-            name = (names[i] if names else pname) or ("input" if len(parsed) == 1 else f"input{i}")
-            inputs.append(InputShape(name, shape, dtypes.get(name, "float32"), given=input_shapes[i]))
+        inputs = _inputs_from_shapes(input_shapes, input_names, input_dtypes)
     if input_names and not input_shapes and src.kind not in ("onnx",):
         if builtin.builtin(src.kind) is not None:
             raise UsageError(f"--input-names needs --input-shape (the {src.kind} model's inputs are fixed)")
@@ -93,3 +84,32 @@ def command(source: str, output: str, weights: str | None, input_shapes: tuple[s
         click.echo(f"  verified against PyTorch on a batch of {result.checked_batch}: max abs error {result.max_abs_error:.3g}")
     for note in result.notes:
         click.echo(f"  {note}")
+
+
+def _inputs_from_data(data_spec: str, preprocess: str | None,
+                      axes: dict[str, dict[int, str]]) -> tuple[list[Any], dict[str, dict[int, str]]]:
+    """The inputs read off the data; the axes whose size varies there become dynamic, under the
+    ones --dynamic-axis names."""
+    from ..data import open_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..export import inputs_from_data  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+
+    inputs, from_data = inputs_from_data(open_data(data_spec, preprocess=preprocess))
+    return inputs, {**from_data, **{k: {**from_data.get(k, {}), **v} for k, v in axes.items()}}
+
+
+def _inputs_from_shapes(input_shapes: tuple[str, ...], input_names: str | None,
+                        input_dtypes: tuple[str, ...]) -> list[Any]:
+    """One input per --input-shape. Decision: its name is the --input-names entry, else the one
+    the shape gives, else ``input`` (one input) or ``inputN``; its dtype --input-dtype's, else float32."""
+    from ..export import InputShape, parse_input_shape  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+
+    parsed = [parse_input_shape(s) for s in input_shapes]
+    names = input_names.split(",") if input_names else None
+    if names is not None and len(names) != len(parsed):
+        raise UsageError(f"--input-names lists {len(names)} names but {len(parsed)} --input-shape were given")
+    dtypes = dict(d.split(":", 1) for d in input_dtypes) if input_dtypes else {}
+    inputs = []
+    for i, (pname, shape) in enumerate(parsed):
+        name = (names[i] if names else pname) or ("input" if len(parsed) == 1 else f"input{i}")
+        inputs.append(InputShape(name, shape, dtypes.get(name, "float32"), given=input_shapes[i]))
+    return inputs
