@@ -454,12 +454,7 @@ def tune(repo: str | Path, options: TuneOptions, *, data: DataOptions, apply: bo
 
     repo = Path(repo)
     model_dir = repo / options.model
-    if not (model_dir / "config.pbtxt").is_file():
-        raise UsageError(f"{model_dir}: no model '{options.model}' in the repository (config.pbtxt not found)")
-    msg = read_config(model_dir)
-    if msg.platform == "ensemble":
-        raise UsageError(f"model '{options.model}' is an ensemble: tune the model behind it")
-    original_text = (model_dir / "config.pbtxt").read_text()
+    msg, original_text = _tunable_config(model_dir, options.model)
     start = start_candidate(msg)
     cores = options.cores or available_cores()
     gpu = any(g.kind == 1 for g in msg.instance_group)  # KIND_GPU
@@ -467,87 +462,131 @@ def tune(repo: str | Path, options: TuneOptions, *, data: DataOptions, apply: bo
     candidates = grid(axes, start)
     say(f"tune {options.model}: {'grid of ' + str(len(candidates)) if options.exhaustive else 'coordinate descent over'} "
         f"candidates ({', '.join(f'{k} {v}' for k, v in axes.items() if len(v) > 1)}), concurrency {options.concurrency}")
-    results: list[dict[str, Any]] = []
-    cache: dict[Candidate, float] = {}
-    min_gain = options.stability_pct / 200  # a move must gain more than half the stability tolerance (5%)
-    t0 = time.monotonic()
-    out_of_budget = False
-
-    def out_of_time() -> bool:
-        nonlocal out_of_budget
-        if time.monotonic() - t0 > options.budget_s:
-            out_of_budget = True
-        return out_of_budget
-
+    t0 = time.monotonic()  # the budget counts the server's start
     extra = ("--model-control-mode=explicit", f"--load-model={options.model}")
     with TritonServer(repo, binary=options.server_binary, extra_args=extra, timeout=120) as server:
         for lo in server.reaped:
             say(f"note: removed {lo.describe()}")
-        runner = CandidateRunner(server.grpc_url, options, msg, data=data)
+        search = _Search(CandidateRunner(server.grpc_url, options, msg, data=data), options, say, t0)
         try:
-            def evaluate(c: Candidate) -> float:
-                if c not in cache:
-                    r = runner.measure(c)
-                    results.append(r)
-                    cache[c] = score(r, options.objective, options.max_p99_ms)
-                    r["over_budget"] = options.max_p99_ms is not None and not r.get("error") and r["p99_ms"] > options.max_p99_ms
-                    say(f"  [{len(results)}] {c.label()}: " + (f"failed: {r['error']}" if r.get("error") else
-                        f"{r['throughput']:.1f} infer/s, p99 {r['p99_ms']:.2f} ms{'' if r['stable'] else ' (not stable)'}"))
-                return cache[c]
-
-            if options.exhaustive:
-                for c in candidates:
-                    if out_of_time():
-                        break
-                    evaluate(c)
-            else:
-                coordinate_descent(start, axes, evaluate, min_gain=min_gain, out_of_time=out_of_time)
-            # Confirmation: the starting config and the best ones measured once more, one after the
-            # other, and only this round decides: a finalist's first figure is biased upward by the
-            # very selection that made it a finalist (docs/benchmarks.md, "Issue 17: `trtrepo tune`
-            # quick search vs exhaustive grid, default config vs tuned").
-            ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)
-            finalists = [start, *[c for c in ranked if c != start][:CONFIRM]]
-            for c in finalists:  # after the budget too: CONFIRM + 1 measurements at most
-                r = runner.measure(c)
-                r["round"] = 2
-                results.append(r)
-                say(f"  [confirm] {c.label()}: " + (f"failed: {r['error']}" if r.get("error") else
-                    f"{r['throughput']:.1f} infer/s, p99 {r['p99_ms']:.2f} ms"))
-            # only the finalists compete, on their confirmation figures, taken in one stretch of time
-            final = {c: score(confirmed(results, c), options.objective, options.max_p99_ms) for c in finalists}
-            chosen = choose(final, start, min_gain)
-            cache.update(final)
+            search.explore(start, axes, candidates)
+            chosen = search.confirm(start)
         finally:
-            runner.close()
-    if cache.get(chosen, float("-inf")) == float("-inf"):
-        if options.max_p99_ms is not None:
-            raise TrtrepoError(f"model '{options.model}': no candidate met --max-p99-ms {options.max_p99_ms:g} at "
-                               f"concurrency {options.concurrency} (best p99 "
-                               f"{min((r['p99_ms'] for r in results if not r.get('error')), default=float('nan')):.2f} ms)")
-        raise TrtrepoError(f"model '{options.model}': every candidate failed; first error: {results[0].get('error')}")
-    chosen_msg = apply_candidate(msg, chosen)
+            search.runner.close()
+    results = search.results
+    if search.cache.get(chosen, float("-inf")) == float("-inf"):
+        raise _nothing_chosen(options, results)
     header = (f"Tuned by trtrepo tune: {chosen.label()} at concurrency {options.concurrency} "
               f"({options.objective}); the report holds the config it replaced")
-    chosen_text = config_text(chosen_msg, header)
+    chosen_text = config_text(apply_candidate(msg, chosen), header)
     result = TuneResult(options.model, {**asdict(options), "cores": cores}, start, chosen, results,
-                        {k: list(v) for k, v in axes.items()}, time.monotonic() - t0, original_text, chosen_text,
-                        out_of_budget=out_of_budget, machine={"cpu": _cpu_name(), "cores": cores})
+                        {k: list(v) for k, v in axes.items()}, time.monotonic() - search.t0, original_text, chosen_text,
+                        out_of_budget=search.out_of_budget, machine={"cpu": _cpu_name(), "cores": cores})
     if apply:
-        merged: list[str] = []
-
-        def rebase(live_text: str) -> str:
-            merged.append(live_text)
-            return rebased_config(live_text, msg, chosen, header, where=str(model_dir / "config.pbtxt"))
-
-        result.applied = str(replace_config(repo, options.model, chosen_text, started_from=original_text, rebase=rebase))
-        if merged:
-            result.chosen_config = (model_dir / "config.pbtxt").read_text()
-            say(f"note: {model_dir / 'config.pbtxt'} changed while tuning (another writer); the tuned settings "
-                f"were applied on top of its new content, which is kept")
+        _apply_tuned(repo, result, msg, header, say)
     if report_dir is not None:
         result.write(report_dir)
     return result
+
+
+def _tunable_config(model_dir: Path, model: str) -> tuple[Any, str]:
+    """The model's config (parsed and as text); an ensemble is refused (tune the model behind it)."""
+    if not (model_dir / "config.pbtxt").is_file():
+        raise UsageError(f"{model_dir}: no model '{model}' in the repository (config.pbtxt not found)")
+    msg = read_config(model_dir)
+    if msg.platform == "ensemble":
+        raise UsageError(f"model '{model}' is an ensemble: tune the model behind it")
+    return msg, (model_dir / "config.pbtxt").read_text()
+
+
+class _Search:
+    """The search's state: every measurement (``results``), each candidate's score (``cache``),
+    the clock (from ``t0``) against ``options.budget_s``."""
+
+    def __init__(self, runner: CandidateRunner, options: TuneOptions, say: Callable[[str], None], t0: float) -> None:
+        self.runner, self.options, self.say = runner, options, say
+        self.results: list[dict[str, Any]] = []
+        self.cache: dict[Candidate, float] = {}
+        self.min_gain = options.stability_pct / 200  # a move must gain more than half the stability tolerance (5%)
+        self.t0 = t0
+        self.out_of_budget = False
+
+    def out_of_time(self) -> bool:
+        """Once the budget is spent, the search stops (and stays stopped)."""
+        if time.monotonic() - self.t0 > self.options.budget_s:
+            self.out_of_budget = True
+        return self.out_of_budget
+
+    def evaluate(self, c: Candidate) -> float:
+        """A candidate's score, measured once (a cached score otherwise)."""
+        options = self.options
+        if c not in self.cache:
+            r = self.runner.measure(c)
+            self.results.append(r)
+            self.cache[c] = score(r, options.objective, options.max_p99_ms)
+            r["over_budget"] = options.max_p99_ms is not None and not r.get("error") and r["p99_ms"] > options.max_p99_ms
+            self.say(f"  [{len(self.results)}] {c.label()}: " + (f"failed: {r['error']}" if r.get("error") else
+                     f"{r['throughput']:.1f} infer/s, p99 {r['p99_ms']:.2f} ms{'' if r['stable'] else ' (not stable)'}"))
+        return self.cache[c]
+
+    def explore(self, start: Candidate, axes: Mapping[str, Sequence[Any]], candidates: list[Candidate]) -> None:
+        """Decision: ``exhaustive`` measures the grid in order until the budget ends; otherwise
+        coordinate descent from the starting config."""
+        if self.options.exhaustive:
+            for c in candidates:
+                if self.out_of_time():
+                    break
+                self.evaluate(c)
+        else:
+            coordinate_descent(start, axes, self.evaluate, min_gain=self.min_gain, out_of_time=self.out_of_time)
+
+    def confirm(self, start: Candidate) -> Candidate:
+        """Confirmation: the starting config and the best ones measured once more, one after the
+        other, and only this round decides: a finalist's first figure is biased upward by the
+        very selection that made it a finalist (docs/benchmarks.md, "Issue 17: `trtrepo tune`
+        quick search vs exhaustive grid, default config vs tuned"). Runs after the budget too:
+        CONFIRM + 1 measurements at most."""
+        cache, options = self.cache, self.options
+        ranked = sorted((c for c in cache if cache[c] > float("-inf")), key=lambda c: cache[c], reverse=True)
+        finalists = [start, *[c for c in ranked if c != start][:CONFIRM]]
+        for c in finalists:
+            r = self.runner.measure(c)
+            r["round"] = 2
+            self.results.append(r)
+            self.say(f"  [confirm] {c.label()}: " + (f"failed: {r['error']}" if r.get("error") else
+                     f"{r['throughput']:.1f} infer/s, p99 {r['p99_ms']:.2f} ms"))
+        # only the finalists compete, on their confirmation figures, taken in one stretch of time
+        final = {c: score(confirmed(self.results, c), options.objective, options.max_p99_ms) for c in finalists}
+        chosen = choose(final, start, self.min_gain)
+        cache.update(final)
+        return chosen
+
+
+def _nothing_chosen(options: TuneOptions, results: list[dict[str, Any]]) -> TrtrepoError:
+    """Decision: with a p99 limit, no candidate met it (the best p99 said); else every one failed."""
+    if options.max_p99_ms is not None:
+        return TrtrepoError(f"model '{options.model}': no candidate met --max-p99-ms {options.max_p99_ms:g} at "
+                            f"concurrency {options.concurrency} (best p99 "
+                            f"{min((r['p99_ms'] for r in results if not r.get('error')), default=float('nan')):.2f} ms)")
+    return TrtrepoError(f"model '{options.model}': every candidate failed; first error: {results[0].get('error')}")
+
+
+def _apply_tuned(repo: Path, result: TuneResult, msg: Any, header: str, say: Callable[[str], None]) -> None:
+    """Write the chosen config into the repository. Decision: when the live config changed while
+    tuning (another writer), the tuned settings are applied on top of its new content, kept."""
+    model_dir = repo / result.model
+    merged: list[str] = []
+
+    def rebase(live_text: str) -> str:
+        merged.append(live_text)
+        return rebased_config(live_text, msg, result.chosen, header, where=str(model_dir / "config.pbtxt"))
+
+    result.applied = str(replace_config(repo, result.model, result.chosen_config, started_from=result.original_config,
+                                        rebase=rebase))
+    if merged:
+        result.chosen_config = (model_dir / "config.pbtxt").read_text()
+        say(f"note: {model_dir / 'config.pbtxt'} changed while tuning (another writer); the tuned settings "
+            f"were applied on top of its new content, which is kept")
 
 
 class CandidateRunner:
