@@ -220,26 +220,38 @@ def source_files_key(source: ModelSource) -> str | None:
     top-level module, the ``.py`` and weights files beside it; a built-in model, every file of its
     plug-in's folder; a torchvision architecture, torchvision's version."""
 
-    suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
     module = builtin.module_of(source.kind)
     if module is not None:
-        spec = importlib.util.find_spec(module)
-        if spec is None or not spec.origin or not Path(spec.origin).is_file():
-            return None
-        folder = Path(spec.origin).parent
-        return _files_digest(folder, [p for p in folder.iterdir() if p.is_file()])
+        return _builtin_files_key(module)
     if source.kind == "torchscript":
         path = Path(source.location)
         return _files_digest(path.parent, [path])
     if source.kind == "torchvision":
-
         try:
             return f"torchvision=={md.version('torchvision')}"
         except md.PackageNotFoundError:
             return None
     if source.kind != "entry_point":
         return None
-    top = source.location.partition(":")[0].split(".")[0]
+    return _entry_point_files_key(source.location)
+
+
+def _builtin_files_key(module: str) -> str | None:
+    """A built-in model: every file of its plug-in's folder."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.origin or not Path(spec.origin).is_file():
+        return None
+    folder = Path(spec.origin).parent
+    return _files_digest(folder, [p for p in folder.iterdir() if p.is_file()])
+
+
+def _entry_point_files_key(location: str) -> str | None:
+    """An entry point's top-level package or module, imported from where the factory is
+    (trtrepo.data._import_callable). Decision: an installed one stands for its version; a
+    package for every source and weights file under it (namespace packages: each folder); a
+    module for those beside it; a built-in or frozen module, or one not found, for nothing."""
+    suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
+    top = location.partition(":")[0].split(".")[0]
     if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
         sys.path.append(os.getcwd())  # where the factory is imported from (trtrepo.data._import_callable)
     try:
