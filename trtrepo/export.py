@@ -347,11 +347,7 @@ def export_onnx(
     if isinstance(source, str):
         source = resolve_source(source, weights)
     output = Path(output)
-    if opset < 13:
-        raise OptionError("opset", f"{opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
-    if opset > onnx.defs.onnx_opset_version():
-        raise OptionError("opset", f"{opset}: the installed onnx {onnx.__version__} knows opsets up to "
-                          f"{onnx.defs.onnx_opset_version()}")
+    _check_opset(opset)
 
     if source.kind == "onnx":
         return _pass_through(source, output, force)
@@ -359,34 +355,14 @@ def export_onnx(
     torch = _import_torch()
     model = load_torch_model(source)
     plugin = builtin.builtin(source.kind)
-    if inputs is None:
-        if plugin is not None:
-            inputs = plugin.inputs()
-        else:
-            raise OptionError("", f"{source.location}: give the input shapes ({{input_shapes}}, e.g. 3x224x224, batch axis "
-                              f"excluded) or calibration data ({{data_spec}}) to read them from",
-                              others={"input_shapes": "input_shapes", "data_spec": "data"})
-    inputs = list(inputs)
+    inputs = _export_inputs(source, inputs, plugin)
     names = [i.name for i in inputs]
-    if len(set(names)) != len(names):
-        raise UsageError(f"input names are not unique: {', '.join(names)}")
     notes: list[str] = []
     inputs, export_feed, ref_out = _reference_run(torch, model, inputs, names, source, notes)
-    if output_names is None and plugin is not None:
-        output_names = list(plugin.output_names)
-    if output_names is None:
-        output_names = ["output"] if len(ref_out) == 1 else [f"output{i}" for i in range(len(ref_out))]
-    output_names = list(output_names)
-    if len(output_names) != len(ref_out):
-        raise OptionError("output_names", f"lists {len(output_names)} names but the model returns {len(ref_out)} outputs",
-                          concept="the output name list")
+    output_names = _output_names(output_names, plugin, len(ref_out))
     if plugin is not None and plugin.dynamic_axes:
         dynamic_axes = {**plugin.dynamic_axes, **(dynamic_axes or {})}
-    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in (*names, *output_names)}
-    for tensor, extra in (dynamic_axes or {}).items():
-        if tensor not in axes:
-            raise OptionError("dynamic_axes", f": '{tensor}' is not an input or output name")
-        axes[tensor].update({int(a): str(n) for a, n in extra.items()})
+    axes = _export_axes([*names, *output_names], dynamic_axes)
 
     with atomic_path(output, force=force) as tmp:
         args = tuple(torch.from_numpy(export_feed[n]) for n in names)
@@ -416,6 +392,56 @@ def export_onnx(
         io = ModelIO(io.inputs, io.outputs, source=str(output))
         max_err = _check_against_torch(torch, model, tmp, output, inputs, names, output_names, check)
     return ExportResult(output, io, source, max_abs_error=max_err, checked_batch=check.batch or None, notes=notes)
+
+
+def _check_opset(opset: int) -> None:
+    """Opset 13 or newer (per-channel Q/DQ), and one the installed onnx knows."""
+    import onnx
+
+    if opset < 13:
+        raise OptionError("opset", f"{opset}: trtrepo needs opset 13 or newer (per-channel Q/DQ)")
+    if opset > onnx.defs.onnx_opset_version():
+        raise OptionError("opset", f"{opset}: the installed onnx {onnx.__version__} knows opsets up to "
+                          f"{onnx.defs.onnx_opset_version()}")
+
+
+def _export_inputs(source: ModelSource, inputs: Sequence[InputShape] | None, plugin: Any) -> list[InputShape]:
+    """The inputs given, else a built-in model's own; none for another model is an error. Their
+    names must be unique."""
+    if inputs is None:
+        if plugin is None:
+            raise OptionError("", f"{source.location}: give the input shapes ({{input_shapes}}, e.g. 3x224x224, batch axis "
+                              f"excluded) or calibration data ({{data_spec}}) to read them from",
+                              others={"input_shapes": "input_shapes", "data_spec": "data"})
+        inputs = plugin.inputs()
+    out = list(inputs)
+    names = [i.name for i in out]
+    if len(set(names)) != len(names):
+        raise UsageError(f"input names are not unique: {', '.join(names)}")
+    return out
+
+
+def _output_names(given: Sequence[str] | None, plugin: Any, count: int) -> list[str]:
+    """The names given, else a built-in model's, else ``output`` (one output) or ``outputN``; as
+    many as the model returns."""
+    names = given if given is not None else (list(plugin.output_names) if plugin is not None else None)
+    if names is None:
+        names = ["output"] if count == 1 else [f"output{i}" for i in range(count)]
+    out = list(names)
+    if len(out) != count:
+        raise OptionError("output_names", f"lists {len(out)} names but the model returns {count} outputs",
+                          concept="the output name list")
+    return out
+
+
+def _export_axes(tensors: list[str], dynamic_axes: Mapping[str, Mapping[int, str]] | None) -> dict[str, dict[int, str]]:
+    """Axis 0 of every tensor is ``batch``; ``dynamic_axes`` adds more, each naming an input or output."""
+    axes: dict[str, dict[int, str]] = {n: {0: "batch"} for n in tensors}
+    for tensor, extra in (dynamic_axes or {}).items():
+        if tensor not in axes:
+            raise OptionError("dynamic_axes", f": '{tensor}' is not an input or output name")
+        axes[tensor].update({int(a): str(n) for a, n in extra.items()})
+    return axes
 
 
 def _pass_through(source: ModelSource, output: Path, force: bool) -> ExportResult:
@@ -538,6 +564,27 @@ def static_output_dims(shapes: Sequence[Mapping[str, Sequence[int]]], declared: 
     return result
 
 
+def _set_output_dims(out: Any, decided: Mapping[int, int | None], labels: set[str], notes: list[str]) -> bool:
+    """Write one graph output's decided axes; whether anything changed. Decision: an axis the
+    exporter sized stays; a static one gets its size; a varying one keeps its symbol when it is a
+    declared axis name, else is named ``{output}_dim{axis}`` with a note."""
+    dims = out.type.tensor_type.shape.dim
+    changed = False
+    for axis, size in decided.items():
+        d = dims[axis]
+        if d.HasField("dim_value") and d.dim_value > 0:
+            continue  # the exporter knew it
+        if size is not None:
+            d.dim_value = size  # clears dim_param (one field of a oneof)
+            changed = True
+        elif d.dim_param not in labels:
+            d.dim_param = f"{out.name}_dim{axis}"
+            changed = True
+            notes.append(f"output '{out.name}' axis {axis} varies with the input sizes but is not declared dynamic: "
+                         f"kept dynamic as '{out.name}_dim{axis}' (--dynamic-axis {out.name}:{axis}:LABEL names it)")
+    return changed
+
+
 def _write_static_output_dims(model: Any, path: Path, feed: Mapping[str, np.ndarray],
                               axes: Mapping[str, Mapping[int, str]], notes: list[str]) -> Any:
     """The exported ``model`` (saved at ``path``) with the sizes of its static output axes written
@@ -568,21 +615,8 @@ def _write_static_output_dims(model: Any, path: Path, feed: Mapping[str, np.ndar
     patched = onnx.ModelProto()
     patched.CopyFrom(model)
     for out in patched.graph.output:
-        if not out.type.HasField("tensor_type"):
-            continue
-        dims = out.type.tensor_type.shape.dim
-        for axis, size in decided.get(out.name, {}).items():
-            d = dims[axis]
-            if d.HasField("dim_value") and d.dim_value > 0:
-                continue  # the exporter knew it
-            if size is not None:
-                d.dim_value = size  # clears dim_param (one field of a oneof)
-                changed = True
-            elif d.dim_param not in labels:
-                d.dim_param = f"{out.name}_dim{axis}"
-                changed = True
-                notes.append(f"output '{out.name}' axis {axis} varies with the input sizes but is not declared dynamic: "
-                             f"kept dynamic as '{out.name}_dim{axis}' (--dynamic-axis {out.name}:{axis}:LABEL names it)")
+        if out.type.HasField("tensor_type"):
+            changed |= _set_output_dims(out, decided.get(out.name, {}), labels, notes)
     if not changed:
         return model
     try:
