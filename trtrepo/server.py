@@ -515,13 +515,9 @@ class TritonServer:
         env = find_python_env() if self.python_env in (None, True) else Path(str(self.python_env))
         return python_env_vars(env)
 
-    def start(self) -> TritonServer:
-        if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
-            reap_stale(SHM_PREFIX, "/dev/shm")
-        remote = is_remote(self.repo)  # an object-storage URL: tritonserver reads it itself, nothing is copied
-        repo = Path(self.repo)
-        if not remote and not repo.is_dir():
-            raise UsageError(f"{repo}: model repository not found")
+    def _claim_ports(self) -> None:
+        """The ports given must differ and be free on the host (another process's port is an
+        error); a port left at 0 gets a free one."""
         given = {"--http-port": self.http_port, "--grpc-port": self.grpc_port, "--metrics-port": self.metrics_port}
         check_distinct_ports(given)
         busy = busy_ports(self.host, {k: v for k, v in given.items() if v})
@@ -534,6 +530,24 @@ class TritonServer:
         self.http_port = self.http_port or next(picked)
         self.grpc_port = self.grpc_port or next(picked)
         self.metrics_port = self.metrics_port or next(picked)
+
+    def _open_log_path(self) -> str | Path:
+        """The log file given, else a temporary one of our own (removed on stop unless kept)."""
+        if self.log_path is None:
+            fd, name = tempfile.mkstemp(prefix=f"trtrepo-tritonserver-{self.http_port}-", suffix=".log")
+            os.close(fd)
+            self.log_path, self._own_log = name, True
+            return name
+        return self.log_path
+
+    def start(self) -> TritonServer:
+        if Path("/dev/shm").is_dir():  # regions of servers whose trtrepo process was killed
+            reap_stale(SHM_PREFIX, "/dev/shm")
+        remote = is_remote(self.repo)  # an object-storage URL: tritonserver reads it itself, nothing is copied
+        repo = Path(self.repo)
+        if not remote and not repo.is_dir():
+            raise UsageError(f"{repo}: model repository not found")
+        self._claim_ports()
         cmd = self.command(str(self.repo) if remote else repo)  # fails (no server binary) before anything is copied
         self.reaped = reap_leftover_servers()
         for lo in self.reaped:
@@ -541,11 +555,7 @@ class TritonServer:
         self._tmp = temp_dir(SERVER_DIR_KIND)
         if self.copy and not remote:
             cmd = self.command(copy_repository(repo, Path(self._tmp.name) / "repo"))
-        if self.log_path is None:
-            fd, name = tempfile.mkstemp(prefix=f"trtrepo-tritonserver-{self.http_port}-", suffix=".log")
-            os.close(fd)
-            self.log_path, self._own_log = name, True
-        self._log_file = open(self.log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self._log_file = open(self._open_log_path(), "wb")  # noqa: SIM115 - closed in stop()
         log.info("starting %s", " ".join(cmd))
         try:
             self.proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=self._log_file, stderr=subprocess.STDOUT,
