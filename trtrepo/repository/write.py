@@ -41,6 +41,42 @@ def _known_models(repo: Path, pending: Mapping[str, Any] | None) -> dict[str, An
     return known
 
 
+def _check_files(name: str, config: ModelConfig, version_files: Mapping[str, FileSource],
+                 model_files: Mapping[str, FileSource]) -> None:
+    """Relative paths inside the model folder, no ``config.pbtxt`` among the model files (trtrepo
+    writes it), the version folder holds the files the config names, and every source exists."""
+    for rel in (*version_files, *model_files):
+        _check_relpath(rel, "file")
+    for reserved in ("config.pbtxt",):
+        if reserved in model_files:
+            raise UsageError(f"model file '{reserved}' is written by trtrepo itself")
+    expected = [config.model_filename] if config.model_filename else []
+    expected += [f for _, f in config.cc_model_filenames]
+    missing = [f for f in expected if f not in version_files]
+    if missing:
+        raise UsageError(f"model '{name}': the version folder needs {', '.join(missing)}")
+    for rel, src in (*version_files.items(), *model_files.items()):
+        if not isinstance(src, bytes) and not Path(src).exists():
+            raise UsageError(f"{src}: file not found (for {name}/{rel})")
+
+
+def _version_to_write(model_dir: Path, existing: Sequence[int], version: int | None, force: bool) -> int:
+    """Decision: no version given takes the next number (none left is an error); a given one
+    must fit Triton's int64, and replaces an existing one only with ``force``."""
+    if version is None:
+        version = (max(existing) + 1) if existing else 1
+        if version > MAX_VERSION:
+            raise OptionError("", f"{model_dir}: no version number left after {max(existing)} (Triton's versions "
+                                  f"are int64); give {{version}}", others={"version": "a version"})
+    elif version > MAX_VERSION:
+        raise OptionError("version", f"{version}: beyond Triton's largest version number {MAX_VERSION}", concept="the model version")
+    if version in existing and not force:
+        raise OptionError("", f"{model_dir / str(version)}: version {version} already exists (use {{force}} to "
+                              f"replace it, or leave {{version}} out to add version {max(existing) + 1})",
+                          others={"force": "force=True", "version": "the version"})
+    return version
+
+
 def add_model(
     repo: str | Path,
     config: ModelConfig,
@@ -61,19 +97,7 @@ def add_model(
     if version is not None and version < 1:
         raise OptionError("version", f"{version}: versions are integers >= 1", concept="the model version")
     model_files = dict(model_files or {})
-    for rel in (*version_files, *model_files):
-        _check_relpath(rel, "file")
-    for reserved in ("config.pbtxt",):
-        if reserved in model_files:
-            raise UsageError(f"model file '{reserved}' is written by trtrepo itself")
-    expected = [config.model_filename] if config.model_filename else []
-    expected += [f for _, f in config.cc_model_filenames]
-    missing = [f for f in expected if f not in version_files]
-    if missing:
-        raise UsageError(f"model '{name}': the version folder needs {', '.join(missing)}")
-    for rel, src in (*version_files.items(), *model_files.items()):
-        if not isinstance(src, bytes) and not Path(src).exists():
-            raise UsageError(f"{src}: file not found (for {name}/{rel})")
+    _check_files(name, config, version_files, model_files)
 
     text = render_config(config, template_dir)
     where = f"{name}/config.pbtxt"
@@ -87,18 +111,8 @@ def add_model(
         recover(repo)
         model_dir = repo / name
         existing = versions_of(model_dir)
-        if version is None:
-            version = (max(existing) + 1) if existing else 1
-            if version > MAX_VERSION:
-                raise OptionError("", f"{model_dir}: no version number left after {max(existing)} (Triton's versions "
-                                      f"are int64); give {{version}}", others={"version": "a version"})
-        elif version > MAX_VERSION:
-            raise OptionError("version", f"{version}: beyond Triton's largest version number {MAX_VERSION}", concept="the model version")
+        version = _version_to_write(model_dir, existing, version, force)
         replaced = version in existing
-        if replaced and not force:
-            raise OptionError("", f"{model_dir / str(version)}: version {version} already exists (use {{force}} to "
-                                  f"replace it, or leave {{version}} out to add version {max(existing) + 1})",
-                              others={"force": "force=True", "version": "the version"})
         if existing:
             _check_kept_versions(model_dir, text, existing, version)
         _write(repo, model_dir, version, text, version_files, model_files)
