@@ -106,23 +106,7 @@ def _check_tensors(msg: Any, fail: Any, model_files: Sequence[str] | None) -> No
             seen.add(t.name)
             if t.data_type == pb.TYPE_INVALID:
                 fail(f"{f}.data_type", f"'{t.name}' must be set")
-            if not t.dims:
-                fail(f"{f}.dims", f"'{t.name}' must not be empty (use dims [1] with reshape {{ shape: [] }} for a scalar)")
-            for d in t.dims:
-                if d == 0 or d < -1:
-                    fail(f"{f}.dims", f"'{t.name}' has invalid dimension {d} in {list(t.dims)}")
-            if t.HasField("reshape"):
-                known = [d for d in t.dims if d != -1]
-                rknown = [d for d in t.reshape.shape if d != -1]
-                if -1 not in t.dims and -1 not in t.reshape.shape:
-                    n1 = 1
-                    for d in known:
-                        n1 *= d
-                    n2 = 1
-                    for d in rknown:
-                        n2 *= d
-                    if n1 != n2:
-                        fail(f"{f}.reshape", f"'{t.name}': {list(t.reshape.shape)} has another element count than dims {list(t.dims)}")
+            _check_dims(t, f, fail)
             if section == "input" and getattr(t, "label_filename", None):
                 fail(f"{f}.label_filename", "only outputs take a label file")
             if section == "output" and t.label_filename:
@@ -130,10 +114,28 @@ def _check_tensors(msg: Any, fail: Any, model_files: Sequence[str] | None) -> No
                     fail(f"{f}.label_filename", f"'{t.label_filename}' is not in the model folder")
 
 
+def _check_dims(t: Any, f: str, fail: Any) -> None:
+    """Dims not empty, each positive or -1; a reshape of the same element count (checked when
+    neither side has a -1)."""
+    if not t.dims:
+        fail(f"{f}.dims", f"'{t.name}' must not be empty (use dims [1] with reshape {{ shape: [] }} for a scalar)")
+    for d in t.dims:
+        if d == 0 or d < -1:
+            fail(f"{f}.dims", f"'{t.name}' has invalid dimension {d} in {list(t.dims)}")
+    if not t.HasField("reshape") or -1 in t.dims or -1 in t.reshape.shape:
+        return
+    n1 = 1
+    for d in t.dims:
+        n1 *= d
+    n2 = 1
+    for d in t.reshape.shape:
+        n2 *= d
+    if n1 != n2:
+        fail(f"{f}.reshape", f"'{t.name}': {list(t.reshape.shape)} has another element count than dims {list(t.dims)}")
+
+
 def _check_scheduling(msg: Any, fail: Any, is_plan: bool, is_ensemble: bool) -> None:
     """Dynamic batching, instance groups, CUDA optimization and compute-capability files."""
-    from tritonclient.grpc import model_config_pb2 as pb
-
     mbs = msg.max_batch_size
     if msg.HasField("dynamic_batching"):
         if mbs == 0:
@@ -142,17 +144,7 @@ def _check_scheduling(msg: Any, fail: Any, is_plan: bool, is_ensemble: bool) -> 
             if b < 1 or b > mbs:
                 fail("dynamic_batching.preferred_batch_size", f"{b} must be in 1..max_batch_size ({mbs})")
     for i, g in enumerate(msg.instance_group):
-        f = f"instance_group[{i}]"
-        if is_ensemble:
-            fail(f, "an ensemble takes no instance_group")
-        if g.count < 0:
-            fail(f"{f}.count", f"{g.count} must be >= 1")
-        if g.gpus and g.kind not in (pb.ModelInstanceGroup.KIND_GPU, pb.ModelInstanceGroup.KIND_AUTO):
-            fail(f"{f}.gpus", f"GPU ids need kind KIND_GPU (kind is {pb.ModelInstanceGroup.Kind.Name(g.kind)})")
-        if is_plan and g.kind in (pb.ModelInstanceGroup.KIND_CPU, pb.ModelInstanceGroup.KIND_MODEL):
-            fail(f"{f}.kind", f"TensorRT plans run on GPUs only; {pb.ModelInstanceGroup.Kind.Name(g.kind)} does not load (server#4696)")
-        if g.profile and not is_plan:
-            fail(f"{f}.profile", "optimization profiles apply to TensorRT plans only")
+        _check_instance_group(g, f"instance_group[{i}]", fail, is_plan, is_ensemble)
     if msg.HasField("optimization") and msg.optimization.HasField("cuda") and not is_plan:
         cuda = msg.optimization.cuda
         if cuda.graphs or cuda.graph_spec:
@@ -162,6 +154,24 @@ def _check_scheduling(msg: Any, fail: Any, is_plan: bool, is_ensemble: bool) -> 
     for key in msg.cc_model_filenames:
         if not re.fullmatch(r"\d+\.\d+", key):
             fail("cc_model_filenames", f"key '{key}' is not a compute capability like '8.0'")
+
+
+def _check_instance_group(g: Any, f: str, fail: Any, is_plan: bool, is_ensemble: bool) -> None:
+    """One instance group: none in an ensemble, a count, GPU ids only on GPU kinds; a plan runs on
+    GPUs only (server#4696), and only a plan selects optimization profiles."""
+    from tritonclient.grpc import model_config_pb2 as pb
+
+    kinds = pb.ModelInstanceGroup
+    if is_ensemble:
+        fail(f, "an ensemble takes no instance_group")
+    if g.count < 0:
+        fail(f"{f}.count", f"{g.count} must be >= 1")
+    if g.gpus and g.kind not in (kinds.KIND_GPU, kinds.KIND_AUTO):
+        fail(f"{f}.gpus", f"GPU ids need kind KIND_GPU (kind is {kinds.Kind.Name(g.kind)})")
+    if is_plan and g.kind in (kinds.KIND_CPU, kinds.KIND_MODEL):
+        fail(f"{f}.kind", f"TensorRT plans run on GPUs only; {kinds.Kind.Name(g.kind)} does not load (server#4696)")
+    if g.profile and not is_plan:
+        fail(f"{f}.profile", "optimization profiles apply to TensorRT plans only")
 
 
 def _check_warmup_and_versions(msg: Any, fail: Any) -> None:
@@ -202,18 +212,22 @@ def _check_against_io(msg: Any, io: ModelIO, fail: Any) -> None:
             parts = ([f"missing {', '.join(missing)}"] if missing else []) + ([f"not in the model file: {', '.join(extra)}"] if extra else [])
             fail(section, f"names do not match the model file's {section}s ({'; '.join(parts)})")
         for i, t in enumerate(tensors):
-            spec = by_name[t.name]
-            f = f"{section}[{i}]"
-            if _dtype_name(t.data_type) != spec.triton_dtype:
-                fail(f"{f}.data_type", f"'{t.name}' is {_dtype_name(t.data_type)} but the model file has {spec.triton_dtype}")
-            expected = spec.sample_shape if mbs > 0 else spec.shape
-            dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
-            if len(dims) != len(expected):
-                hint = " (dims must omit the batch axis when max_batch_size > 0)" if mbs > 0 and len(dims) == len(spec.shape) else ""
-                fail(f"{f}.dims", f"'{t.name}' {list(t.dims)} has rank {len(dims)} but the model expects {list(expected)}{hint}")
-            for d, e in zip(dims, expected, strict=True):
-                if e != -1 and d != e:
-                    fail(f"{f}.dims", f"'{t.name}' {list(t.dims)} does not match the model's {list(expected)}")
+            _check_tensor_against_spec(t, by_name[t.name], f"{section}[{i}]", mbs, fail)
+
+
+def _check_tensor_against_spec(t: Any, spec: Any, f: str, mbs: int, fail: Any) -> None:
+    """One config tensor against the model file's: its data type, and its dims (the reshape when
+    given) against the model's shape, without the batch axis when the config batches."""
+    if _dtype_name(t.data_type) != spec.triton_dtype:
+        fail(f"{f}.data_type", f"'{t.name}' is {_dtype_name(t.data_type)} but the model file has {spec.triton_dtype}")
+    expected = spec.sample_shape if mbs > 0 else spec.shape
+    dims = list(t.reshape.shape) if t.HasField("reshape") else list(t.dims)
+    if len(dims) != len(expected):
+        hint = " (dims must omit the batch axis when max_batch_size > 0)" if mbs > 0 and len(dims) == len(spec.shape) else ""
+        fail(f"{f}.dims", f"'{t.name}' {list(t.dims)} has rank {len(dims)} but the model expects {list(expected)}{hint}")
+    for d, e in zip(dims, expected, strict=True):
+        if e != -1 and d != e:
+            fail(f"{f}.dims", f"'{t.name}' {list(t.dims)} does not match the model's {list(expected)}")
 
 
 def _check_profiles(msg: Any, plan: PlanMetadata, fail: Any) -> None:
@@ -250,13 +264,7 @@ def _check_ensemble(msg: Any, fail: Any, known_models: Mapping[str, Any] | None)
     produced: set[str] = set()
     for i, s in enumerate(steps):
         f = f"ensemble_scheduling.step[{i}]"
-        if not s.model_name:
-            fail(f"{f}.model_name", "must be set")
-        if s.model_name == msg.name:
-            fail(f"{f}.model_name", "an ensemble cannot call itself")
-        sub = known_models.get(s.model_name) if known_models is not None else None
-        if known_models is not None and sub is None:
-            fail(f"{f}.model_name", f"model '{s.model_name}' is not in the repository")
+        sub = _step_model(msg, s, f, fail, known_models)
         for key, value in s.input_map.items():
             if value not in available:
                 fail(f"{f}.input_map", f"'{value}' is neither an ensemble input nor produced by an earlier step")
@@ -272,6 +280,21 @@ def _check_ensemble(msg: Any, fail: Any, known_models: Mapping[str, Any] | None)
     for i, t in enumerate(msg.output):
         if t.name not in produced:
             fail(f"output[{i}]", f"'{t.name}' is not produced by any step")
+
+
+def _step_model(msg: Any, s: Any, f: str, fail: Any, known_models: Mapping[str, Any] | None) -> Any:
+    """The config of the model a step calls (None when the repository is not known): named, not
+    the ensemble itself, and in the repository when that is known."""
+    if not s.model_name:
+        fail(f"{f}.model_name", "must be set")
+    if s.model_name == msg.name:
+        fail(f"{f}.model_name", "an ensemble cannot call itself")
+    if known_models is None:
+        return None
+    sub = known_models.get(s.model_name)
+    if sub is None:
+        fail(f"{f}.model_name", f"model '{s.model_name}' is not in the repository")
+    return sub
 
 
 def check_rendered(msg: Any, config: ModelConfig, where: str, template_dir: str | Path | None = None) -> None:
