@@ -65,32 +65,11 @@ class QuantizeSummary:
 
     def summary_lines(self) -> list[str]:
         """Console lines (no leading indent)."""
-        lines = []
-        if self.gate and self.gate.get("measured") is not False and self.gate.get("passed") is not None:
-            word = "passed" if self.gate["passed"] else "FAILED"
-            if self.gate.get("inconclusive"):  # too few samples to decide: not passed either
-                word = "NOT PASSED (too few samples to decide)" if not self.gate["passed"] else word + " (inconclusive)"
-            lines.append(f"gate {word}: {self.gate.get('message') or ''}".rstrip())
-        elif self.gate is not None or not self.outputs:
-            lines.append("gate: accuracy vs FP32 NOT measured (no held-out data)")
+        lines = self._gate_lines()
         for o in self.outputs:
             lines.append("held-out " + o.line())
-        floor = self.fp16_noise_floor or {}
-        if floor.get("top1_agreement") is not None:
-            conf = (f", {100 * floor['confident_agreement']:.1f}% on the confident ones"
-                    if floor.get("confident_agreement") is not None else "")
-            ed = floor.get("expected_drop")
-            drop = (f", expected top-1 drop {ed['estimate']:.2f} points (95% interval {ed['lower']:.2f}-{ed['upper']:.2f})"
-                    if ed else "")
-            lines.append(f"FP16 noise floor on the same samples: top-1 agreement {100 * floor['top1_agreement']:.1f}%{conf}{drop}")
-        steps = [f"method {self.method}"]
-        if self.steps.get("smooth_quant") is not None:
-            steps.append(f"smooth-quant alpha {self.steps['smooth_quant']}")
-        if self.steps.get("equalization"):
-            steps.append(f"equalization on {self.steps['equalization']['chains']} chain(s)")
-        if self.steps.get("weight_rounding"):
-            steps.append(f"weights {self.steps['weight_rounding']}")
-        lines.append("chosen: " + ", ".join(steps))
+        lines += self._noise_floor_lines()
+        lines.append("chosen: " + ", ".join(self._chosen_steps()))
         if self.kept_float:
             shown = ", ".join(f"{k['name']} ({k['reason']})" for k in self.kept_float[:5])
             more = f" and {len(self.kept_float) - 5} more (see the report)" if len(self.kept_float) > 5 else ""
@@ -101,3 +80,38 @@ class QuantizeSummary:
             lines.append(f"speed INT8/FP32 on the held-out data: {self.speed['int8_vs_fp32']:.2f}x "
                          f"({self.speed['engine']}, batch {self.speed['batch_size']}; a CPU hint, not the served latency)")
         return lines
+
+    def _gate_lines(self) -> list[str]:
+        """The gate's verdict. Decision: an inconclusive gate (too few samples to decide) is not a
+        pass; a gate not measured (or no outputs compared) says accuracy was not measured."""
+        if self.gate and self.gate.get("measured") is not False and self.gate.get("passed") is not None:
+            word = "passed" if self.gate["passed"] else "FAILED"
+            if self.gate.get("inconclusive"):  # too few samples to decide: not passed either
+                word = "NOT PASSED (too few samples to decide)" if not self.gate["passed"] else word + " (inconclusive)"
+            return [f"gate {word}: {self.gate.get('message') or ''}".rstrip()]
+        if self.gate is not None or not self.outputs:
+            return ["gate: accuracy vs FP32 NOT measured (no held-out data)"]
+        return []
+
+    def _noise_floor_lines(self) -> list[str]:
+        """The FP16 noise floor on the same samples, when measured."""
+        floor = self.fp16_noise_floor or {}
+        if floor.get("top1_agreement") is None:
+            return []
+        conf = (f", {100 * floor['confident_agreement']:.1f}% on the confident ones"
+                if floor.get("confident_agreement") is not None else "")
+        ed = floor.get("expected_drop")
+        drop = (f", expected top-1 drop {ed['estimate']:.2f} points (95% interval {ed['lower']:.2f}-{ed['upper']:.2f})"
+                if ed else "")
+        return [f"FP16 noise floor on the same samples: top-1 agreement {100 * floor['top1_agreement']:.1f}%{conf}{drop}"]
+
+    def _chosen_steps(self) -> list[str]:
+        """The method and the steps it took (smooth-quant alpha, equalization, weight rounding)."""
+        steps = [f"method {self.method}"]
+        if self.steps.get("smooth_quant") is not None:
+            steps.append(f"smooth-quant alpha {self.steps['smooth_quant']}")
+        if self.steps.get("equalization"):
+            steps.append(f"equalization on {self.steps['equalization']['chains']} chain(s)")
+        if self.steps.get("weight_rounding"):
+            steps.append(f"weights {self.steps['weight_rounding']}")
+        return steps
