@@ -65,34 +65,60 @@ def _clip_bounds(view: GraphView, node: Any) -> tuple[float | None, float | None
 
 
 def find_chains(model: Any, excluded: Sequence[str] = ()) -> list[Chain]:
+    """Every Conv -> ReLU/Clip(0, hi) -> depthwise Conv chain whose scales can move: the three
+    decisions below, and weights read by their Conv alone."""
     view = GraphView(model)
     out = []
     for node in view.nodes:
-        if node.op_type != "Conv" or node.name in excluded or len(node.input) < 2 or not view.is_constant(node.input[1]):
+        if not _constant_conv(view, node, excluded):
             continue
-        if len(node.input) > 2 and node.input[2] and not view.is_constant(node.input[2]):
+        act = _relu_after(view, node)
+        if act is None:
             continue
-        cons = view.consumers.get(node.output[0], [])
-        if len(cons) != 1 or cons[0][0].op_type not in ("Relu", "Clip") or node.output[0] in view.graph_outputs:
-            continue
-        act = cons[0][0]
-        lo, hi = _clip_bounds(view, act)
-        if lo != 0.0 or (hi is not None and hi <= 0):
-            continue
-        nxt = view.consumers.get(act.output[0], [])
-        if len(nxt) != 1 or nxt[0][0].op_type != "Conv" or nxt[0][1] != 0 or act.output[0] in view.graph_outputs:
-            continue
-        dw = nxt[0][0]
-        if dw.name in excluded or not view.is_constant(dw.input[1]):
-            continue
-        w2 = view.constant_array(dw.input[1])
-        w1 = view.constant_array(node.input[1])
-        if w2.ndim != 4 or w2.shape[1] != 1 or int(view.attr(dw, "group", 1)) != w2.shape[0] or w2.shape[0] != w1.shape[0]:
+        dw = _depthwise_after(view, act, node, excluded)
+        if dw is None:
             continue
         if len(view.consumers.get(node.input[1], [])) != 1 or len(view.consumers.get(dw.input[1], [])) != 1:
             continue
-        out.append(Chain(node.name, act.name, dw.name, node.output[0], hi))
+        out.append(Chain(node.name, act.name, dw.name, node.output[0], _clip_bounds(view, act)[1]))
     return out
+
+
+def _constant_conv(view: GraphView, node: Any, excluded: Sequence[str]) -> bool:
+    """Decision: a chain starts at a Conv not excluded whose weight (and bias, if any) are constants."""
+    if node.op_type != "Conv" or node.name in excluded or len(node.input) < 2 or not view.is_constant(node.input[1]):
+        return False
+    return not (len(node.input) > 2 and node.input[2] and not view.is_constant(node.input[2]))
+
+
+def _relu_after(view: GraphView, node: Any) -> Any:
+    """Decision: the Conv's sole reader (its output not a graph output) is a ReLU, or a Clip from
+    0 to a positive (or no) bound; that node, else None."""
+    cons = view.consumers.get(node.output[0], [])
+    if len(cons) != 1 or cons[0][0].op_type not in ("Relu", "Clip") or node.output[0] in view.graph_outputs:
+        return None
+    act = cons[0][0]
+    lo, hi = _clip_bounds(view, act)
+    if lo != 0.0 or (hi is not None and hi <= 0):
+        return None
+    return act
+
+
+def _depthwise_after(view: GraphView, act: Any, node: Any, excluded: Sequence[str]) -> Any:
+    """Decision: the activation's sole reader (as its data input; not a graph output) is a
+    depthwise Conv, not excluded, with constant weights of one input channel per group and as many
+    groups as the first Conv has output channels; that node, else None."""
+    nxt = view.consumers.get(act.output[0], [])
+    if len(nxt) != 1 or nxt[0][0].op_type != "Conv" or nxt[0][1] != 0 or act.output[0] in view.graph_outputs:
+        return None
+    dw = nxt[0][0]
+    if dw.name in excluded or not view.is_constant(dw.input[1]):
+        return None
+    w2 = view.constant_array(dw.input[1])
+    w1 = view.constant_array(node.input[1])
+    if w2.ndim != 4 or w2.shape[1] != 1 or int(view.attr(dw, "group", 1)) != w2.shape[0] or w2.shape[0] != w1.shape[0]:
+        return None
+    return dw
 
 
 def channel_maxima(model: Any, chains: Sequence[Chain], batches: Sequence[Any], threads: int | None = None) -> dict[str, np.ndarray]:
