@@ -83,6 +83,22 @@ class HistogramOptions:
     sample: int | None = DEFAULT_HISTOGRAM_SAMPLE
 
 
+def _batch_extremes(name: str, value: np.ndarray, channels: dict[str, tuple[np.ndarray, np.ndarray]] | None
+                    ) -> tuple[float, float]:
+    """A batch's min and max of a tensor. Decision: a tensor whose per-channel statistics are kept
+    (``channels`` given; last axis) updates them, and its extremes come from its channels' (NaN
+    propagates through both)."""
+    if channels is None or value.ndim < 1:
+        return float(value.min()), float(value.max())
+    flat = value.reshape(-1, value.shape[-1])
+    bmin, bmax = flat.min(axis=0).astype(np.float64), flat.max(axis=0).astype(np.float64)
+    cmin, cmax = bmin, bmax
+    if name in channels and channels[name][0].shape == cmin.shape:
+        cmin, cmax = np.minimum(channels[name][0], cmin), np.maximum(channels[name][1], cmax)
+    channels[name] = (cmin, cmax)
+    return float(bmin.min()), float(bmax.max())
+
+
 class Calibrator:
     """Collects activation statistics of an FP32 ONNX model over calibration data.
 
@@ -436,17 +452,7 @@ class Calibrator:
             if value.size == 0:
                 del value
                 continue
-            if name in channel_set and value.ndim >= 1:
-                flat = value.reshape(-1, value.shape[-1])
-                bmin, bmax = flat.min(axis=0).astype(np.float64), flat.max(axis=0).astype(np.float64)
-                cmin, cmax = bmin, bmax
-                if name in channels and channels[name][0].shape == cmin.shape:
-                    cmin, cmax = np.minimum(channels[name][0], cmin), np.maximum(channels[name][1], cmax)
-                channels[name] = (cmin, cmax)
-                # the batch's extremes from its channels' (NaN propagates through both)
-                vmin, vmax = float(bmin.min()), float(bmax.max())
-            else:
-                vmin, vmax = float(value.min()), float(value.max())
+            vmin, vmax = _batch_extremes(name, value, channels if name in channel_set else None)
             nan = not (math.isfinite(vmin) and math.isfinite(vmax)) and bool(np.isnan(value).any())
             del value  # no reference across the next run
             if nan:
