@@ -179,23 +179,26 @@ class TritonTarget:
     def _vtext(self) -> str:
         return f" version {self.version}" if self.version else ""
 
-    def _model_state(self) -> str:
-        """Why the model is not ready; raises at once when it can never become ready."""
+    def _index_rows(self) -> Sequence[Mapping[str, Any]]:
+        """The repository index's rows of this model; a model the server does not have is an error
+        naming the ones it has."""
         index = self.repository_index()
         rows = [m for m in index if m.get("name") == self.model]
         if not rows:
             names = ", ".join(sorted({str(m.get("name")) for m in index})) or "none"
             raise UsageError(f"model '{self.model}' is not in the repository of {self._where()} (models: {names})")
+        return rows
+
+    def _model_state(self) -> str:
+        """Why the model is not ready; raises at once when it can never become ready."""
+        rows = self._index_rows()
         if self.version:
             vrows = [m for m in rows if str(m.get("version", "")) == self.version]
             if not vrows:
                 have = ", ".join(sorted(str(m.get("version", "?")) for m in rows))
                 raise UsageError(f"model '{self.model}' has no version {self.version} on {self._where()} (versions: {have})")
             rows = vrows
-        # The reason can hold a Python traceback from the backend: keep its first line.
-        states = [(str(m.get("version", "")), str(m.get("state", "")), _one_line(Exception(str(m.get("reason", ""))))[:300])
-                  for m in rows]
-        states = [(v, st, "" if r == "Exception" else r) for v, st, r in states]
+        states = _version_states(rows)
         text = "; ".join(f"version {v or '?'} {s or 'UNKNOWN'}{': ' + r if r else ''}" for v, s, r in states)
         if all(s == "UNAVAILABLE" and r and r != "unloaded" for _, s, r in states):
             raise TrtrepoError(f"model '{self.model}' failed to load on {self._where()}: {text}")
@@ -416,3 +419,11 @@ def _lost_connection(exc: BaseException) -> bool:
         return True
     text = f"{type(exc).__name__} {exc}".lower()
     return any(sign in text for sign in _CONNECTION_SIGNS)
+
+
+def _version_states(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
+    """(version, state, reason) of each index row; the reason can hold a Python traceback from the
+    backend: its first line is kept (a bare "Exception" says nothing and is dropped)."""
+    states = [(str(m.get("version", "")), str(m.get("state", "")), _one_line(Exception(str(m.get("reason", ""))))[:300])
+              for m in rows]
+    return [(v, st, "" if r == "Exception" else r) for v, st, r in states]
