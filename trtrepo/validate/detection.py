@@ -91,6 +91,38 @@ def _params(config: Mapping[str, Any]) -> dict[str, str]:
     return {str(k): str((v or {}).get("string_value", "")) for k, v in (config.get("parameters") or {}).items()}
 
 
+def _postprocess_settings(model: str, name: str, params: Mapping[str, str]) -> tuple[YoloLayout, NmsSettings]:
+    """The head's layout and NMS settings from the postprocessing model's parameters; a missing or
+    unreadable one is an error (not a trtrepo detector ensemble?)."""
+    missing = [k for k in ("conf", "iou", "max_det", "kind", "num_classes") if not params.get(k)]
+    if missing:
+        raise UsageError(f"model '{model}': its postprocessing model '{name}' has no parameter '{missing[0]}' in its "
+                         f"config (not a trtrepo detector ensemble?)")
+    try:
+        layout = YoloLayout(params["kind"], int(params["num_classes"]), int(params.get("num_masks") or 0),  # type: ignore[arg-type]
+                            params.get("channels_last") == "true")
+        nms = NmsSettings(float(params["conf"]), float(params["iou"]), int(params["max_det"]))
+    except (ValueError, UsageError) as exc:
+        raise UsageError(f"model '{model}': the parameters of its postprocessing model '{name}': {exc}") from exc
+    return layout, nms
+
+
+def _raw_output(model: str, io: ModelIO, steps: list[Any], post: Mapping[str, Any],
+                post_config: Mapping[str, Any]) -> str:
+    """The reference output the postprocessing takes: the detector output that the step feeding
+    it maps to its input. Decision: a name the reference lacks falls back to the reference's only
+    output; with several it is an error."""
+    raw_in = str((post_config.get("input") or [{}])[0].get("name", ""))
+    tensor = (post.get("input_map") or {}).get(raw_in, raw_in)  # the ensemble's tensor feeding it
+    raw = next((k for s in steps for k, v in (s.get("output_map") or {}).items() if v == tensor and s is not post), raw_in)
+    if raw in io.output_names:
+        return raw
+    if len(io.outputs) != 1:
+        raise UsageError(f"model '{model}': its postprocessing takes the detector's output '{raw}', which the "
+                         f"reference does not have (outputs: {', '.join(io.output_names)})")
+    return io.outputs[0].name
+
+
 def detector_endpoint(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[str, Any],
                       model_config: Callable[[str], Mapping[str, Any]]) -> DetectorEndpoint | None:
     """The detector ensemble the server describes (``metadata`` and ``config`` of the model;
@@ -107,25 +139,8 @@ def detector_endpoint(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[
         return None
     name = str(post.get("model_name"))
     post_config = model_config(name)
-    params = _params(post_config)
-    missing = [k for k in ("conf", "iou", "max_det", "kind", "num_classes") if not params.get(k)]
-    if missing:
-        raise UsageError(f"model '{model}': its postprocessing model '{name}' has no parameter '{missing[0]}' in its "
-                         f"config (not a trtrepo detector ensemble?)")
-    try:
-        layout = YoloLayout(params["kind"], int(params["num_classes"]), int(params.get("num_masks") or 0),  # type: ignore[arg-type]
-                            params.get("channels_last") == "true")
-        nms = NmsSettings(float(params["conf"]), float(params["iou"]), int(params["max_det"]))
-    except (ValueError, UsageError) as exc:
-        raise UsageError(f"model '{model}': the parameters of its postprocessing model '{name}': {exc}") from exc
-    raw_in = str((post_config.get("input") or [{}])[0].get("name", ""))
-    tensor = (post.get("input_map") or {}).get(raw_in, raw_in)  # the ensemble's tensor feeding it
-    raw = next((k for s in steps for k, v in (s.get("output_map") or {}).items() if v == tensor and s is not post), raw_in)
-    if raw not in io.output_names:
-        if len(io.outputs) != 1:
-            raise UsageError(f"model '{model}': its postprocessing takes the detector's output '{raw}', which the "
-                             f"reference does not have (outputs: {', '.join(io.output_names)})")
-        raw = io.outputs[0].name
+    layout, nms = _postprocess_settings(model, name, _params(post_config))
+    raw = _raw_output(model, io, steps, post, post_config)
     return DetectorEndpoint(model, str(inputs[0]["name"]), name, raw, layout, nms)
 
 
