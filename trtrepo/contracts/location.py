@@ -84,6 +84,22 @@ def parse_endpoint(value: str, setting: str = "s3_endpoint") -> tuple[str, str, 
     return proto, host, port
 
 
+def _s3_endpoint(url: str, rest: str, setting: str, s3_endpoint: str | None) -> tuple[tuple[str, str, int] | None, str]:
+    """An s3:// URL's endpoint and the rest of it (BUCKET/PREFIX). Decision: an endpoint the URL
+    names in one of Triton's forms (``s3://http(s)://HOST[:PORT]/BUCKET/...``,
+    ``s3://HOST:PORT/BUCKET/...``, HTTP) wins, and ``s3_endpoint`` given as well must be the same
+    one; else ``s3_endpoint``, else none (AWS)."""
+    m = re.match(r"(https?)://([^/]*)/?(.*)$", rest) or re.match(r"()([^/]+:[0-9]+)/?(.*)$", rest)
+    if not m:
+        return (parse_endpoint(s3_endpoint) if s3_endpoint else None), rest
+    endpoint = parse_endpoint(f"{m.group(1) or 'http'}://{m.group(2)}", setting)
+    if s3_endpoint and parse_endpoint(s3_endpoint) != endpoint:
+        raise OptionError("s3_endpoint", f"{s3_endpoint}: {{{setting}}} {url} names another endpoint "
+                                         f"({endpoint[0]}://{endpoint[1]}:{endpoint[2]})",
+                          concept=_concept("s3_endpoint"), others={setting: _concept(setting)})
+    return endpoint, m.group(3)
+
+
 def parse_storage_url(url: str, setting: str = "repo", s3_endpoint: str | None = None) -> StorageLocation | None:
     """The location of an object-storage URL; None for a local path (``s3_endpoint`` is then the
     caller's to judge). ``setting`` names the value in messages (an :class:`OptionError`: ``repo``,
@@ -97,17 +113,7 @@ def parse_storage_url(url: str, setting: str = "repo", s3_endpoint: str | None =
         raise OptionError(setting, f"{url}: not an object-storage URL Triton reads (s3://, gs://, as://)", concept=concept)
     endpoint = None
     if scheme == "s3":
-        # Triton's endpoint forms: s3://http(s)://HOST[:PORT]/BUCKET/..., s3://HOST:PORT/BUCKET/... (HTTP)
-        m = re.match(r"(https?)://([^/]*)/?(.*)$", rest) or re.match(r"()([^/]+:[0-9]+)/?(.*)$", rest)
-        if m:
-            endpoint = parse_endpoint(f"{m.group(1) or 'http'}://{m.group(2)}", setting)
-            rest = m.group(3)
-            if s3_endpoint and parse_endpoint(s3_endpoint) != endpoint:
-                raise OptionError("s3_endpoint", f"{s3_endpoint}: {{{setting}}} {url} names another endpoint "
-                                                 f"({endpoint[0]}://{endpoint[1]}:{endpoint[2]})",
-                                  concept=_concept("s3_endpoint"), others={setting: concept})
-        elif s3_endpoint:
-            endpoint = parse_endpoint(s3_endpoint)
+        endpoint, rest = _s3_endpoint(url, rest, setting, s3_endpoint)
     elif s3_endpoint:
         raise OptionError("s3_endpoint", f"{s3_endpoint}: only for s3:// repositories, not {scheme}://",
                           concept=_concept("s3_endpoint"))
