@@ -148,6 +148,17 @@ def list_cmd(repo: str, s3_endpoint: str | None) -> None:
             click.echo(f"  {v}/  {', '.join(files) if files else '(empty)'}")
 
 
+def _backend_for(path: Path, backend: str | None) -> tuple[str, Any]:
+    """The backend and its spec. Decision: by default tensorrt for a .plan/.engine file, else the
+    ONNX default; a backend that does not serve plans takes an .onnx file only."""
+    if backend is None:
+        backend = backends.options("plan" if path.suffix in (".plan", ".engine") else "onnx")[0]
+    spec = backends.for_option(backend)
+    if (spec is None or spec.source != "plan") and path.suffix != ".onnx":
+        raise UsageError(f"{path}: --backend {backend} takes an .onnx model")
+    return backend, spec
+
+
 @command.command("add")
 @click.argument("model_file", type=click.Path(dir_okay=False))
 @click.option("--repo", default="model_repository", show_default=True, type=click.Path(file_okay=False))
@@ -185,13 +196,8 @@ def add_cmd(model_file: str, repo: str, name: str, backend: str | None, onnx_for
     path = Path(model_file)
     if not path.is_file():
         raise UsageError(f"{path}: model file not found")
-    if backend is None:
-        backend = backends.options("plan" if path.suffix in (".plan", ".engine") else "onnx")[0]
+    backend, spec = _backend_for(path, backend)
     common = {"version": kw.pop("version"), "force": kw.pop("force"), "template_dir": kw.pop("template_dir")}
-    spec = backends.for_option(backend)
-    if spec is None or spec.source != "plan":
-        if path.suffix != ".onnx":
-            raise UsageError(f"{path}: --backend {backend} takes an .onnx model")
 
     def write(into: str | Path) -> Any:
         if spec is not None and spec.source == "plan":
