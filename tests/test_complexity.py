@@ -9,9 +9,9 @@ from pathlib import Path
 from radon.complexity import cc_rank, cc_visit
 
 ROOT = Path(__file__).resolve().parents[1]
-# Issue 42's target is 15. What is left above it (find_float_nodes and report_markdown among
-# them) is listed by the assertion message; lower this number as functions are split, never raise it.
-MAX_D_OR_WORSE = 19
+# Issue 42's target is 15; 12 are left, all in quantize/, autoquant/ and weightsteps.py (listed by
+# the assertion message when the count grows). Lower this number as functions are split, never raise it.
+MAX_D_OR_WORSE = 12
 
 
 def _graded(package: Path) -> list[tuple[str, str, int]]:
