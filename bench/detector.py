@@ -21,6 +21,8 @@ Measures (``--update-docs`` writes the section of docs/benchmarks.md):
 
     python bench/detector.py [--cache /work/gauntlet-cache/yolo11n] [--calib 256] [--eval 320]
         [--update-docs docs/benchmarks.md]
+    python bench/detector.py --fixed-batch --retime [--update-docs docs/benchmarks.md]  # after a run:
+        # deploy the batch-1 export; time the run's models again on a quiet machine
 
 The model comes from ``scripts/yolo_export.sh`` (AGPL weights: fetched and exported here, never
 committed).
@@ -219,11 +221,14 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     models: dict[str, Any] = {"FP32": src, FP32_FAST: rewritten, "FP16 copy": convert_to_fp16(onnx.load(str(src)))}
     runs: dict[str, Any] = {}
     calib_npy = str(args.cache / "calib.npy")
+    import shutil
+
+    shutil.rmtree(work / "repo", ignore_errors=True)  # a fresh repository: the deployed model is version 1
     common = ["--data", calib_npy, "--batch-size", "8", "--no-progress"]
     dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n", "--backend", "python", "--repo", str(work / "repo"),
                        "--workdir", str(work / "deploy"), "--force", *common[:-1]], work / "deploy.log")
     runs["trtrepo deploy (defaults)"] = dep
-    models["trtrepo deploy (defaults)"] = work / "repo" / "yolo11n" / "1" / "model.onnx"
+    models["trtrepo deploy (defaults)"] = deployed_model(work)
     for name, extra in (("trtrepo all-INT8 (head float)", []), ("trtrepo naive (head quantized)", ["--quantize-detector-head"])):
         out = work / f"{name.split()[1]}.onnx"
         runs[name] = trtrepo_cli(["quantize", str(src), "-o", str(out), "--target", "onnxruntime", "--accept-accuracy-loss",
@@ -255,6 +260,58 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
 
+def deployed_model(work: Path) -> Path:
+    """The model ``trtrepo deploy`` wrote: the newest version of ``yolo11n`` in ``work/repo``."""
+    versions = sorted((p for p in (work / "repo" / "yolo11n").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+    return versions[-1] / "model.onnx"
+
+
+def retime(args: argparse.Namespace, results: dict[str, Any]) -> None:
+    """Time the run's models again (``--work``'s files) on a quiet machine and update the speed
+    columns of ``results``: for a run whose timing phase had company on the CPU."""
+    import onnx
+
+    from trtrepo.fp16 import convert_to_fp16
+    from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
+
+    src = args.cache / "yolo11n_dyn.onnx"
+    rewritten = prepare_model(onnx.load(str(src)))
+    softmax_on_last_axis(rewritten)
+    work = args.work
+    files = {"FP32": src, FP32_FAST: rewritten, "FP16 copy": convert_to_fp16(onnx.load(str(src))),
+             "trtrepo deploy (defaults)": deployed_model(work),
+             "trtrepo all-INT8 (head float)": work / "all-INT8.onnx", "trtrepo naive (head quantized)": work / "naive.onnx",
+             "NNCF 3.4 defaults": work / "nncf_0.onnx", "NNCF 3.4 + published ignored scope": work / "nncf_1.onnx",
+             "ONNX Runtime quantize_static": work / "ort.onnx"}
+    models = {k: v for k, v in files.items() if k in results["rows"]}
+    t = speeds(models, np.load(args.cache / "eval.npy", mmap_mode="r")[:8].copy())
+    for name, row in results["rows"].items():
+        row["ms_batch8"] = 1000 * t[name]
+        row["speedup"] = t["FP32"] / t[name]
+        row["speedup_fast"] = t[FP32_FAST] / t[name]
+    results["speed_retimed"] = datetime_now()
+
+
+def datetime_now() -> str:
+    import datetime
+
+    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+def fixed_batch(args: argparse.Namespace) -> dict[str, Any]:
+    """``trtrepo deploy`` of the batch-1 export (Ultralytics' default) on the calibration crops."""
+    src = args.cache / "yolo11n_b1.onnx"
+    dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n_b1", "--backend", "python", "--repo", str(args.work / "repo_b1"),
+                       "--workdir", str(args.work / "deploy_b1"), "--force", "--data", str(args.cache / "calib.npy")],
+                      args.work / "deploy_b1.log")
+    summary = dep.get("summary") or {}
+    acc = summary.get("accuracy") or {}
+    config = args.work / "repo_b1" / "yolo11n_b1" / "config.pbtxt"
+    return {"rc": dep["rc"], "seconds": dep["seconds"], "shipped": acc.get("shipped"),
+            "gate": (acc.get("gate") or {}).get("message"),
+            "max_batch_size_0": config.exists() and "max_batch_size: 0" in config.read_text()}
+
+
 def per_photograph(args: argparse.Namespace) -> list[dict[str, Any]]:
     """mAP50-95 vs FP32 of the deployed model (``--work``'s repository) per held-out photograph."""
     from trtrepo.detect import mean_ap, postprocess
@@ -262,7 +319,7 @@ def per_photograph(args: argparse.Namespace) -> list[dict[str, Any]]:
 
     held = np.load(args.cache / "eval.npy")
     fp32 = run_model(args.cache / "yolo11n_dyn.onnx", held)
-    int8 = run_model(args.work / "repo" / "yolo11n" / "1" / "model.onnx", held)
+    int8 = run_model(deployed_model(args.work), held)
     det = Detector.of(fp32, 80)
     cand = postprocess(int8, det.layout, conf=0.001, iou=0.7)
     rows = []
@@ -286,12 +343,20 @@ def main() -> None:
     ap.add_argument("--from-json", type=Path, default=None)
     ap.add_argument("--per-photograph", action="store_true",
                     help="only add the deployed model's mAP per held-out photograph to --out (after a run)")
+    ap.add_argument("--retime", action="store_true", help="only time --work's models again and update --out's speeds")
+    ap.add_argument("--fixed-batch", action="store_true",
+                    help="only deploy the batch-1 export (yolo11n_b1.onnx) and add the result to --out")
     args = ap.parse_args()
     import json
 
-    if args.per_photograph:  # added to the results file of the run (--out)
+    if args.per_photograph or args.retime or args.fixed_batch:  # added to the results file of the run (--out)
         results = json.loads(args.out.read_text())
-        results["per_photograph"] = per_photograph(args)
+        if args.per_photograph:
+            results["per_photograph"] = per_photograph(args)
+        if args.retime:
+            retime(args, results)
+        if args.fixed_batch:
+            results["fixed_batch"] = fixed_batch(args)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     elif args.from_json is None:
         wheels = args.wheels or args.cache / "wheels"
@@ -356,6 +421,15 @@ def markdown(r: dict[str, Any]) -> str:
                   f"photographs are {', '.join(CALIB_PHOTOS)}):", "",
                   "| photograph | crops | FP32 boxes | mAP50-95 vs FP32 |", "|---|---|---|---|"]
         lines += [f"| {p['photograph']} | {p['crops']} | {p['fp32_boxes']} | {p['map50_95']:.3f} |" for p in r["per_photograph"]]
+    if r.get("speed_retimed"):
+        lines += ["", f"Speeds timed again on a quiet machine at {r['speed_retimed']} (`--retime`: the same model files, "
+                  "the same round-robin)."]
+    fb = r.get("fixed_batch")
+    if fb:
+        lines += ["", f"The batch-1 export (`yolo11n_b1.onnx`, Ultralytics' default) through `trtrepo deploy` on the same "
+                  f"calibration crops: exit {fb['rc']}, shipped {str(fb.get('shipped')).upper()} in {fb['seconds']:.0f} s, "
+                  f"`max_batch_size: 0` in its config: {'yes' if fb.get('max_batch_size_0') else 'no'}; its gate: "
+                  f"{fb.get('gate')}."]
     lines += ["", "Results: [`gauntlet/detector.json`](gauntlet/detector.json)."]
     return "\n".join(lines) + "\n"
 

@@ -64,6 +64,7 @@ class DetectionFigures:
     sd: float
     count_agreement: float
     worst: tuple[tuple[int, float], ...] = ()
+    classes: int = 0  # classes among the reference boxes: each weighs the same in mAP
 
     def verdict(self, limit: float) -> str:
         """``pass`` when the interval's lower end is at or above ``limit``, ``fail`` when the
@@ -86,7 +87,7 @@ class DetectionFigures:
         """``mAP50-95 vs FP32 0.931 (95% interval 0.912-0.950), mAP50 0.975, box counts agree on 88%``."""
         return (f"mAP50-95 vs FP32 {self.map50_95:.3f} (95% interval {self.lower:.3f}-{self.upper:.3f}), mAP50 "
                 f"{self.map50:.3f}, box counts agree on {100 * self.count_agreement:.0f}% of {self.images} images "
-                f"({self.reference_boxes} FP32 boxes)")
+                f"({self.reference_boxes} FP32 boxes{f' in {self.classes} classes' if self.classes else ''})")
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -129,5 +130,5 @@ def compare_detections(reference: Sequence[Detections], candidate: Sequence[Dete
         images=len(reference), decided=n, reference_boxes=int(sum(len(d) for d in reference)),
         candidate_boxes=int(sum(len(d) for d in at_reference)), map50_95=m, map50=float(result.map50),
         lower=lower, upper=upper, sd=sd,
-        count_agreement=count_agreement(at_reference, reference),
+        count_agreement=count_agreement(at_reference, reference), classes=result.classes,
         worst=tuple((int(i), float(per_image[i])) for i in order))
