@@ -61,8 +61,8 @@ from .quantize import (
     QdqTarget,
     QParams,
     QuantizeOptions,
-    _as_range,
     activation_qparams,
+    as_range,
     insert_qdq,
     plan_qdq,
     weight_qparams,
@@ -662,7 +662,7 @@ def activation_qparams_for(model: Any, layers: Sequence[Layer], ranges: Mapping[
     out = {}
     for layer in layers:
         if layer.input in ranges:
-            out[layer.input] = activation_qparams(_as_range(ranges[layer.input]), options.target,
+            out[layer.input] = activation_qparams(as_range(ranges[layer.input]), options.target,
                                                   nonneg=view.non_negative(layer.input), tensor=layer.input)
     return out
 

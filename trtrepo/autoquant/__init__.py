@@ -35,10 +35,10 @@ from .select import (
     RoundingChoice,
     SmoothChoice,
     WeightRounding,
-    _smoothed_ranges,
     choose_smoothing,
     choose_weight_rounding,
     select_method,
+    smoothed_ranges,
 )
 from .settings import QuantizeSettings
 
@@ -68,7 +68,7 @@ __all__ = [
     "SmoothQuantReport",
     "SmoothChoice",
     "WEIGHT_ROUNDING",
-    "_smoothed_ranges",
+    "smoothed_ranges",
     "activation_ranges",
     "calibration_tensors",
     "check_reachable",

@@ -152,7 +152,7 @@ class AccuracyLoss(TrtrepoError):
     """The held-out check against FP32 failed and the loss was not accepted (exit code 1)."""
 
 
-def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any] | None:
+def fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any] | None:
     """The FP32 model cast to FP16 on the same held-out samples: the agreement and the expected
     top-1 drop that a change of arithmetic alone costs (the noise floor beside INT8's figures)."""
 
@@ -169,7 +169,7 @@ def _fp16_floor(model: Any, evaluator: Evaluator, output: str) -> dict[str, Any]
 
 
 def with_fp16_floor(verdict: dict[str, Any], floor: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``verdict`` with the FP16 copy's figures (:func:`_fp16_floor`) under ``fp16_noise_floor``
+    """``verdict`` with the FP16 copy's figures (:func:`fp16_floor`) under ``fp16_noise_floor``
     and its expected drop printed beside INT8's in the message."""
 
     verdict["fp16_noise_floor"] = floor

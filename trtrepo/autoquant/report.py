@@ -245,7 +245,7 @@ def _row_output(row: Mapping[str, Any], metric_output: str | None) -> Mapping[st
     return outs.get(metric_output) if metric_output in outs else next(iter(outs.values()), None)
 
 
-def _kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions,
+def kernel_report(model: Any, ranges: Mapping[str, ActivationRange], options: QuantizeOptions,
                    chosen: QuantizedModel) -> dict[str, Any]:
     """Integer kernels ONNX Runtime runs for the chosen model and, per ``--exclude-op`` /
     ``--exclude-node``, how many kernels that exclusion costs (the count without it, minus now)."""

@@ -33,9 +33,9 @@ from ..quantize import (
     ActivationRange,
     QuantizedModel,
     QuantizeOptions,
-    _result,
     detector_outputs,
     load_model,
+    quantize_result,
     ranges_from_cache,
     save_model,
 )
@@ -44,7 +44,7 @@ from ..warngroups import collecting
 from .fallback import check_reachable, fallback
 from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
-from .gate import DETECTION_RULE, EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, _fp16_floor, with_fp16_floor
+from .gate import DETECTION_RULE, EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, fp16_floor, with_fp16_floor
 from .ranges import AUTO_MIN_SAMPLES, activation_ranges, calibration_tensors, split_holdout
 from .report import (
     CalibrationFacts,
@@ -53,18 +53,18 @@ from .report import (
     QuantizeRunResult,
     Selection,
     SmoothQuantReport,
-    _kernel_report,
     build_report,
+    kernel_report,
     report_markdown,
 )
 from .select import (
     Evaluator,
     WeightRounding,
-    _equalize,
-    _smoothed_ranges,
     choose_smoothing,
     choose_weight_rounding,
+    equalize_step,
     select_method,
+    smoothed_ranges,
 )
 from .settings import QuantizeSettings
 
@@ -229,7 +229,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
             speed = evaluator.time_ratio(fp32_model, c.chosen.model)
     with phase("writing the model and the report"):
         path = save_model(c.chosen.model, req.output, force=req.force)
-    base = _result(c.chosen, path, options, c.best.label)
+    base = quantize_result(c.chosen, path, options, c.best.label)
     base.layers_in_float = list(c.chosen.plan.excluded)
     timings["total"] = time.perf_counter() - t_start  # calibration (both passes) and total, selection and checks included
     report = build_report(
@@ -239,7 +239,7 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
                          None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats},
                          equalization, SmoothQuantReport.of(sq_request, c.smooth)),
         seconds=timings,
-        integer_kernels=(_kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
+        integer_kernels=(kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
                          if options.target.integer_kernels else None))
     report_dir = req.report_dir if req.report_dir is not None or front is None else req.front.report_dir  # type: ignore[union-attr]
     if front is not None:
@@ -297,7 +297,7 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
     # only the input tensor names are used: no prepared (renamed) copy of the weights needed
     channel_tensors = list(smooth_candidates(model)) if sq_request is not None else []
     with phase("equalization"):
-        equalization = _equalize(model, calib_src, evaluator, req.int8.placement, req.int8.equalize, req.threads)
+        equalization = equalize_step(model, calib_src, evaluator, req.int8.placement, req.int8.equalize, req.threads)
     calib_path = onnx_path
     if equalization.get("applied"):
         model = equalization.pop("model")
@@ -332,7 +332,7 @@ def _choose(req: QuantizeRequest, model: Any, stats: Any, per_method: dict[str, 
     smooth = choose_smoothing(model, stats, next(iter(per_method.values())), options, evaluator, sq_request,
                               metric_output=metric_output, metric=metric)
     base_model = smooth.model
-    per_method = {k: _smoothed_ranges(v, smooth.ranges) for k, v in per_method.items()}
+    per_method = {k: smoothed_ranges(v, smooth.ranges) for k, v in per_method.items()}
     best, candidates = select_method(base_model, per_method, options, evaluator, metric_output=metric_output, metric=metric)
     assert best.quantized is not None
     rounding = choose_weight_rounding(base_model, per_method[best.label], options, calib_src, evaluator, best,
@@ -370,7 +370,7 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
         verdict = check.judge(metrics[gated])
         if evaluator is not None and verdict["rule"] in (EXPECTED_DROP_RULE, DETECTION_RULE):
             ph.set_note(f"output '{gated}', FP16 noise floor")
-            verdict = with_fp16_floor(verdict, _fp16_floor(model, evaluator, gated))
+            verdict = with_fp16_floor(verdict, fp16_floor(model, evaluator, gated))
     failures = [] if verdict["ok"] else [verdict["message"]]  # the gated output's, with the FP16 figures
     # The other outputs are measured too: one below the floor is named (not gated).
     ungated = check.failures({k: v for k, v in metrics.items() if k != gated})

@@ -262,7 +262,7 @@ SMOOTHED_RANGE_RULE = ("min/max: a smoothed tensor's range is the exact min/max 
                        "whatever the method; the method sets the ranges of the other tensors")
 
 
-def _smoothed_ranges(base: Mapping[str, ActivationRange], smoothed: Mapping[str, tuple[float, float]]) -> dict[str, ActivationRange]:
+def smoothed_ranges(base: Mapping[str, ActivationRange], smoothed: Mapping[str, tuple[float, float]]) -> dict[str, ActivationRange]:
     out = dict(base)
     for name, (lo, hi) in smoothed.items():
         out[name] = ActivationRange(max(abs(lo), abs(hi)), lo, hi)
@@ -326,7 +326,7 @@ def choose_smoothing(model: Any, stats: Any, first_ranges: Mapping[str, Activati
             if alpha is not None and not choice.groups:
                 return none  # nothing to smooth: no candidates to compare
             row: dict[str, Any] = {"alpha": alpha, "groups": len(choice.groups)}
-            qm = insert_qdq(choice.model, _smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
+            qm = insert_qdq(choice.model, smoothed_ranges(first_ranges, choice.ranges), options, warn=False)
             del choice
             metrics = evaluator(qm.model)
             del qm
@@ -438,7 +438,7 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
     return choice
 
 
-def _equalize(model: Any, calib_src: Any, evaluator: Evaluator | None, options: QuantizeOptions, enabled: bool,
+def equalize_step(model: Any, calib_src: Any, evaluator: Evaluator | None, options: QuantizeOptions, enabled: bool,
               threads: int | None) -> dict[str, Any]:
     """Activation equalization (:mod:`trtrepo.equalize`) of ``model`` on the calibration data,
     kept only when the equalized FP32 model's outputs stay within

@@ -66,7 +66,15 @@ from .detector import TASKS as DETECTOR_TASKS
 from .detector import decode_head_nodes, detector_outputs, find_decode_heads
 from .graph import GraphView, load_model, model_tensor_names, prepare_model, weight_axis, weights_as_inputs
 from .insert import QParams, QuantizedModel, activation_qparams, insert_qdq, quantize_weight, warn_float, weight_qparams
-from .modelfiles import QuantizeResult, RangesFile, _result, quantize_model, ranges_from_cache, ranges_from_json, save_model
+from .modelfiles import (
+    QuantizeResult,
+    RangesFile,
+    quantize_model,
+    quantize_result,
+    ranges_from_cache,
+    ranges_from_json,
+    save_model,
+)
 from .options import (
     CHECK_FULL_BYTES,
     MIN_OPSET,
@@ -79,7 +87,7 @@ from .options import (
     QuantizeOptions,
     QuantPoint,
     RangeLike,
-    _as_range,
+    as_range,
     backend_target,
     qdq_target,
     register_target,
@@ -130,8 +138,8 @@ __all__ = [
     "QDQ_TARGETS",
     "QdqTarget",
     "WEIGHTED_OPS",
-    "_as_range",
-    "_result",
+    "as_range",
+    "quantize_result",
     "activation_qparams",
     "find_float_nodes",
     "gating_product",

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import UsageError
 from ..modelio import normalize_weights, without_weights
-from .options import _FLOAT, MIN_OPSET
+from .options import MIN_OPSET, ONNX_FLOAT
 
 log = logging.getLogger(__name__)
 class GraphView:
@@ -74,7 +74,7 @@ class GraphView:
         float when the producer is a float op -- shape inference fills them for normal models."""
         if not name or self.is_constant(name):
             return False
-        return self.elem_type.get(name, _FLOAT) == _FLOAT
+        return self.elem_type.get(name, ONNX_FLOAT) == ONNX_FLOAT
 
     def attr(self, node: Any, name: str, default: Any = None) -> Any:
         import onnx
@@ -249,7 +249,7 @@ def softmax_on_last_axis(model: Any) -> int:
     return done
 
 
-def _drop_unused_initializers(model: Any) -> None:
+def drop_unused_initializers(model: Any) -> None:
     used = {n for node in model.graph.node for n in node.input} | {o.name for o in model.graph.output}
     keep = [t for t in model.graph.initializer if t.name in used]
     if len(keep) != len(model.graph.initializer):

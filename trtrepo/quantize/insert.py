@@ -13,20 +13,20 @@ import numpy as np
 
 from ..errors import TrtrepoError, UsageError
 from ..warngroups import Cause, Detail, in_run
-from .graph import GraphView, _drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
+from .graph import GraphView, drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
 from .options import (
-    _INT8_MAX,
-    _INT8_REDUCED_MAX,
     CHECK_FULL_BYTES,
+    INT8_MAX,
+    INT8_REDUCED_MAX,
     WEIGHTED_OPS,
     ActivationRange,
     QdqTarget,
     QuantizeOptions,
     QuantPoint,
     RangeLike,
-    _as_range,
+    as_range,
 )
-from .plan import NothingToQuantize, QdqPlan, _why_nothing, plan_qdq
+from .plan import NothingToQuantize, QdqPlan, plan_qdq, why_nothing
 from .rules import REQUIRED_RULES
 
 log = logging.getLogger(__name__)
@@ -56,7 +56,7 @@ def activation_qparams(rng: ActivationRange, target: QdqTarget, nonneg: bool = F
     if not np.isfinite(amax) or amax < 0:
         raise UsageError(f"tensor '{tensor}': invalid range amax={rng.amax!r}")
     if target.activations == "symmetric":
-        scale = amax / _INT8_MAX if amax > 0 else 1.0
+        scale = amax / INT8_MAX if amax > 0 else 1.0
         return QParams(np.asarray(scale, np.float32), np.asarray(0, np.int8))
     lo = rng.lo if rng.lo is not None else (0.0 if nonneg else -amax)
     hi = rng.hi if rng.hi is not None else amax
@@ -69,7 +69,7 @@ def activation_qparams(rng: ActivationRange, target: QdqTarget, nonneg: bool = F
     return QParams(np.asarray(uscale, np.float32), np.asarray(zp, np.uint8))
 
 
-def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = _INT8_MAX) -> QParams:
+def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = INT8_MAX) -> QParams:
     """Symmetric int8 (narrow range [-qmax, qmax], 127 or 64 with reduce_range), per channel
     along ``axis`` or per tensor."""
     w = np.asarray(w, np.float32)
@@ -82,7 +82,7 @@ def weight_qparams(w: np.ndarray, axis: int | None, qmax: float = _INT8_MAX) -> 
     return QParams(scale, np.zeros(scale.shape, np.int8), axis)
 
 
-def quantize_weight(w: np.ndarray, qp: QParams, qmax: float = _INT8_MAX) -> np.ndarray:
+def quantize_weight(w: np.ndarray, qp: QParams, qmax: float = INT8_MAX) -> np.ndarray:
     scale = qp.scale
     if qp.axis is not None:
         shape = [1] * w.ndim
@@ -220,7 +220,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     ranges = plan.tie(ranges)
     writer = _QdqWriter(work, view)
     act_q = writer.activations(plan, ranges, options)
-    qmax = _INT8_REDUCED_MAX if options.reduce_range else _INT8_MAX
+    qmax = INT8_REDUCED_MAX if options.reduce_range else INT8_MAX
     biases = _int32_biases(view, plan, act_q, writer.rewires)
     floors = _bias_scale_floors(view, biases, act_q, options.per_channel, qmax)
     weight_dq, raised = writer.weights(plan, floors, options.target, qmax)
@@ -231,7 +231,7 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
     writer.biases(biases, weight_dq, act_q, qmax)
     writer.rebuild()
     # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
-    _drop_unused_initializers(work)
+    drop_unused_initializers(work)
     try:
         # The checker serializes the model: for a large one (a copy of every weight) check the
         # graph without the weights; ONNX Runtime checks the rest when it loads the model.
@@ -256,7 +256,7 @@ def _covered_plan(work: Any, view: GraphView, ranges: Mapping[str, RangeLike], o
     if warn:
         warn_float(plan)
     if not plan.points:
-        raise NothingToQuantize(_why_nothing(plan, options))
+        raise NothingToQuantize(why_nothing(plan, options))
     required = {p.tensor for p in plan.points if p.kind == "activation" and p.rule in REQUIRED_RULES}
     missing = [t for t in plan.activation_tensors() if t in required and t not in ranges]
     if missing:
@@ -322,7 +322,7 @@ class _QdqWriter:
                 act_q[tensor] = act_q[source]
                 s, z = params[source]
             else:
-                qp = activation_qparams(_as_range(ranges[tensor]), options.target,
+                qp = activation_qparams(as_range(ranges[tensor]), options.target,
                                         nonneg=self.view.non_negative(tensor), tensor=tensor)
                 act_q[tensor] = qp
                 s = self.add_init(f"{tensor}_scale", qp.scale)

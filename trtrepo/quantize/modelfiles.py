@@ -15,7 +15,7 @@ from ..errors import UsageError
 from ..fsutil import atomic_path
 from .graph import load_model, model_tensor_names
 from .insert import QuantizedModel, insert_qdq
-from .options import _INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
+from .options import INT8_MAX, ActivationRange, QuantizeOptions, RangeLike
 
 
 @dataclass(frozen=True)
@@ -67,7 +67,7 @@ def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, f
             more = f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
             raise UsageError(f"{path}: calibration cache was made for another model: tensor '{foreign[0]}'{more} "
                              "is not in this model")
-    return {name: float(np.float32(scale) * np.float32(_INT8_MAX)) for name, scale in scales.items()}
+    return {name: float(np.float32(scale) * np.float32(INT8_MAX)) for name, scale in scales.items()}
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,10 +108,10 @@ def quantize_model(onnx_path: str | Path, ranges: Mapping[str, RangeLike], out_p
     model = load_model(onnx_path)
     qm = insert_qdq(model, ranges, options, source=source)
     path = save_model(qm.model, out_path, force=force)
-    return _result(qm, path, options, method)
+    return quantize_result(qm, path, options, method)
 
 
-def _result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: str | None) -> QuantizeResult:
+def quantize_result(qm: QuantizedModel, path: Path, options: QuantizeOptions, method: str | None) -> QuantizeResult:
     return QuantizeResult(
         path=path,
         target=options.target.name,

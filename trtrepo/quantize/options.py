@@ -19,9 +19,9 @@ ORT_UNIT_OPS = WEIGHTED_OPS + ("Add", "Mul", "AveragePool", "GlobalAveragePool")
 # Activations ONNX Runtime removes in front of a Q whose zero point is the type minimum.
 ORT_FUSED_ACTIVATIONS = ("Relu", "Clip")
 MIN_OPSET = 13
-_FLOAT = 1  # onnx.TensorProto.FLOAT
-_INT8_MAX = 127.0
-_INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
+ONNX_FLOAT = 1  # onnx.TensorProto.FLOAT
+INT8_MAX = 127.0
+INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
 CHECK_FULL_BYTES = 64 * 2**20  # insert_qdq: onnx.checker on the whole model below this size
 
 
@@ -200,7 +200,7 @@ class ActivationRange:
 RangeLike = float | ActivationRange
 
 
-def _as_range(value: RangeLike | Sequence[float]) -> ActivationRange:
+def as_range(value: RangeLike | Sequence[float]) -> ActivationRange:
     if isinstance(value, ActivationRange):
         return value
     if isinstance(value, (tuple, list)) and len(value) == 2:

@@ -193,7 +193,7 @@ class NothingToQuantize(UsageError):
     """Every quantizable operator stays float (named why): ``deploy`` then ships FP32."""
 
 
-def _why_nothing(plan: QdqPlan, options: QuantizeOptions) -> str:
+def why_nothing(plan: QdqPlan, options: QuantizeOptions) -> str:
     """Why no Q/DQ point is left, from the plan's own records (exclusions the user gave, rules)."""
     def some(names: Sequence[str]) -> str:
         return ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")

@@ -11,7 +11,7 @@ import numpy as np
 
 from .graph import GraphView, weight_axis
 from .options import (
-    _FLOAT,
+    ONNX_FLOAT,
     ORT_FUSED_ACTIVATIONS,
     ORT_UNIT_OPS,
     WEIGHTED_OPS,
@@ -19,7 +19,7 @@ from .options import (
     QuantizeOptions,
     QuantPoint,
     RangeLike,
-    _as_range,
+    as_range,
     register_target,
 )
 
@@ -37,7 +37,7 @@ def rule_weighted_op_inputs(view: GraphView, node: Any, options: QuantizeOptions
         if not name:
             continue
         if view.is_constant(name):
-            if view.elem_type.get(name) != _FLOAT:
+            if view.elem_type.get(name) != ONNX_FLOAT:
                 continue
             axis = weight_axis(view, node, i) if options.per_channel else None
             points.append(QuantPoint(name, node.name, i, "weight", "weighted_op_inputs", axis))
@@ -89,7 +89,7 @@ def unquantizable_ranges(ranges: Mapping[str, RangeLike], ratio: float = 1000.0)
     """Tensors whose range is non-finite, or larger than ``ratio`` times the median range of the
     others (and above :data:`OUTLIER_FLOOR`): an 8-bit scale over such a range rounds every
     ordinary value to zero. Typical case: the additive attention mask holding ``finfo.min``."""
-    rs = {name: _as_range(v) for name, v in ranges.items()}
+    rs = {name: as_range(v) for name, v in ranges.items()}
     out: dict[str, str] = {}
     finite = []
     for name, r in rs.items():
@@ -109,7 +109,7 @@ def unquantizable_ranges(ranges: Mapping[str, RangeLike], ratio: float = 1000.0)
 
 def _mask_constant(view: GraphView, name: str) -> float | None:
     """The largest magnitude of a float constant input when it looks like a mask fill value."""
-    if not view.is_constant(name) or view.elem_type.get(name) not in (_FLOAT, 10, 11):
+    if not view.is_constant(name) or view.elem_type.get(name) not in (ONNX_FLOAT, 10, 11):
         return None
     a = view.constant_array(name)
     if a.size == 0 or a.size > 4096:
@@ -348,7 +348,7 @@ def rule_node_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list
                 points.append(QuantPoint(name, node.name, i, "activation", "node_unit"))
     else:
         bias = node.input[2] if len(node.input) > 2 else ""
-        if bias and view.is_constant(bias) and view.elem_type.get(bias) == _FLOAT:
+        if bias and view.is_constant(bias) and view.elem_type.get(bias) == ONNX_FLOAT:
             points.append(QuantPoint(bias, node.name, 2, "bias", "node_unit"))
     out = node.output[0]
     if view.is_float_activation(out):
