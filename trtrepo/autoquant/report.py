@@ -348,7 +348,24 @@ class QuantizeRunResult(QuantizeResult):
 
 
 def report_markdown(report: QuantizeReport) -> str:
-    """``quantize.md``."""
+    """``quantize.md``: the header, then one section per part of the run that happened."""
+    lines = _header_markdown(report)
+    lines += _kept_float_markdown(report)
+    if report.front is not None:
+        lines += ["", "## Accuracy/speed front", "", "```", *report.front.summary_lines(), "```"]
+        if report.front.plot is not None:
+            lines += ["", f"![front]({Path(report.front.plot).name})"]
+    lines += _kernels_and_smoothing_markdown(report)
+    lines += _check_markdown(report)
+    lines += _methods_markdown(report)
+    lines += _target_markdown(report)
+    if report.metrics:
+        lines += ["", "## Result vs FP32", "", metrics_table(dict(report.metrics))]
+    lines += _warnings_markdown(report.warnings)
+    return "\n".join(lines) + "\n"
+
+
+def _header_markdown(report: QuantizeReport) -> list[str]:
     lines = [f"# Quantization report: {Path(report.output).name}", "",
              f"- model: `{report.model}`, target `{report.target}`",
              f"- method: {report.method} (requested {report.method_requested})"]
@@ -356,22 +373,29 @@ def report_markdown(report: QuantizeReport) -> str:
         ev = report.evaluation_data
         lines.append(f"- evaluated on `{ev['name']}` ({ev['samples']} held-out samples; "
                      f"{report.calibration_samples or '-'} calibration samples)")
-    metric_output = report.metric_output
-    if metric_output:
-        lines.append(f"- measured on output `{metric_output}`")
-    if report.float_tensors or report.kept_float:
-        lines += ["", "## Kept in float automatically", ""]
-        if report.float_tensors:
-            lines += ["Unquantizable ranges:", "", "| tensor | reason |", "|---|---|"]
-            lines += [f"| `{n}` | {why} |" for n, why in report.float_tensors.items()]
-            lines.append("")
-        if report.kept_float:
-            lines += ["| node | reason |", "|---|---|"]
-            lines += [f"| `{n}` | {why} |" for n, why in report.kept_float.items()]
-    if report.front is not None:
-        lines += ["", "## Accuracy/speed front", "", "```", *report.front.summary_lines(), "```"]
-        if report.front.plot is not None:
-            lines += ["", f"![front]({Path(report.front.plot).name})"]
+    if report.metric_output:
+        lines.append(f"- measured on output `{report.metric_output}`")
+    return lines
+
+
+def _kept_float_markdown(report: QuantizeReport) -> list[str]:
+    """The unquantizable tensors and the nodes the rules kept float, with why."""
+    if not (report.float_tensors or report.kept_float):
+        return []
+    lines = ["", "## Kept in float automatically", ""]
+    if report.float_tensors:
+        lines += ["Unquantizable ranges:", "", "| tensor | reason |", "|---|---|"]
+        lines += [f"| `{n}` | {why} |" for n, why in report.float_tensors.items()]
+        lines.append("")
+    if report.kept_float:
+        lines += ["| node | reason |", "|---|---|"]
+        lines += [f"| `{n}` | {why} |" for n, why in report.kept_float.items()]
+    return lines
+
+
+def _kernels_and_smoothing_markdown(report: QuantizeReport) -> list[str]:
+    """ONNX Runtime's integer kernels (and what each exclusion costs), SmoothQuant's alpha."""
+    lines: list[str] = []
     kr = report.integer_kernels
     if kr:
         ks = kr["kernels"]
@@ -383,54 +407,70 @@ def report_markdown(report: QuantizeReport) -> str:
     if sq.alpha is not None:
         lines.append(f"- SmoothQuant alpha {sq.alpha} on {len(sq.groups)} MatMul/Gemm input(s) (requested {sq.requested}); "
                      f"range rule of the smoothed inputs: {sq.range_rule or SMOOTHED_RANGE_RULE}")
+    return lines
+
+
+def _check_markdown(report: QuantizeReport) -> list[str]:
+    """The held-out check's verdict and the ungated outputs below the floor."""
     check = report.accuracy_check
-    if check:
-        if check.ok is True:
-            message = (check.verdict or {}).get("message")
-            lines.append(f"- held-out check vs FP32 on `{check.output}`: **passed** (top-1 drop <= "
-                         f"{check.max_top1_drop_points:g} points, cosine >= {check.min_cosine:g})"
-                         + (f": {message}" if message else ""))
-        elif check.ok is False:
-            lines.append("- held-out check vs FP32: **FAILED**: " + "; ".join(check.failures))
-        else:
-            lines.append("- held-out check vs FP32: **not measured** (no held-out data)")
-        for below in check.ungated_below_floor:
-            lines.append(f"- other output below the floor (measured, not gated; `--metric-output` gates it): {below}")
-    if report.methods:
-        lines += ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | cosine min | max abs err |",
-                  "|---|---|---|---|---|---|"]
-        for row in report.methods:
-            m = _row_output(row, metric_output)
-            if m is None:
-                continue
-            acc = "-" if m["candidate_accuracy"] is None else f"{100 * m['candidate_accuracy']:.2f}%"
-            agree = "-" if m["top1_agreement"] is None else f"{100 * m['top1_agreement']:.2f}%"
-            mark = " (chosen)" if row["label"] == report.method else ""
-            lines.append(f"| {row['label']}{mark} | {agree} | {acc} | {m['cosine_mean']:.6f} | {m['cosine_min']:.6f} | "
-                         f"{m['max_abs_error']:.4g} |")
-    if report.accuracy_target:
-        lines += ["", f"## Accuracy target {report.accuracy_target}", ""]
-        if report.sensitivity:
-            lines += ["Sensitivity (value with only that layer in float, most sensitive first):", "",
-                      "| layer | value | cosine |", "|---|---|---|"]
-            lines += [f"| `{s['layer']}` | {s['value']:.6g} | {s['cosine']:.6f} |" for s in report.sensitivity]
-            lines.append("")
-        lines += ["| step | left in float | layers in float | value | met | speed vs FP32 |", "|---|---|---|---|---|---|"]
-        for i, s in enumerate(report.steps):
-            speed = "-" if s.speed is None else f"{s.speed:.2f}x"
-            lines.append(f"| {i} | {s.label} | {len(s.layers_in_float)} | {s.value:.6g} | "
-                         f"{'yes' if s.met else 'no'} | {speed} |")
-        fbr = report.fallback
-        if fbr:
-            lines += ["", f"{fbr['weighted_in_float']} of {fbr['weighted_layers']} MatMul/Gemm/Conv layers left in float "
-                          f"({fbr['evaluations']} evaluations, {fbr['seconds']:.0f} s)"]
-            if fbr["weighted_layers"] and fbr["weighted_in_float"] > fbr["weighted_layers"] / 2:
-                lines.append("**More than half of the MatMul/Conv layers run in float: expect little speed-up.**")
-        lines += ["", "Layers left in float: " + (", ".join(f"`{n}`" for n in report.layers_in_float) or "none")]
-    if report.metrics:
-        lines += ["", "## Result vs FP32", "", metrics_table(dict(report.metrics))]
-    lines += _warnings_markdown(report.warnings)
-    return "\n".join(lines) + "\n"
+    if not check:
+        return []
+    lines: list[str] = []
+    if check.ok is True:
+        message = (check.verdict or {}).get("message")
+        lines.append(f"- held-out check vs FP32 on `{check.output}`: **passed** (top-1 drop <= "
+                     f"{check.max_top1_drop_points:g} points, cosine >= {check.min_cosine:g})"
+                     + (f": {message}" if message else ""))
+    elif check.ok is False:
+        lines.append("- held-out check vs FP32: **FAILED**: " + "; ".join(check.failures))
+    else:
+        lines.append("- held-out check vs FP32: **not measured** (no held-out data)")
+    for below in check.ungated_below_floor:
+        lines.append(f"- other output below the floor (measured, not gated; `--metric-output` gates it): {below}")
+    return lines
+
+
+def _methods_markdown(report: QuantizeReport) -> list[str]:
+    """One row per calibration method tried, on the metric output."""
+    if not report.methods:
+        return []
+    lines = ["", "## Methods", "", "| method | top-1 agree | accuracy | cosine mean | cosine min | max abs err |",
+             "|---|---|---|---|---|---|"]
+    for row in report.methods:
+        m = _row_output(row, report.metric_output)
+        if m is None:
+            continue
+        acc = "-" if m["candidate_accuracy"] is None else f"{100 * m['candidate_accuracy']:.2f}%"
+        agree = "-" if m["top1_agreement"] is None else f"{100 * m['top1_agreement']:.2f}%"
+        mark = " (chosen)" if row["label"] == report.method else ""
+        lines.append(f"| {row['label']}{mark} | {agree} | {acc} | {m['cosine_mean']:.6f} | {m['cosine_min']:.6f} | "
+                     f"{m['max_abs_error']:.4g} |")
+    return lines
+
+
+def _target_markdown(report: QuantizeReport) -> list[str]:
+    """The accuracy target's search: sensitivity, steps, the layers left in float."""
+    if not report.accuracy_target:
+        return []
+    lines = ["", f"## Accuracy target {report.accuracy_target}", ""]
+    if report.sensitivity:
+        lines += ["Sensitivity (value with only that layer in float, most sensitive first):", "",
+                  "| layer | value | cosine |", "|---|---|---|"]
+        lines += [f"| `{s['layer']}` | {s['value']:.6g} | {s['cosine']:.6f} |" for s in report.sensitivity]
+        lines.append("")
+    lines += ["| step | left in float | layers in float | value | met | speed vs FP32 |", "|---|---|---|---|---|---|"]
+    for i, s in enumerate(report.steps):
+        speed = "-" if s.speed is None else f"{s.speed:.2f}x"
+        lines.append(f"| {i} | {s.label} | {len(s.layers_in_float)} | {s.value:.6g} | "
+                     f"{'yes' if s.met else 'no'} | {speed} |")
+    fbr = report.fallback
+    if fbr:
+        lines += ["", f"{fbr['weighted_in_float']} of {fbr['weighted_layers']} MatMul/Gemm/Conv layers left in float "
+                      f"({fbr['evaluations']} evaluations, {fbr['seconds']:.0f} s)"]
+        if fbr["weighted_layers"] and fbr["weighted_in_float"] > fbr["weighted_layers"] / 2:
+            lines.append("**More than half of the MatMul/Conv layers run in float: expect little speed-up.**")
+    lines += ["", "Layers left in float: " + (", ".join(f"`{n}`" for n in report.layers_in_float) or "none")]
+    return lines
 
 
 def _warnings_markdown(groups: Sequence[WarningGroup]) -> list[str]:

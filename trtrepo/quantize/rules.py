@@ -136,12 +136,23 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
     * **GEMV** MatMul/Gemm (a constant weight with a single output column), which ModelOpt excludes.
     """
     nodes: dict[str, str] = {}
-    tensors: dict[str, str] = {}
 
-    def keep(node: Any, reason: str) -> None:
+    def keep(node: Any, reason: str) -> None:  # the first reason found for a node stands
         nodes.setdefault(node.name, reason)
 
-    # Mask path seeds: unquantizable ranges and outputs computed from mask-like constants.
+    tensors = _mask_path(view, _mask_seeds(view, options, ranges), keep)
+    if options.target.transformer_safe and options.transformer_safe:
+        _keep_residual_and_gating(view, keep)
+    _keep_transformer_ops(view, options, keep)
+    return FloatReasons(nodes, tensors)
+
+
+Keep = Callable[[Any, str], None]
+
+
+def _mask_seeds(view: GraphView, options: QuantizeOptions, ranges: Mapping[str, RangeLike] | None) -> dict[str, str]:
+    """Where the mask path starts: tensors with unquantizable ranges, and outputs computed from a
+    mask-like constant (huge or non-finite)."""
     seeds: dict[str, str] = {}
     if ranges:
         for name, why in unquantizable_ranges(ranges, options.outlier_ratio).items():
@@ -155,37 +166,57 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
             if big is not None:
                 seeds.setdefault(node.output[0], f"computed from the constant {i!r} of magnitude {big:.3g} (attention mask)")
                 break
-    # Forward to the next Softmax: every float tensor on the way is unquantizable.
+    return seeds
+
+
+def _mask_path(view: GraphView, seeds: Mapping[str, str], keep: Keep) -> dict[str, str]:
+    """From the seeds forward to the next Softmax: every float tensor on the way is unquantizable
+    (returned with why), its producers and consumers are kept float."""
+    nodes: set[str] = set()
+
+    def mark(node: Any, reason: str) -> None:
+        nodes.add(node.name)
+        keep(node, reason)
+
     stack = list(seeds)
-    tensors.update(seeds)
+    tensors: dict[str, str] = dict(seeds)
     while stack:
         t = stack.pop()
         prod = view.producer.get(t)
         if prod is not None and t in seeds:
-            keep(prod, f"produces '{t}': {seeds[t]}")
+            mark(prod, f"produces '{t}': {seeds[t]}")
         for node, _ in view.consumers.get(t, []):
             if node.name in nodes and node.op_type not in _MASK_STOP:
                 continue
-            keep(node, f"on the attention-mask path from '{t}' ({tensors[t] if t in seeds else 'downstream of the mask'})")
+            mark(node, f"on the attention-mask path from '{t}' ({tensors[t] if t in seeds else 'downstream of the mask'})")
             if node.op_type in _MASK_STOP:
                 continue
             for out in node.output:
                 if out and view.is_float_activation(out) and out not in tensors:
                     tensors[out] = f"downstream of the mask tensor '{t}'"
                     stack.append(out)
+    return tensors
 
-    if options.target.transformer_safe and options.transformer_safe:
-        for node in view.nodes:
-            if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
-                continue
-            if not all(view.is_float_activation(i) for i in node.input):
-                continue
-            if node.op_type == "Add" and residual_stream_add(view, node):
-                keep(node, "residual-stream Add in front of a LayerNorm: its trained outlier channels do not survive one "
-                           "per-tensor 8-bit scale (MatMul/Conv inputs are still quantized)")
-            elif gating_product(view, node):
-                keep(node, f"{node.op_type} inside an activation function (GELU/SiLU gating): stays float so ONNX Runtime "
-                           "fuses the activation")
+
+def _keep_residual_and_gating(view: GraphView, keep: Keep) -> None:
+    """onnxruntime's transformer-safe exclusions: residual-stream Adds and the gating products
+    inside GELU/SiLU (activation x activation Adds and Muls)."""
+    for node in view.nodes:
+        if node.op_type not in ("Add", "Mul") or len(node.input) != 2:
+            continue
+        if not all(view.is_float_activation(i) for i in node.input):
+            continue
+        if node.op_type == "Add" and residual_stream_add(view, node):
+            keep(node, "residual-stream Add in front of a LayerNorm: its trained outlier channels do not survive one "
+                       "per-tensor 8-bit scale (MatMul/Conv inputs are still quantized)")
+        elif gating_product(view, node):
+            keep(node, f"{node.op_type} inside an activation function (GELU/SiLU gating): stays float so ONNX Runtime "
+                       "fuses the activation")
+
+
+def _keep_transformer_ops(view: GraphView, options: QuantizeOptions, keep: Keep) -> None:
+    """What TensorRT and ModelOpt leave float on both targets: Softmax, LayerNormalization, the
+    attention MatMuls of two activations with their score path, and GEMV MatMul/Gemm."""
     for node in view.nodes:
         op = node.op_type
         if op in ("Softmax", "LayerNormalization"):
@@ -196,13 +227,16 @@ def find_float_nodes(view: GraphView, options: QuantizeOptions,
                 if not options.quantize_attention:
                     keep(node, "attention MatMul of two activations (Q.K^T or P.V); use --quantize-attention to quantize it")
                     _mark_score_path(view, node, keep)
-            elif b and view.is_constant(b):
-                shape = view.constant_array(b).shape
-                transb = op == "Gemm" and view.attr(node, "transB", 0)
-                n_out = shape[0] if transb else (shape[-1] if shape else 0)
-                if len(shape) >= 2 and n_out == 1:
-                    keep(node, "GEMV (a single output column): stays float as in ModelOpt")
-    return FloatReasons(nodes, tensors)
+            elif b and view.is_constant(b) and _gemv(view, node, b):
+                keep(node, "GEMV (a single output column): stays float as in ModelOpt")
+
+
+def _gemv(view: GraphView, node: Any, weight: str) -> bool:
+    """A MatMul/Gemm whose constant weight has a single output column."""
+    shape = view.constant_array(weight).shape
+    transb = node.op_type == "Gemm" and view.attr(node, "transB", 0)
+    n_out = shape[0] if transb else (shape[-1] if shape else 0)
+    return len(shape) >= 2 and n_out == 1
 
 
 _NORM_OPS = ("LayerNormalization", "SimplifiedLayerNormalization", "SkipLayerNormalization", "ReduceMean",
