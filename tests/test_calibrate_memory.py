@@ -247,10 +247,10 @@ def augmented_outputs(path: Path, tensors: list[str], inputs: dict[str, np.ndarr
     as before the weights file."""
     import onnxruntime as ort
 
-    from trtrepo.calibrate import _inferred_types
+    from trtrepo.calibrate import inferred_types
 
     model = onnx.load(str(path))
-    types = _inferred_types(model)
+    types = inferred_types(model)
     outputs = {o.name for o in model.graph.output}
     model.graph.output.extend(helper.make_tensor_value_info(n, types[n], None) for n in tensors if n not in outputs)
     options = ort.SessionOptions()

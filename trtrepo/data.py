@@ -449,7 +449,7 @@ def _load_labels(path: str | Path, classes: int | None) -> np.ndarray:
     return np.asarray(ints, dtype=np.int64)
 
 
-def _import_callable(spec: str) -> Callable[..., Any]:
+def import_callable(spec: str) -> Callable[..., Any]:
     module_name, _, attr = spec.partition(":")
     if not module_name or not attr:
         raise UsageError(f"'{spec}': expected 'package.module:callable'")
@@ -572,7 +572,7 @@ def _open_entry_point(spec: str, limit: int | None) -> DataSource:
     """The data a ``module:callable`` returns. Decision: a sized, indexable result (not a list or
     tuple) is a dataset read by index; any other iterable is read lazily up to ``limit`` (no
     random access), or up to the sample and byte budgets without one."""
-    fn = _import_callable(spec)
+    fn = import_callable(spec)
     try:
         result = fn()
     except Exception as exc:

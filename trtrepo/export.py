@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .contracts import builtin
-from .data import _import_callable
+from .data import import_callable
 from .errors import MissingDependencyError, OptionError, TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path
 from .modelio import ModelIO, external_data_path, load_onnx
@@ -100,7 +100,7 @@ def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
     )
 
 
-def _import_torch() -> Any:
+def import_torch() -> Any:
     try:
         import torch
     except ImportError as exc:
@@ -139,7 +139,7 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
     if source.kind == "onnx":
         raise OptionError("", f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as {{reference}}",
                           others={"reference": "the reference"})
-    torch = _import_torch()
+    torch = import_torch()
     plugin = builtin.builtin(source.kind)
     if plugin is not None:
         return plugin.build_model()
@@ -155,7 +155,7 @@ def load_torch_model(source: ModelSource | str, weights: str | Path | None = Non
         return model.eval()
     if source.kind == "entry_point":
 
-        factory = _import_callable(source.location)
+        factory = import_callable(source.location)
         try:
             model = factory()
         except Exception as exc:
@@ -352,7 +352,7 @@ def export_onnx(
     if source.kind == "onnx":
         return _pass_through(source, output, force)
 
-    torch = _import_torch()
+    torch = import_torch()
     model = load_torch_model(source)
     plugin = builtin.builtin(source.kind)
     inputs = _export_inputs(source, inputs, plugin)

@@ -42,7 +42,7 @@ from . import __version__, export
 from .contracts import builtin
 from .data import DataSource, iter_batches
 from .errors import OptionError, TrtrepoError, UsageError, one_line
-from .export import DEFAULT_OPSET, InputShape, ModelSource, _import_torch, export_onnx, load_torch_model, resolve_source
+from .export import DEFAULT_OPSET, InputShape, ModelSource, export_onnx, import_torch, load_torch_model, resolve_source
 from .fsutil import atomic_path, atomic_write_text, temp_dir
 from .modelio import ModelIO
 
@@ -57,7 +57,7 @@ class ReferenceResult:
 
 
 def resolve_device(device: str) -> str:
-    torch = _import_torch()
+    torch = import_torch()
     if device == "auto":
         return "cuda" if torch.cuda.is_available() else "cpu"
     if device.startswith("cuda") and not torch.cuda.is_available():
@@ -79,7 +79,7 @@ class Reference:
         weights: str | None = None,
         device: str = "cpu",
     ) -> None:
-        self.torch = _import_torch()
+        self.torch = import_torch()
         self.source = resolve_source(source, weights) if isinstance(source, str) else source
         self.device = resolve_device(device)
         self.model = load_torch_model(self.source).to(self.device)
@@ -247,13 +247,13 @@ def _builtin_files_key(module: str) -> str | None:
 
 def _entry_point_files_key(location: str) -> str | None:
     """An entry point's top-level package or module, imported from where the factory is
-    (trtrepo.data._import_callable). Decision: an installed one stands for its version; a
+    (trtrepo.data.import_callable). Decision: an installed one stands for its version; a
     package for every source and weights file under it (namespace packages: each folder); a
     module for those beside it; a built-in or frozen module, or one not found, for nothing."""
     suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
     top = location.partition(":")[0].split(".")[0]
     if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # where the factory is imported from (trtrepo.data._import_callable)
+        sys.path.append(os.getcwd())  # where the factory is imported from (trtrepo.data.import_callable)
     try:
         spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):

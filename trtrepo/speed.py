@@ -66,7 +66,7 @@ from .contracts.payload import Payload, expected_shapes
 from .cpu import available_cores
 from .errors import OptionError, UsageError
 from .evaluate import make_session
-from .export import _import_torch, resolve_source
+from .export import import_torch, resolve_source
 from .measure import Stability, cpu_sample, is_stable, machine_usage, machine_warnings, merged, spread, window_summary
 from .modelio import qdq_counts
 from .reference import Reference
@@ -598,7 +598,7 @@ def resolve_reference_device(device: str, kind: str) -> str:
                                                   "provider; use {reference_device} cpu or a PyTorch reference")
         return "cpu"
 
-    torch = _import_torch()
+    torch = import_torch()
     available = bool(torch.cuda.is_available())
     if device == "cuda" and not available:
         raise OptionError("reference_device", f"cuda: CUDA is not available to torch {torch.__version__} on this "

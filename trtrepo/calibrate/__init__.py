@@ -39,7 +39,7 @@ from .budget import DEFAULT_MEMORY_BUDGET_MB, Signature
 from .calibrator import DEFAULT_HISTOGRAM_SAMPLE, MAX_NUM_BINS, MIN_NUM_BINS, Calibrator, HistogramOptions
 from .stage import CalibrateOptions, CalibrateResult, run_calibrate
 from .statistics import Ranges, Statistics, TensorStatistics
-from .tensors import ACTIVATION_OPS, CALIBRATED_OPS, COMPUTE_OPS, POOL_OPS, _inferred_types, select_tensors, tensor_names
+from .tensors import ACTIVATION_OPS, CALIBRATED_OPS, COMPUTE_OPS, POOL_OPS, inferred_types, select_tensors, tensor_names
 
 __all__ = [
     "ACTIVATION_OPS",
@@ -58,7 +58,7 @@ __all__ = [
     "Signature",
     "Statistics",
     "TensorStatistics",
-    "_inferred_types",
+    "inferred_types",
     "run_calibrate",
     "select_tensors",
     "tensor_names",

@@ -37,10 +37,18 @@ from ..fsutil import temp_dir
 from ..modelio import ModelIO, with_outputs
 from ..progress import active as progress_active
 from ..progress import bar_disabled, phase
-from .budget import DEFAULT_MEMORY_BUDGET_MB, Signature, _digest, _elements, _pack, _signature, _take
+from .budget import (
+    DEFAULT_MEMORY_BUDGET_MB,
+    Signature,
+    input_signature,
+    pack_groups,
+    signature_elements,
+    slice_size,
+    witness_digest,
+)
 from .statistics import Ranges, Statistics, TensorStatistics
-from .tensors import _inferred_types, select_tensors, tensor_names
-from .weights import _gather_weights, _load_graph
+from .tensors import inferred_types, select_tensors, tensor_names
+from .weights import gather_weights, load_graph
 
 log = logging.getLogger(__name__)
 
@@ -133,7 +141,7 @@ class Calibrator:
         self.histogram_sample = histogram_sample
         self.model_path = Path(model)
         # The graph; the data of its large initializers stays in the model's files (external data).
-        self.model = _load_graph(self.model_path)
+        self.model = load_graph(self.model_path)
         self.io = ModelIO.from_onnx(self.model, source=self.model_path)
         self.batch_size = batch_size
         self.num_bins = num_bins
@@ -176,7 +184,7 @@ class Calibrator:
 
     def _augmented_model(self) -> Any:
         """A copy of the model (without its weights) with every selected tensor as a graph output."""
-        return with_outputs(self.model, self.tensors, _inferred_types(self.model))
+        return with_outputs(self.model, self.tensors, inferred_types(self.model))
 
     def _augmented_path(self) -> Path:
         """The augmented model saved in a temporary folder, its weights in a file beside it.
@@ -191,7 +199,7 @@ class Calibrator:
             work = temp_dir("calib")
             folder = Path(work.name)
             model = self._augmented_model()
-            _gather_weights(model, self.model_path.parent, folder / "augmented.data")
+            gather_weights(model, self.model_path.parent, folder / "augmented.data")
             onnx.save(model, str(folder / "augmented.onnx"))
             self._work = work
         return Path(self._work.name) / "augmented.onnx"
@@ -249,11 +257,11 @@ class Calibrator:
             values = self._session_run(self.session, self.tensors, first.inputs, first.indices)
             sizes = {name: float(v.nbytes) for name, v in zip(self.tensors, values, strict=True)}
             del values
-            self._record(_signature(first.inputs), sizes)
+            self._record(input_signature(first.inputs), sizes)
             # Room for the smallest runs of a batch: 3 samples (runs of 1 are avoided, see _run_batch).
             room = budget // min(3, self.batch_size)
             if sum(sizes.values()) > room:
-                groups = _pack(self.tensors, sizes, room)
+                groups = pack_groups(self.tensors, sizes, room)
             if len(groups) > 1:
                 try:
                     self._save_optimized()
@@ -320,12 +328,12 @@ class Calibrator:
             return known
         # A shape not run yet: the largest extrapolation from the shapes run, quadratic in the input
         # size (attention scores), never below what a smaller input took.
-        size = _elements(sig)
+        size = signature_elements(sig)
         best: dict[str, float] | None = None
         for other, measured in self._bytes.items():
             if not all(n in measured for n in names):
                 continue
-            factor = max(1.0, size / max(_elements(other), 1)) ** 2
+            factor = max(1.0, size / max(signature_elements(other), 1)) ** 2
             guess = {n: measured[n] * factor for n in names}
             if best is None or sum(guess.values()) > sum(best.values()):
                 best = guess
@@ -390,13 +398,13 @@ class Calibrator:
             yield from self._yield_run(session, names, batch.inputs, batch.indices)
             bar.update(size)
             return
-        sig = _signature(batch.inputs)
+        sig = input_signature(batch.inputs)
         start = 0
         witnesses: dict[str, tuple[tuple[int, ...], bytes]] | None = None
         while start < size:
             left = size - start
             fit = self._fit(sig, names, budget)
-            m = _take(left, left if fit is None else fit)
+            m = slice_size(left, left if fit is None else fit)
             classify = False
             if start == 0 and m < left and any(n not in self._independent for n in names):
                 if size < 5:  # too few samples to classify: one run
@@ -404,7 +412,7 @@ class Calibrator:
                 else:
                     m, witnesses = 2, {}
             elif witnesses is not None:
-                m = _take(left, max(3, fit or left), avoid=2)
+                m = slice_size(left, max(3, fit or left), avoid=2)
                 classify = True
             stop = start + m
             inputs = {k: v[start:stop] for k, v in batch.inputs.items()}
@@ -416,9 +424,9 @@ class Calibrator:
                 value, values[i] = values[i], None
                 if witnesses is not None and name not in self._independent:
                     if classify:
-                        self._independent[name] = witnesses.pop(name) == (value.shape, _digest(value))
+                        self._independent[name] = witnesses.pop(name) == (value.shape, witness_digest(value))
                     else:
-                        witnesses[name] = (value.shape, _digest(value))
+                        witnesses[name] = (value.shape, witness_digest(value))
                 independent = self._independent.get(name, False)
                 measured[name] = float(value.nbytes) if independent else value.nbytes / m
                 if not (independent and start > 0):

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..modelio import without_weights
-from .weights import _LARGE
+from .weights import LARGE_TENSOR_BYTES
 
 log = logging.getLogger(__name__)
 
@@ -31,13 +31,13 @@ _DATA_INPUTS: dict[str, tuple[int, ...]] = {"Conv": (0,), "ConvTranspose": (0,),
 _FLOAT_TYPES = {1: np.float32, 10: np.float16, 11: np.float64}  # ONNX elem types numpy can carry
 
 
-def _inferred_types(model: Any) -> dict[str, int]:
+def inferred_types(model: Any) -> dict[str, int]:
     """ONNX elem type of every named value, from the graph and from shape inference."""
     import onnx
 
     types: dict[str, int] = {}
     try:
-        inferred = onnx.shape_inference.infer_shapes(without_weights(model, _LARGE), strict_mode=False)
+        inferred = onnx.shape_inference.infer_shapes(without_weights(model, LARGE_TENSOR_BYTES), strict_mode=False)
     except Exception as exc:  # inference is best effort; declared types still count
         log.warning("ONNX shape inference failed (%s); using declared types only", exc)
         inferred = model
@@ -53,7 +53,7 @@ def select_tensors(model: Any, op_types: Sequence[str] | None = None) -> list[st
     ops = frozenset(op_types) if op_types is not None else CALIBRATED_OPS
     constant = {init.name for init in graph.initializer}
     constant |= {out for node in graph.node if node.op_type in ("Constant", "ConstantOfShape") for out in node.output}
-    types = _inferred_types(model)
+    types = inferred_types(model)
     chosen: dict[str, None] = {}
 
     def add(name: str) -> None:

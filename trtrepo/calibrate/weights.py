@@ -1,9 +1,9 @@
 """The calibrated model without its weights in memory.
 
-The calibrator reads the graph without the data of its initializers of ``_LARGE`` (1 KB) or more
-(:func:`_load_graph`: they stay in the model's file, as external data; shape inference never
+The calibrator reads the graph without the data of its initializers of ``LARGE_TENSOR_BYTES`` (1 KB) or more
+(:func:`load_graph`: they stay in the model's file, as external data; shape inference never
 sees them), and the session loads the augmented copy from a temporary folder, its weights copied
-into a file beside it that ONNX Runtime maps (:func:`_gather_weights`): the weights are in memory
+into a file beside it that ONNX Runtime maps (:func:`gather_weights`): the weights are in memory
 once, as the session's (packed MatMul and Gemm) weights, never in Python nor serialized. The peak
 is then about the model's weights, the interpreter and libraries, and the budget-bounded
 activations with ONNX Runtime's scratch memory, whatever the batch size, instead of several copies
@@ -29,7 +29,7 @@ log = logging.getLogger(__name__)
 
 # Tensors of this many bytes or more leave the calibration's copies of the model (ONNX's threshold
 # for external data); smaller ones (shapes, scalars) stay in the graph, where shape inference reads them.
-_LARGE = 1024
+LARGE_TENSOR_BYTES = 1024
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -95,7 +95,7 @@ def _length_delimited(number: int, payload: bytes) -> bytes:
 
 def _graph_bytes(path: Path) -> bytes:
     """The serialized ModelProto of ``path`` with the raw data of every initializer of the main
-    graph of ``_LARGE`` bytes or more left in the file: such an initializer becomes external data
+    graph of ``LARGE_TENSOR_BYTES`` bytes or more left in the file: such an initializer becomes external data
     whose location is the file itself (relative to its folder), at the raw data's offset.
 
     Reads the file field by field (ModelProto.graph = 7, GraphProto.initializer = 5,
@@ -116,7 +116,7 @@ def _graph_bytes(path: Path) -> bytes:
                     continue
                 parts = list(_fields(f, gstart, gend))
                 raw = [(s, e) for n, _, s, e in parts if n == 9]
-                if len(raw) != 1 or raw[0][1] - raw[0][0] < _LARGE or any(n in (13, 14) for n, *_ in parts):
+                if len(raw) != 1 or raw[0][1] - raw[0][0] < LARGE_TENSOR_BYTES or any(n in (13, 14) for n, *_ in parts):
                     graph += _read(f, gtag, gend)
                     continue
                 tensor = bytearray()
@@ -132,7 +132,7 @@ def _graph_bytes(path: Path) -> bytes:
     return bytes(out)
 
 
-def _load_graph(path: Path) -> Any:
+def load_graph(path: Path) -> Any:
     """The ONNX model ``path`` without the data of its large initializers (see :func:`_graph_bytes`):
     their external data is relative to the model's folder, as for a model saved with external data.
 
@@ -150,9 +150,9 @@ def _load_graph(path: Path) -> Any:
     return load_onnx(path)
 
 
-def _gather_weights(model: Any, source: Path, target: Path) -> None:
+def gather_weights(model: Any, source: Path, target: Path) -> None:
     """Write the data of every initializer of ``model``'s main graph that is external (relative to
-    the folder ``source``) or holds ``_LARGE`` bytes or more into the file ``target`` and point the
+    the folder ``source``) or holds ``LARGE_TENSOR_BYTES`` bytes or more into the file ``target`` and point the
     initializer there (relative to ``target``'s folder), in place.
 
     Each tensor starts at a multiple of ``mmap.ALLOCATIONGRANULARITY``: ONNX Runtime then maps
@@ -184,7 +184,7 @@ def _gather_weights(model: Any, source: Path, target: Path) -> None:
                             left -= len(chunk)
                 except OSError as exc:
                     raise UsageError(f"initializer '{t.name}': cannot read its external data ({exc})") from exc
-            elif len(t.raw_data) >= _LARGE:
+            elif len(t.raw_data) >= LARGE_TENSOR_BYTES:
                 out.seek(-out.tell() % mmap.ALLOCATIONGRANULARITY, 1)
                 start, length = out.tell(), len(t.raw_data)
                 out.write(t.raw_data)

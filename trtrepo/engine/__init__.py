@@ -26,7 +26,7 @@ from ..contracts.plan import read_plan_metadata  # the plan's metadata, owned by
 from ..contracts.profile import ShapeRange  # owned by contracts.profile
 from .calib_feed import (
     CalibrationFeed,
-    _calibration_batches,
+    calibration_batches,
     check_calibration_inputs,
 )
 from .env import (
@@ -36,8 +36,6 @@ from .env import (
     CudaRuntime,
     GPUStatus,
     TensorRTStatus,
-    _cuda_version,
-    _import_cudart,
     gpu_status,
     nv_tensorrt_version_int,
     tensorrt_major,
@@ -56,7 +54,6 @@ from .nms_plugin import (
     write_efficient_nms,
 )
 from .options import (
-    _SIZE_UNITS,
     CALIBRATORS,
     ROUTE_IMPLICIT,
     ROUTE_IMPLICIT_FP16,
@@ -67,7 +64,6 @@ from .options import (
     profile_shapes,
 )
 from .routes import (
-    _TRT_TO_NUMPY,
     EngineBuilder,
     EngineIO,
     TensorRTEngineBuilder,
@@ -86,7 +82,6 @@ from .routes import (
 )
 from .stage import (
     BuildResult,
-    _onnx_calibration_method,
     build_efficient_nms,
     build_engine,
     check_engine_io_types,
@@ -99,7 +94,7 @@ from .stage import (
     warn_if_incompatible,
 )
 from .trtexec import (
-    _legacy_on_11_message,
+    legacy_on_11_message,
     trtexec_command,
 )
 
@@ -134,13 +129,8 @@ __all__ = [
     "TENSORRT_INSTALL",
     "TensorRTEngineBuilder",
     "TensorRTStatus",
-    "_SIZE_UNITS",
-    "_TRT_TO_NUMPY",
-    "_calibration_batches",
-    "_cuda_version",
-    "_import_cudart",
-    "_legacy_on_11_message",
-    "_onnx_calibration_method",
+    "calibration_batches",
+    "legacy_on_11_message",
     "build_efficient_nms",
     "build_engine",
     "build_serialized",

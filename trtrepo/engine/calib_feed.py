@@ -18,7 +18,7 @@ from ..fsutil import atomic_write_bytes
 from ..modelio import ModelIO
 from .env import CudaRuntime, nv_tensorrt_version_int, tensorrt_major
 from .options import CALIBRATORS, SETTINGS, BuildOptions
-from .trtexec import _legacy_on_11_message
+from .trtexec import legacy_on_11_message
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +130,7 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
     if options.legacy_calibrator is None:
         return
     if tensorrt_major(tensorrt_version) >= 11:
-        raise OptionError("", _legacy_on_11_message(tensorrt_version), others=SETTINGS)
+        raise OptionError("", legacy_on_11_message(tensorrt_version), others=SETTINGS)
     if options.data is not None:
         return
     if not options.calib_cache:
@@ -149,7 +149,7 @@ def check_calibration_inputs(options: BuildOptions, tensorrt_version: str) -> No
                           f"to calibrate from", others=SETTINGS)
 
 
-def _calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[str, ShapeRange]) -> Iterator[dict[str, np.ndarray]]:
+def calibration_batches(options: BuildOptions, io: ModelIO, profile: Mapping[str, ShapeRange]) -> Iterator[dict[str, np.ndarray]]:
     """Batches of exactly the profile's opt batch (TensorRT calibrates with the OPT shapes); a short last
     batch is dropped."""
 

@@ -30,7 +30,7 @@ from ..fp16 import convert_file
 from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
 from ..modelio import ModelIO, load_onnx, qdq_counts
 from ..tritonconfig import NmsSettings
-from .calib_feed import CalibrationFeed, _calibration_batches, check_calibration_inputs
+from .calib_feed import CalibrationFeed, calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status
 from .nms_plugin import write_efficient_nms
 from .options import ROUTE_IMPLICIT, ROUTE_QDQ, SETTINGS, BuildOptions, profile_shapes
@@ -269,7 +269,7 @@ def _calibration_feed(stack: contextlib.ExitStack, options: BuildOptions, io: Mo
     (from the data, or none: the cache alone), at the profile's opt shapes."""
     if options.route != ROUTE_IMPLICIT:
         return None
-    batches = _calibration_batches(options, io, profile) if options.data is not None else None
+    batches = calibration_batches(options, io, profile) if options.data is not None else None
     shapes = {name: r.opt for name, r in profile.items()}
     for spec in io.inputs:
         shapes.setdefault(spec.name, spec.shape)

@@ -26,7 +26,7 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
     from flags; 11.x has no ``--fp16``); on
     the calibrator route (10.x) ``--fp16`` is added beside ``--int8``."""
     if options.route == ROUTE_IMPLICIT and major >= 11:
-        raise OptionError("", _legacy_on_11_message(f"{major}.x"), others=SETTINGS)
+        raise OptionError("", legacy_on_11_message(f"{major}.x"), others=SETTINGS)
     cmd = ["trtexec", f"--onnx={onnx}", f"--saveEngine={plan}"]
     if profile:
         for flag, attr in (("--minShapes", "min"), ("--optShapes", "opt"), ("--maxShapes", "max")):
@@ -49,7 +49,7 @@ def trtexec_command(onnx: str | Path, plan: str | Path, profile: Mapping[str, Sh
     return cmd
 
 
-def _legacy_on_11_message(version: str) -> str:
+def legacy_on_11_message(version: str) -> str:
     """The detail of an :class:`~trtrepo.errors.OptionError` (its ``others``: :data:`SETTINGS`)."""
     return (f"{{legacy_calibrator}} needs TensorRT 8.6-10.x: TensorRT {version} removed implicit INT8 calibration "
             "(IInt8*Calibrator, BuilderFlag.INT8). Use the Q/DQ route instead: 'trtrepo quantize' the model and "

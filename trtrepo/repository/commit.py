@@ -112,7 +112,7 @@ def _hook(step: str) -> None:
         _commit_hook(step)
 
 
-def _write(repo: Path, model_dir: Path, version: int, text: str, version_files: Mapping[str, FileSource],
+def write_version(repo: Path, model_dir: Path, version: int, text: str, version_files: Mapping[str, FileSource],
            model_files: Mapping[str, FileSource]) -> None:
     root = _staging_parent(repo)
     tag = f"{model_dir.name}-{uuid.uuid4().hex[:12]}"

@@ -101,7 +101,7 @@ def check_plan_target(meta: PlanMetadata | None, *, tensorrt_version: str | None
     return check_plan_compatibility(meta, tensorrt_version, gpu, target=True)
 
 
-def _check_relpath(rel: str, what: str) -> str:
+def check_relpath(rel: str, what: str) -> str:
     p = Path(rel)
     if p.is_absolute() or ".." in p.parts or not p.parts or rel.startswith("."):
         raise UsageError(f"{what} '{rel}': must be a relative path inside the model folder")

@@ -33,8 +33,8 @@ from ..tritonconfig import (
     template_file,
     validate_config_text,
 )
-from .layout import FileSource, PlanTarget, WriteResult, _check_relpath, check_plan_target
-from .write import _known_models, add_model
+from .layout import FileSource, PlanTarget, WriteResult, check_plan_target, check_relpath
+from .write import add_model, known_models
 
 
 def labels_bytes(labels: Sequence[str] | str | Path) -> bytes:
@@ -105,7 +105,7 @@ def external_data_files(onnx_path: Path) -> dict[str, FileSource]:
         info = {e.key: e.value for e in t.external_data}
         rel = info.get("location", "")
         try:
-            _check_relpath(rel, f"{onnx_path}: tensor '{t.name}' external data location")
+            check_relpath(rel, f"{onnx_path}: tensor '{t.name}' external data location")
         except UsageError as exc:
             raise UsageError(exc.message) from None
         end = int(info.get("offset", 0) or 0) + int(info.get("length", 0) or 0)
@@ -241,7 +241,7 @@ def add_image_ensemble(
     files.update(preprocess_package_files())
     # Render and validate the ensemble before writing anything (its steps must resolve).
     ens_text = render_config(ens_cfg, template_dir)
-    known = _known_models(Path(repo), {pre_name: parse_config_text(render_config(pre_cfg, template_dir), pre_name)})
+    known = known_models(Path(repo), {pre_name: parse_config_text(render_config(pre_cfg, template_dir), pre_name)})
     validate_config_text(ens_text, f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
     pre = add_model(repo, pre_cfg, files, model_files=execution_env_files(options or ModelOptions()), version=version,
                     force=force, template_dir=template_dir)
@@ -326,7 +326,7 @@ def add_detector_ensemble(
     texts = {c.name: render_config(c, template_dir) for c in (pre_cfg, post_cfg)}
     for step, text in texts.items():
         validate_config_text(text, f"{step}/config.pbtxt", model_dir_name=step)
-    known = _known_models(Path(repo), {step: parse_config_text(text, step) for step, text in texts.items()})
+    known = known_models(Path(repo), {step: parse_config_text(text, step) for step, text in texts.items()})
     validate_config_text(render_config(ens_cfg, template_dir), f"{name}/config.pbtxt", model_dir_name=name, known_models=known)
     env_files = execution_env_files(opts)
     pre = add_model(repo, pre_cfg, pre_files, model_files=env_files, version=version, force=force, template_dir=template_dir)

@@ -23,14 +23,14 @@ from ..errors import OptionError, UsageError
 from ..fsutil import atomic_write_text
 from ..modelio import ModelIO
 from ..tritonconfig import ModelConfig, check_model_name, check_rendered, parse_config_text, render_config, validate_config_text
-from .commit import _write, recover, repository_lock
-from .layout import MAX_VERSION, FileSource, WriteResult, _check_relpath, config_io, read_config, served_versions, versions_of
+from .commit import recover, repository_lock, write_version
+from .layout import MAX_VERSION, FileSource, WriteResult, check_relpath, config_io, read_config, served_versions, versions_of
 from .loads import check_model_loads
 
 log = logging.getLogger(__name__)
 
 
-def _known_models(repo: Path, pending: Mapping[str, Any] | None) -> dict[str, Any]:
+def known_models(repo: Path, pending: Mapping[str, Any] | None) -> dict[str, Any]:
     known: dict[str, Any] = {}
     if repo.is_dir():
         for d in repo.iterdir():
@@ -46,7 +46,7 @@ def _check_files(name: str, config: ModelConfig, version_files: Mapping[str, Fil
     """Relative paths inside the model folder, no ``config.pbtxt`` among the model files (trtrepo
     writes it), the version folder holds the files the config names, and every source exists."""
     for rel in (*version_files, *model_files):
-        _check_relpath(rel, "file")
+        check_relpath(rel, "file")
     for reserved in ("config.pbtxt",):
         if reserved in model_files:
             raise UsageError(f"model file '{reserved}' is written by trtrepo itself")
@@ -101,7 +101,7 @@ def add_model(
 
     text = render_config(config, template_dir)
     where = f"{name}/config.pbtxt"
-    known = _known_models(repo, None) if config.kind == "ensemble" else None
+    known = known_models(repo, None) if config.kind == "ensemble" else None
     msg = validate_config_text(text, where, io=io, plan=plan, model_dir_name=name, known_models=known,
                                model_files=sorted(model_files))
     check_rendered(msg, config, where, template_dir)
@@ -115,7 +115,7 @@ def add_model(
         replaced = version in existing
         if existing:
             _check_kept_versions(model_dir, text, existing, version)
-        _write(repo, model_dir, version, text, version_files, model_files)
+        write_version(repo, model_dir, version, text, version_files, model_files)
     files = sorted(str(p.relative_to(model_dir / str(version))) for p in (model_dir / str(version)).rglob("*") if p.is_file())
     for w in warnings:
         log.warning("%s: %s", name, w)

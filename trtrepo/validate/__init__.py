@@ -39,8 +39,6 @@ the model a :class:`ReferenceSource` names.
 from __future__ import annotations
 
 from .accuracy import (
-    _merge_metrics,
-    _worst,
     make_reference,
     reference_io,
     reference_rows,
@@ -48,15 +46,9 @@ from .accuracy import (
 )
 from .client import TritonTarget
 from .contract import (
-    _STAT_KEYS,
     ContractError,
     Mismatch,
     ThresholdResult,
-    _as_int_list,
-    _booked,
-    _count_ns,
-    _model_stats,
-    _shape_matches,
     check_thresholds,
     compare_contract,
     stats_diff,
@@ -79,25 +71,18 @@ from .options import (
     ReferenceSource,
     Thresholds,
     ValidateOptions,
-    _one_line,
     parse_concurrency,
     parse_url,
 )
 from .report import (
     ValidationReport,
-    _ms,
-    _pct,
     write_latency_csv,
     write_plot,
 )
 from .shm import (
     SharedMemory,
-    _cuda_shm,
-    _shm_module,
-    _Slot,
 )
 from .stage import (
-    _progress,
     make_payloads,
     run_latency,
     run_speed,
@@ -126,21 +111,6 @@ __all__ = [
     "TritonTarget",
     "ValidateOptions",
     "ValidationReport",
-    "_STAT_KEYS",
-    "_Slot",
-    "_as_int_list",
-    "_booked",
-    "_count_ns",
-    "_cuda_shm",
-    "_merge_metrics",
-    "_model_stats",
-    "_ms",
-    "_one_line",
-    "_pct",
-    "_progress",
-    "_shape_matches",
-    "_shm_module",
-    "_worst",
     "check_thresholds",
     "compare_contract",
     "make_payloads",

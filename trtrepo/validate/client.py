@@ -14,12 +14,12 @@ from typing import Any
 import numpy as np
 
 from ..contracts.payload import Payload, check_shape
-from ..errors import TrtrepoError, UsageError
+from ..errors import TrtrepoError, UsageError, one_line
 from ..measure import Stability
 from ..modelio import ModelIO
-from .contract import _as_int_list, _booked
+from .contract import as_int_list, booked
 from .load import Arrivals, AsyncioTransport, CallbackTransport, LoadResult, LoadRun, Measurement, ServerBooks
-from .options import ValidateOptions, _one_line
+from .options import ValidateOptions
 from .shm import SharedMemory
 
 log = logging.getLogger(__name__)
@@ -154,7 +154,7 @@ class TritonTarget:
             except TrtrepoError:
                 raise
             except Exception as exc:
-                last_error = _one_line(exc)
+                last_error = one_line(exc)
                 refused = _refused(exc)
             if state is not None:
                 last_error = state
@@ -226,7 +226,7 @@ class TritonTarget:
         """The server's count of this model's finished requests, read at a measured run's window
         ends from ``start`` (a settled reading) on (:class:`~trtrepo.validate.load.ServerBooks`)."""
         return ServerBooks(lambda: self._call("get_inference_statistics", self.model, version),
-                           lambda s: _booked(s, self.model, version), start)
+                           lambda s: booked(s, self.model, version), start)
 
     def settled_statistics(self, version: str, at_least: int | None = None, wait: float = 2.0) -> dict[str, Any]:
         """Statistics once the server has booked every finished request: Triton updates them
@@ -237,7 +237,7 @@ class TritonTarget:
         while time.monotonic() < deadline:
             time.sleep(0.02)
             cur = self.statistics(version)
-            n_prev, n_cur = _booked(prev, self.model, version), _booked(cur, self.model, version)
+            n_prev, n_cur = booked(prev, self.model, version), booked(cur, self.model, version)
             if n_cur == n_prev and (at_least is None or n_cur >= at_least):
                 return cur
             prev = cur
@@ -317,7 +317,7 @@ class TritonTarget:
     def request_error(self, exc: BaseException) -> TrtrepoError:
         """A failed request as the error trtrepo raises: a lost connection exits 2, a deadline or
         an error answer 1."""
-        msg = _one_line(exc)
+        msg = one_line(exc)
         if _lost_connection(exc):
             return UsageError(f"lost the connection to the server at {self.url} during inference to model "
                               f"'{self.model}': {msg}")
@@ -336,7 +336,7 @@ class TritonTarget:
                 o = result.get_output(spec.name)
                 if o is None:
                     raise TrtrepoError(f"{where}: output '{spec.name}' is missing")
-                shape = _as_int_list(o["shape"] if isinstance(o, dict) else o.shape)
+                shape = as_int_list(o["shape"] if isinstance(o, dict) else o.shape)
                 check_shape(spec.name, shape, payload.expected[spec.name], where)
                 out[spec.name] = self.shm.read_output(slot, spec.name, np.dtype(spec.dtype), shape)
             return out
@@ -345,7 +345,7 @@ class TritonTarget:
             try:
                 arr = result.as_numpy(spec.name)
             except Exception as exc:  # the client fails to reshape an empty body
-                raise TrtrepoError(f"{where}: output '{spec.name}' cannot be read ({_one_line(exc)}); "
+                raise TrtrepoError(f"{where}: output '{spec.name}' cannot be read ({one_line(exc)}); "
                                    f"check the Python backend environment (numpy<2)") from exc
             if arr is None:
                 raise TrtrepoError(f"{where}: output '{spec.name}' is missing")
@@ -424,6 +424,6 @@ def _lost_connection(exc: BaseException) -> bool:
 def _version_states(rows: Sequence[Mapping[str, Any]]) -> list[tuple[str, str, str]]:
     """(version, state, reason) of each index row; the reason can hold a Python traceback from the
     backend: its first line is kept (a bare "Exception" says nothing and is dropped)."""
-    states = [(str(m.get("version", "")), str(m.get("state", "")), _one_line(Exception(str(m.get("reason", ""))))[:300])
+    states = [(str(m.get("version", "")), str(m.get("state", "")), one_line(Exception(str(m.get("reason", ""))))[:300])
               for m in rows]
     return [(v, st, "" if r == "Exception" else r) for v, st, r in states]

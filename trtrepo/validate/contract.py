@@ -33,7 +33,7 @@ def _model_stats(stats: Mapping[str, Any], model: str, version: str) -> dict[str
     raise TrtrepoError(f"the server's statistics have no entry for model '{model}' version {version or '(latest)'}")
 
 
-def _booked(stats: Mapping[str, Any], model: str, version: str) -> int:
+def booked(stats: Mapping[str, Any], model: str, version: str) -> int:
     row = _model_stats(stats, model, version)
     return _count_ns(row, "success")[0] + _count_ns(row, "fail")[0]
 
@@ -90,7 +90,7 @@ def _shape_matches(ref: Sequence[int], served: Sequence[int]) -> bool:
     return all((r == -1 and s == -1) or (r != -1 and s in (r, -1)) for r, s in zip(ref, served, strict=True))
 
 
-def _as_int_list(values: Iterable[Any]) -> list[int]:
+def as_int_list(values: Iterable[Any]) -> list[int]:
     return [int(v) for v in values]
 
 
@@ -120,7 +120,7 @@ def compare_contract(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[s
             dtype = str(t.get("datatype", ""))
             if dtype != spec.triton_dtype_short:
                 issues.append(Mismatch(f"{kind} '{spec.name}' datatype", spec.triton_dtype_short, dtype))
-            shape = _as_int_list(t.get("shape", []))
+            shape = as_int_list(t.get("shape", []))
             if not _shape_matches(spec.shape, shape):
                 issues.append(Mismatch(f"{kind} '{spec.name}' shape", str(list(spec.shape)), str(shape)))
         known = {s.name for s in specs}

@@ -232,9 +232,3 @@ def parse_concurrency(text: str) -> tuple[int, ...]:
     return tuple(levels)
 
 
-def _one_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    first = text.splitlines()[0] if text else ""
-    return first or type(exc).__name__
-
-

@@ -20,10 +20,9 @@ from typing import Any
 import numpy as np
 
 from ..contracts.payload import Payload
-from ..errors import OptionError, TrtrepoError
+from ..errors import OptionError, TrtrepoError, one_line
 from ..fsutil import pid_alive, reap_stale
 from ..modelio import ModelIO
-from .options import _one_line
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ class SharedMemory:
             for n, shape in p.expected.items():
                 out_sizes[n] = max(out_sizes.get(n, 0), int(np.prod(shape)) * int(np.dtype(io.output(n).dtype).itemsize))
         if kind == "cuda":
-            cudashm = _cuda_shm()
+            cudashm = cuda_shm()
         else:
             import tritonclient.utils.shared_memory as sysshm
         self.kind = kind
@@ -98,7 +97,7 @@ class SharedMemory:
             self.release()
             if isinstance(exc, TrtrepoError):
                 raise
-            raise TrtrepoError(f"{self.where}: cannot set up {kind} shared memory: {_one_line(exc)}") from exc
+            raise TrtrepoError(f"{self.where}: cannot set up {kind} shared memory: {one_line(exc)}") from exc
 
     def _reap_stale_regions(self) -> None:
         """Regions of validate runs that were killed (named ``trtrepo_<pid>_...``): their
@@ -152,13 +151,13 @@ class SharedMemory:
 
 def _shm_module(kind: str) -> Any:
     if kind == "cuda":
-        return _cuda_shm()
+        return cuda_shm()
     import tritonclient.utils.shared_memory as sysshm
 
     return sysshm
 
 
-def _cuda_shm() -> Any:
+def cuda_shm() -> Any:
     """``tritonclient.utils.cuda_shared_memory`` when a CUDA GPU is usable, else a UsageError."""
     try:
         import cuda.bindings.runtime as cudart  # type: ignore[import-not-found]

@@ -40,7 +40,7 @@ from .client import TritonTarget
 from .contract import (
     ContractError,
     Mismatch,
-    _booked,
+    booked,
     check_thresholds,
     compare_contract,
     encoded_input,
@@ -59,7 +59,7 @@ from .detection import (
 from .fleet import added_requests, agreement, measure_together, total_row
 from .options import ReferenceSource, Thresholds, ValidateOptions
 from .report import ValidationReport, level_overhead
-from .shm import _cuda_shm
+from .shm import cuda_shm
 
 log = logging.getLogger(__name__)
 
@@ -224,7 +224,7 @@ def _check_transport(options: ValidateOptions) -> None:
     """CUDA shared memory needs a GPU (checked before any traffic); shared memory of any kind
     needs a single server."""
     if options.shared_memory == "cuda":
-        _cuda_shm()  # fail before any traffic on a machine without a GPU
+        cuda_shm()  # fail before any traffic on a machine without a GPU
     if len(options.urls) > 1 and options.shared_memory != "none":
         raise OptionError("shared_memory", f"{options.shared_memory}: one server only ({{url}} names {len(options.urls)})",
                           others={"url": "the server URL"})
@@ -578,7 +578,7 @@ class _LatencyRun:
         them; otherwise (a fleet, or the server booked requests of another client) the whole level."""
         span = m.reported_readings()
         if span is None:
-            span = before, t.settled_statistics(self.version, at_least=_booked(before, self.options.model, self.version)
+            span = before, t.settled_statistics(self.version, at_least=booked(before, self.options.model, self.version)
                                                 + m.completed)
         return span
 
