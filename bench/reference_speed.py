@@ -5,7 +5,7 @@ batch 1, 8 and 32.
 Each served model is the ONNX model under the Python backend (ONNX Runtime, 1 intra-op thread,
 as ``trtrepo.repository`` generates it); INT8 is the ONNX Runtime Q/DQ model from
 ``trtrepo.autoquant.quantize_for_deploy`` (minmax on ``demo:calib`` / ``demo-text:calib``). The
-measurement is :func:`trtrepo.validate.validate` with :class:`trtrepo.speed.SpeedOptions`:
+measurement is :func:`trtrepo.validate.validate` with :class:`trtrepo.validate.speed.SpeedOptions`:
 per batch size, concurrency 1, the served model then the PyTorch FP32 reference on the same
 batches of one input shape. Every model is measured ``--rounds`` times, the models in turn
 (order reversed every round); each cell is the median over rounds of the per-round median/p99.
@@ -60,8 +60,8 @@ def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
 
 def run_one(url: str, name: str, onnx: Path, args: argparse.Namespace) -> dict:
     from trtrepo.data import DataOptions
-    from trtrepo.speed import SpeedOptions
     from trtrepo.validate import ReferenceSource, ValidateOptions, validate
+    from trtrepo.validate.speed import SpeedOptions
 
     ref, data, _ = MODELS[name]
     opts = ValidateOptions(model=name, url=url, protocol="grpc", concurrency=(1,), requests=20, warmup=5, progress=False,

@@ -73,7 +73,7 @@ def demo_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="session", autouse=True)
 def _reference_cache(tmp_path_factory: pytest.TempPathFactory):
-    """The reference export cache (trtrepo.reference) of this test run: a temporary folder, never
+    """The reference export cache (trtrepo.validate.reference) of this test run: a temporary folder, never
     the user's ~/.cache; shared by the session's tests, so a reference is exported once per run."""
     import os
 

@@ -7,7 +7,7 @@ import pytest
 from trtrepo.data import collect, open_data
 from trtrepo.errors import UsageError
 from trtrepo.modelio import ModelIO
-from trtrepo.reference import Reference, run_reference
+from trtrepo.validate.reference import Reference, run_reference
 
 
 def test_demo_reference_accuracy_and_agreement_with_onnx(demo_onnx):

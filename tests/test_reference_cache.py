@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from trtrepo.export import resolve_source
-from trtrepo.reference import cache_dir, export_reference, reference_key
 from trtrepo.validate import reference_io
+from trtrepo.validate.reference import cache_dir, export_reference, reference_key
 
 MODULE = textwrap.dedent("""
     from pathlib import Path

@@ -12,7 +12,8 @@ import pytest
 
 from trtrepo.errors import UsageError
 from trtrepo.measure import Stability
-from trtrepo.speed import (
+from trtrepo.validate import ValidateOptions
+from trtrepo.validate.speed import (
     IMPLAUSIBLE_MARGIN,
     MIN_CALLS,
     calls_per_window,
@@ -26,7 +27,6 @@ from trtrepo.speed import (
     time_stable,
     withheld,
 )
-from trtrepo.validate import ValidateOptions
 
 
 def _side(ms: float, stable: bool = True, cut: bool = False) -> dict:
@@ -146,10 +146,10 @@ def test_time_stable_stops_at_the_deadline_and_says_it_was_cut():
 
 
 def test_the_cli_default_budget_is_the_library_default():
-    """The command module does not import trtrepo.speed (``--help`` stays light), so its default
+    """The command module does not import trtrepo.validate.speed (``--help`` stays light), so its default
     is written there again: it must be the library's."""
     from trtrepo.commands.validate import command
-    from trtrepo.speed import DEFAULT_TIME_BUDGET_S
+    from trtrepo.validate.speed import DEFAULT_TIME_BUDGET_S
 
     (opt,) = [p for p in command.params if p.name == "time_budget"]
     assert opt.default == DEFAULT_TIME_BUDGET_S == ValidateOptions(model="m").time_budget

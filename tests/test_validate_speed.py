@@ -15,7 +15,8 @@ import numpy as np
 import pytest
 
 from trtrepo.errors import UsageError
-from trtrepo.speed import (
+from trtrepo.validate import ValidationReport
+from trtrepo.validate.speed import (
     SpeedOptions,
     accuracy_kept,
     fixed_shape_pool,
@@ -25,7 +26,6 @@ from trtrepo.speed import (
     speedup,
     timing_summary,
 )
-from trtrepo.validate import ValidationReport
 
 SPEED_KEYS = ["compared", "sides", "reference", "served", "onnx", "iterations", "measurement", "warmup", "input_shapes",
               "samples_of_shape", "samples_total", "distinct_batches", "order", "cpu_count", "load_average", "machine",
@@ -340,7 +340,7 @@ def test_a_loaded_machine_marks_unstable_timings_and_prints_no_bare_speedup(run_
 
 
 def test_speed_console_lines_mark_each_unstable_side():
-    from trtrepo.speed import speed_console_lines
+    from trtrepo.validate.speed import speed_console_lines
 
     def side(ms, stable, spread=3.0):
         return {"median_ms": ms, "p99_ms": 2 * ms,

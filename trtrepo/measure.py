@@ -9,7 +9,7 @@ the last windows merged (their requests' latencies together, throughput = their 
 their time), with the spread and ``stable: false`` when the rule was not met; the same as
 perf_analyzer's ``inference_profiler`` (``IsInfStable`` / ``IsLatencyStable``).
 
-The same rule times the PyTorch reference in ``validate`` (:func:`trtrepo.speed.compare_speed`)
+The same rule times the PyTorch reference in ``validate`` (:func:`trtrepo.validate.speed.compare_speed`)
 and each candidate in ``trtrepo tune``.
 
 Also here: the open-loop schedule of the request-rate mode (:func:`send_times`), and the machine

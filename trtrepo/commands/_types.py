@@ -45,5 +45,5 @@ ACCURACY_TARGET = Parsed("accuracy target", "trtrepo.evaluate:AccuracyTarget.par
 SMOOTH_QUANT = Parsed("SmoothQuant alpha", "trtrepo.smoothquant:parse_alpha", "off|auto|ALPHA")
 SHAPE = Parsed("shape range", "trtrepo.contracts.profile:parse_shape_option", "NAME:MIN,OPT,MAX")
 CONCURRENCY = Parsed("concurrency levels", "trtrepo.validate.options:parse_concurrency", "N,N,...")
-SPEED_BATCH_SIZES = Parsed("batch sizes", "trtrepo.speed:parse_batch_sizes", "N,N,...")
+SPEED_BATCH_SIZES = Parsed("batch sizes", "trtrepo.validate.speed:parse_batch_sizes", "N,N,...")
 RANGES = Parsed("ranges file", "trtrepo.quantize:RangesFile.read", "FILE")

@@ -134,8 +134,8 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
     the message; the report is written), 2 for usage and connection errors.
     """
     from ..data import DataOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-    from ..speed import SpeedOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
     from ..validate import REFUSED_GRACE_S, ReferenceSource, Thresholds, ValidateOptions, validate, write_latency_csv  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..validate.speed import SpeedOptions  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if csv_path is not None and not latency:
         raise UsageError("--csv writes the latency table: drop --no-latency")

@@ -1,5 +1,5 @@
 """One request to a served model and the output shapes its response must have: the contract
-between :mod:`trtrepo.validate` (accuracy, latency) and :mod:`trtrepo.speed` (served vs
+between :mod:`trtrepo.validate` (accuracy, latency) and :mod:`trtrepo.validate.speed` (served vs
 reference timing), which both build and check requests with it."""
 
 from __future__ import annotations

@@ -25,7 +25,7 @@ Four phases, each usable on its own through :class:`TritonTarget`:
    for the same requests (:func:`stats_diff` of ``get_inference_statistics`` read where the
    reported windows start and end), so the client's overhead is visible.
    Tensors can travel through system shared memory (or CUDA shared memory on a GPU machine).
-4. **Speed against the reference** (issue 8) -- :func:`trtrepo.speed.compare_speed` times the
+4. **Speed against the reference** (issue 8) -- :func:`trtrepo.validate.speed.compare_speed` times the
    PyTorch reference (CUDA when available, else CPU) and the served model at concurrency 1 on
    the same batches of one input shape, per batch size; ``speed_vs_reference`` in the report.
 5. **Report** -- :class:`ValidationReport` writes ``validate.json`` (stable keys),

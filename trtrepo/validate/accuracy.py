@@ -17,9 +17,9 @@ from ..errors import OptionError, UsageError
 from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
 from ..export import resolve_inputs, resolve_source
 from ..modelio import ModelIO
-from ..reference import Reference, export_reference
 from .client import TritonTarget
 from .detection import figures_dict
+from .reference import Reference, export_reference
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +34,7 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
     """The reference's IO: from ``onnx`` (the model that was deployed) when given, from the
     reference itself when it is an ONNX file, else by exporting the PyTorch source to ONNX with
     its inputs from ``input_shapes`` (``--input-shape``) or read off ``data`` (a DataSource); the
-    export is cached (:func:`trtrepo.reference.export_reference`; ``cache=False`` bypasses it)."""
+    export is cached (:func:`trtrepo.validate.reference.export_reference`; ``cache=False`` bypasses it)."""
 
     if onnx is not None:
         return ModelIO.from_onnx(onnx)
@@ -60,7 +60,7 @@ def reference_io(reference: str, *, onnx: str | Path | None = None, weights: str
 
 def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, device: str = "cpu"
                    ) -> Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]]:
-    """A callable ``feed -> outputs``: the PyTorch model (:class:`~trtrepo.reference.Reference`)
+    """A callable ``feed -> outputs``: the PyTorch model (:class:`~trtrepo.validate.reference.Reference`)
     or, for an ``.onnx`` reference, ONNX Runtime."""
 
     src = resolve_source(reference, weights)

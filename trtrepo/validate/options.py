@@ -11,7 +11,7 @@ from pathlib import Path
 
 from ..errors import OptionError
 from ..measure import DEFAULT_PERCENTILES, DISTRIBUTIONS, Stability
-from ..speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
+from .speed import DEFAULT_TIME_BUDGET_S, SpeedOptions
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +69,7 @@ class ValidateOptions:
     # the largest absolute difference allowed between two servers' outputs for one request (a fleet)
     max_server_diff: float = 1e-5
     # wall-time budget of the run in seconds (None: none, --thorough): the speed phase, the last
-    # and the one that grows with a slow reference, gets what is left of it (trtrepo.speed)
+    # and the one that grows with a slow reference, gets what is left of it (trtrepo.validate.speed)
     time_budget: float | None = DEFAULT_TIME_BUDGET_S
     urls: tuple[str, ...] = field(default=(), init=False)  # every server; ``url`` is the first
 
@@ -151,7 +151,7 @@ class ReferenceSource:
     model); ``input_shapes`` a PyTorch reference's input shapes without the batch axis
     (``[NAME:]DIMS``; default: read off the data); ``output_names`` its outputs' names; ``cache``
     False exports a PyTorch reference afresh instead of reusing its cached export
-    (:func:`trtrepo.reference.export_reference`)."""
+    (:func:`trtrepo.validate.reference.export_reference`)."""
 
     source: str
     weights: str | None = None

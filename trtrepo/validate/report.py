@@ -15,10 +15,10 @@ from .. import __version__
 from ..evaluate import ExpectedDrop
 from ..fsutil import atomic_write_bytes, atomic_write_text, report_json, write_report
 from ..pngplot import png_figure
-from ..speed import plot_speed, speed_markdown, speed_summary_lines
 from .contract import ThresholdResult
 from .detection import detection_console_lines, detection_markdown, output_detection_line
 from .options import REPORT_SCHEMA
+from .speed import plot_speed, speed_markdown, speed_summary_lines
 
 log = logging.getLogger(__name__)
 
@@ -459,7 +459,7 @@ def _ms(v: float | None) -> str:
 def write_plot(report: ValidationReport, path: str | Path) -> Path:
     """PNG (Agg), one panel per measurement that ran: client p50/p99 latency against throughput,
     one point per concurrency level; and, with ``speed_vs_reference``, latency per batch size of
-    the reference beside the served model (:func:`trtrepo.speed.plot_speed`). The PNG's
+    the reference beside the served model (:func:`trtrepo.validate.speed.plot_speed`). The PNG's
     ``Description`` text chunk names the panels. Levels are shown as :func:`level_verdict` says:
     an unstable level's points are hollow and its label ends in ``*``, a level with machine
     warnings is labelled so; the ``Levels`` text chunk holds what was plotted, one JSON object per

@@ -24,17 +24,6 @@ from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
 from ..preprocessing import exporter_preprocess
 from ..progress import Phase, bar_disabled, phase, status, task
-from ..speed import (
-    SLOW_CALL_S,
-    SPEED_FLOOR_S,
-    SpeedOptions,
-    SpeedRun,
-    TimedReference,
-    compare_speed,
-    reference_estimate_s,
-    resolve_reference_device,
-    slow_reference_message,
-)
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget
 from .contract import (
@@ -60,6 +49,17 @@ from .fleet import added_requests, agreement, measure_together, total_row
 from .options import ReferenceSource, Thresholds, ValidateOptions
 from .report import ValidationReport, level_overhead
 from .shm import cuda_shm
+from .speed import (
+    SLOW_CALL_S,
+    SPEED_FLOOR_S,
+    SpeedOptions,
+    SpeedRun,
+    TimedReference,
+    compare_speed,
+    reference_estimate_s,
+    resolve_reference_device,
+    slow_reference_message,
+)
 
 log = logging.getLogger(__name__)
 
@@ -113,7 +113,7 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
     (``report.passed``); the caller decides what to do with a failure.
 
     Time (issue 41): ``options.time_budget`` counts from here; the speed phase, the last, gets what
-    is left of it and at least :data:`~trtrepo.speed.SPEED_FLOOR_S` or the budget, the shorter (the accuracy and latency
+    is left of it and at least :data:`~trtrepo.validate.speed.SPEED_FLOOR_S` or the budget, the shorter (the accuracy and latency
     phases are bounded by their data and ``--max-trials``). Before any phase the reference is
     loaded and one warm call at batch 1 is timed: a slow one is announced with the phase's
     estimate and ``--no-reference-speed``. Each phase writes a status line
@@ -381,7 +381,7 @@ def run_speed(target: TritonTarget, payloads: Sequence[Payload], io: ModelIO, sp
               progress: bool | None = None, fp32: tuple[str | Path | None, str] | None = None,
               run: SpeedRun | None = None) -> dict[str, Any] | None:
     """The reference's own latency beside the served model's at concurrency 1, per batch size
-    (:func:`trtrepo.speed.compare_speed`) until ``run.deadline``; ``None`` (with a warning) for a
+    (:func:`trtrepo.validate.speed.compare_speed`) until ``run.deadline``; ``None`` (with a warning) for a
     model without a batch axis (``timed`` is None then: :func:`validate` loads and warms the
     reference up front only for a model with one). ``fp32``: (path, ``"onnx"`` for the deployed
     model given or ``"export"`` for the reference's cached export), timed beside them on ONNX

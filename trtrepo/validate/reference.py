@@ -38,13 +38,13 @@ from typing import Any
 
 import numpy as np
 
-from . import __version__, export
-from .contracts import builtin
-from .data import DataSource, iter_batches
-from .errors import OptionError, TrtrepoError, UsageError, one_line
-from .export import DEFAULT_OPSET, InputShape, ModelSource, export_onnx, import_torch, load_torch_model, resolve_source
-from .fsutil import atomic_path, atomic_write_text, temp_dir
-from .modelio import ModelIO
+from .. import __version__, export
+from ..contracts import builtin
+from ..data import DataSource, iter_batches
+from ..errors import OptionError, TrtrepoError, UsageError, one_line
+from ..export import DEFAULT_OPSET, InputShape, ModelSource, export_onnx, import_torch, load_torch_model, resolve_source
+from ..fsutil import atomic_path, atomic_write_text, temp_dir
+from ..modelio import ModelIO
 
 log = logging.getLogger(__name__)
 
