@@ -232,3 +232,18 @@ def test_bootstrap_resamples_whole_images_and_sees_a_rare_class() -> None:
     assert fig.verdict(0.9) == "fail"  # the figure itself is below the limit
     per_image = np.asarray(mean_ap(preds, refs).per_image)
     assert 1.96 * per_image.std(ddof=1) / math.sqrt(len(per_image)) < 0.05  # what the old interval used
+
+
+def test_the_verdict_says_when_most_classes_rest_on_a_few_boxes() -> None:
+    """Three classes, two of them with one box each: the figure rests on two boxes, and the text says so;
+    with every class holding more than three boxes it does not."""
+    from trtrepo.detect.judge import compare_detections
+
+    box = [[10, 10, 50, 50]]
+    thin = [_det(box, [0]) for _ in range(20)] + [_det(box, [1]), _det(box, [2])]
+    fig = compare_detections(thin, thin)
+    assert (fig.classes, fig.thin_classes) == (3, 2)
+    assert "2 of the 3 classes hold 3 boxes or fewer" in fig.describe()
+    full = [_det(box, [i % 3]) for i in range(30)]
+    fig = compare_detections(full, full)
+    assert (fig.classes, fig.thin_classes) == (3, 0) and "boxes or fewer" not in fig.describe()
