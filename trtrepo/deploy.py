@@ -31,11 +31,12 @@ from .cpu import CpuInt8, cpu_int8
 from .data import DataOptions, DataSource, Preprocess
 from .engine import BuildOptions, build_efficient_nms, build_engine, gpu_status, tensorrt_status
 from .errors import OptionError, UsageError
-from .evaluate import detection_layout, make_session
+from .evaluate import detection_layout
 from .export import export_onnx, resolve_inputs, resolve_source
 from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, qdq_counts
 from .objectstore import checkout, open_store, publish
+from .onnxgraph import make_session
 from .preprocessing import exporter_preprocess
 from .progress import status, task
 from .quantize import NothingToQuantize, backend_target, detector_outputs

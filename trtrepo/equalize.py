@@ -25,9 +25,8 @@ from typing import Any
 import numpy as np
 
 from . import weightopt as W
-from .evaluate import make_session
 from .modelio import with_outputs
-from .quantize import GraphView
+from .onnxgraph import GraphView, make_session
 
 MAX_RELATIVE_CHANGE = 1e-4  # largest FP32 output change (over the output's largest value) allowed
 MARGIN = 4.0

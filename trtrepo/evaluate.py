@@ -25,7 +25,6 @@ an :class:`EvaluationReport` (JSON and Markdown). :class:`AccuracyTarget` parses
 from __future__ import annotations
 
 import math
-import os
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, replace
@@ -34,12 +33,12 @@ from typing import Any
 
 import numpy as np
 
-from .cpu import available_cores, quant_session_entries
 from .data import iter_batches
 from .detect import DetectionFigures, Detections, YoloLayout, detection_figures, reference_detections
 from .errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import report_json, temp_dir, write_report
 from .modelio import ModelIO
+from .onnxgraph import make_session
 
 # --------------------------------------------------------------------------------------------
 # Pure metrics
@@ -669,56 +668,6 @@ def better(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], outpu
 
 # --------------------------------------------------------------------------------------------
 # ONNX Runtime runner
-
-
-def make_session(model: Any, *, threads: int | None = None, optimization: str = "all",
-                 optimized_path: str | Path | None = None, config: Mapping[str, str] | None = None,
-                 arena: bool = True, spin: bool = True) -> Any:
-    """An ONNX Runtime CPU session for a path, serialized bytes or a ModelProto. ``config``:
-    extra session config entries (they override trtrepo's own). ``arena=False``: no CPU memory
-    arena (memory goes back after each run; for sessions that fetch many large tensors).
-    ``threads=None``: ONNX Runtime's default, except where this process may run on fewer cores than
-    the machine has (a container's cpuset, ``taskset``): then one thread per core it may use, since
-    ONNX Runtime sizes its pool to the machine and its spinning threads would fight over them.
-    ``spin=False``: ONNX Runtime's threads sleep instead of spinning between runs (sessions run
-    many short pieces between numpy work, as the weight steps do: spinning threads take the cores
-    that numpy and other processes need on a busy machine)."""
-
-    import onnxruntime as ort
-
-    if threads is None and available_cores() < (os.cpu_count() or 1):
-        threads = available_cores()
-
-    so = ort.SessionOptions()
-    so.log_severity_level = 4  # failures reach the user as our one-line errors
-    so.graph_optimization_level = {
-        "disable": ort.GraphOptimizationLevel.ORT_DISABLE_ALL,
-        "basic": ort.GraphOptimizationLevel.ORT_ENABLE_BASIC,
-        "extended": ort.GraphOptimizationLevel.ORT_ENABLE_EXTENDED,
-        "all": ort.GraphOptimizationLevel.ORT_ENABLE_ALL,
-    }[optimization]
-    if threads is not None:
-        so.intra_op_num_threads = threads
-        so.inter_op_num_threads = 1
-    if threads is not None or not spin:
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-    if not spin:
-        so.add_session_config_entry("session.inter_op.allow_spinning", "0")
-    # Exact INT8 on x86 CPUs without VNNI (set only there: it is slow elsewhere): see trtrepo.cpu.
-    for key, value in {**quant_session_entries(), **(config or {})}.items():
-        so.add_session_config_entry(key, value)
-    if optimized_path is not None:
-        so.optimized_model_filepath = str(optimized_path)
-    if not arena:
-        so.enable_cpu_mem_arena = False
-    if hasattr(model, "SerializeToString"):
-        model = model.SerializeToString()
-    what = "model" if isinstance(model, bytes) else str(model)
-    try:
-        return ort.InferenceSession(model if isinstance(model, bytes) else str(model), so, providers=["CPUExecutionProvider"])
-    except Exception as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise TrtrepoError(f"{what}: ONNX Runtime cannot load the model ({first})") from exc
 
 
 @dataclass

@@ -34,6 +34,7 @@ from .data import import_callable
 from .errors import MissingDependencyError, OptionError, TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path
 from .modelio import ModelIO, external_data_path, load_onnx
+from .onnxgraph import make_session
 
 log = logging.getLogger(__name__)
 
@@ -298,16 +299,8 @@ class ExportResult:
     notes: list[str] = field(default_factory=list)
 
 
-def _ort_session(path: Path | str) -> Any:
-    import onnxruntime as ort
-
-    opts = ort.SessionOptions()
-    opts.log_severity_level = 3
-    return ort.InferenceSession(str(path), opts, providers=["CPUExecutionProvider"])
-
-
 def _ort_run(path: Path | str, feed: Mapping[str, np.ndarray]) -> list[np.ndarray]:
-    return _ort_session(path).run(None, dict(feed))  # type: ignore[no-any-return]
+    return make_session(path).run(None, dict(feed))  # type: ignore[no-any-return]
 
 
 def _torch_outputs(torch: Any, model: Any, feed: Mapping[str, np.ndarray], names: Sequence[str]) -> list[np.ndarray]:
@@ -602,7 +595,7 @@ def _write_static_output_dims(model: Any, path: Path, feed: Mapping[str, np.ndar
     feed = {k: np.asarray(v) for k, v in feed.items()}
     probe = probe_feed(feed, {n: {0: "batch", **dict(a)} for n, a in axes.items()})
     try:
-        sess = _ort_session(path)
+        sess = make_session(path)
         runs = [dict(zip(names, (o.shape for o in sess.run(names, f)), strict=True)) for f in (feed, probe)]
     except Exception as exc:
         notes.append(f"output dims left as exported: ONNX Runtime fails on the export sample with batch 1 and each "

@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from .errors import OptionError
+from .onnxgraph import consumer_map, producer_map
 
 SCALE_CLIP = (1e-4, 1e4)
 EPS = 1e-5
@@ -171,11 +172,8 @@ class _SmoothGraph:
         self.graph = graph
         self.inits = {t.name: t for t in graph.initializer}
         self.nodes = {n.name: n for n in graph.node}
-        self.producer = {o: n for n in graph.node for o in n.output}
-        self.consumers: dict[str, list[Any]] = {}
-        for n in graph.node:
-            for i in n.input:
-                self.consumers.setdefault(i, []).append(n)
+        self.producer = producer_map(graph.node)
+        self.consumers = consumer_map(graph.node)  # name -> (node, input index) of each use
         self.outputs = {o.name for o in graph.output}
         self.used = ({t.name for t in graph.initializer} | {o for n in graph.node for o in n.output}
                      | {i.name for i in graph.input})
@@ -232,7 +230,7 @@ def _folds_into_layernorm(g: _SmoothGraph, x: str, prod: Any, rows: list[tuple[A
     are constants read by it alone, and the scale has one entry per channel. Otherwise a Mul."""
     from onnx import numpy_helper
 
-    sole = {c.name for c in g.consumers.get(x, [])} == {r[0].name for r in rows} and x not in g.outputs
+    sole = {c.name for c, _ in g.consumers.get(x, [])} == {r[0].name for r in rows} and x not in g.outputs
     if not (prod.op_type == "LayerNormalization" and sole and len(prod.input) >= 2
             and prod.input[1] in g.inits and (len(prod.input) < 3 or not prod.input[2] or prod.input[2] in g.inits)
             and len(g.consumers.get(prod.input[1], [])) == 1):

@@ -53,11 +53,10 @@ from threadpoolctl import threadpool_limits
 
 from . import weightopt as W
 from .data import iter_batches
-from .evaluate import make_session
 from .modelio import with_outputs, without_weights
+from .onnxgraph import GraphView, consumer_map, make_session, producer_map
 from .progress import phase
 from .quantize import (
-    GraphView,
     QdqTarget,
     QParams,
     QuantizeOptions,
@@ -492,12 +491,10 @@ class QuantizedProbe:
         self.types = {v.name: v.type.tensor_type.elem_type
                       for v in (*inferred.graph.value_info, *inferred.graph.input, *inferred.graph.output)}
         self.nodes = list(q.graph.node)
-        self.producer = {o: k for k, n in enumerate(self.nodes) for o in n.output if o}
-        self.consumers: dict[str, list[int]] = {}
-        for k, n in enumerate(self.nodes):
-            for x in dict.fromkeys(n.input):
-                if x:
-                    self.consumers.setdefault(x, []).append(k)
+        # onnxgraph's maps, by node index: tensor -> its producer, tensor -> the nodes reading it (once each)
+        index = {id(n): k for k, n in enumerate(self.nodes)}
+        self.producer = {o: index[id(n)] for o, n in producer_map(self.nodes).items()}
+        self.consumers = {x: list(dict.fromkeys(index[id(n)] for n, _ in uses)) for x, uses in consumer_map(self.nodes).items()}
         self.inits = {t.name: t for t in q.graph.initializer}
         self.graph_outputs = {o.name for o in q.graph.output}
         self._weight_of = {w: node for node, w in self.w_name.items()}

@@ -17,9 +17,9 @@ from ..evaluate import (
     OutputMetrics,
     pick_output,
 )
+from ..onnxgraph import GraphView
 from ..quantize import (
     ActivationRange,
-    GraphView,
     QuantizedModel,
     QuantizeOptions,
     gating_product,

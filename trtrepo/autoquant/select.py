@@ -24,12 +24,12 @@ from ..evaluate import (
     better,
     classification_outputs,
     compare_outputs,
-    make_session,
     pick_output,
     run_onnx,
 )
 from ..measure import STABLE_WINDOWS, Stability, deviation, is_stable
 from ..modelio import ModelIO
+from ..onnxgraph import make_session
 from ..progress import phase
 from ..quantize import (
     ActivationRange,

@@ -25,10 +25,11 @@ from ..contracts.plan import (
 )
 from ..contracts.profile import BUILD_FLAGS, BatchProfile, ShapeRange
 from ..errors import OptionError, TrtrepoError, UsageError
-from ..evaluate import detection_layout, make_session
+from ..evaluate import detection_layout
 from ..fp16 import convert_file
 from ..fsutil import atomic_path, atomic_write_bytes, temp_dir
 from ..modelio import ModelIO, load_onnx, qdq_counts
+from ..onnxgraph import make_session
 from ..tritonconfig import NmsSettings
 from .calib_feed import CalibrationFeed, calibration_batches, check_calibration_inputs
 from .env import gpu_status, tensorrt_major, tensorrt_status

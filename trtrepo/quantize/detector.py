@@ -31,7 +31,7 @@ from typing import Any
 
 from ..errors import OptionError, UsageError
 from ..evaluate import detection_layout
-from .graph import GraphView
+from ..onnxgraph import GraphView
 
 FEATURE_OPS = ("Conv", "ConvTranspose", "Gemm", "MatMul")
 # ops that only move or reshape values (a softmax seen through them is still the DFL's input)

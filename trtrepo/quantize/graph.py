@@ -1,115 +1,20 @@
-"""The ONNX graph as the quantize stage reads it (:class:`GraphView`: producers, consumers,
-constants) and the model-level helpers around it (loading, opset, unique node names)."""
+"""The model-level helpers of the quantize stage around the ONNX graph (loading, opset, unique
+node names, weights as inputs); the graph itself is read through :class:`trtrepo.onnxgraph.GraphView`."""
 
 from __future__ import annotations
 
 import logging
-from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..errors import UsageError
-from ..modelio import normalize_weights, without_weights
-from .options import MIN_OPSET, ONNX_FLOAT
+from ..modelio import normalize_weights
+from ..onnxgraph import GraphView
+from .options import MIN_OPSET
 
 log = logging.getLogger(__name__)
-class GraphView:
-    """Producers, consumers, initializers and float tensors of a graph (read-only helper)."""
-
-    def __init__(self, model: Any) -> None:
-        import onnx
-
-        self.model = model
-        graph = model.graph
-        self.nodes = list(graph.node)
-        self.initializers = {t.name: t for t in graph.initializer}
-        self.constants: dict[str, Any] = {}
-        for node in self.nodes:
-            if node.op_type == "Constant" and node.output:
-                for attr in node.attribute:
-                    if attr.name == "value":
-                        self.constants[node.output[0]] = attr.t
-        self.graph_inputs = [i.name for i in graph.input if i.name not in self.initializers]
-        self.graph_outputs = {o.name for o in graph.output}
-        self.producer: dict[str, Any] = {}
-        self.consumers: dict[str, list[tuple[Any, int]]] = defaultdict(list)
-        for node in self.nodes:
-            for out in node.output:
-                if out:
-                    self.producer[out] = node
-            for i, name in enumerate(node.input):
-                if name:
-                    self.consumers[name].append((node, i))
-        self.elem_type: dict[str, int] = {}
-        self.shape: dict[str, list[int | None]] = {}  # tensors whose rank shape inference knows (None: a free dim)
-        try:
-            inferred = onnx.shape_inference.infer_shapes(without_weights(model))
-        except Exception as exc:  # shape inference is a help, not a requirement
-            log.debug("shape inference failed: %s", exc)
-            inferred = model
-        for vi in list(inferred.graph.value_info) + list(inferred.graph.input) + list(inferred.graph.output):
-            if vi.type.HasField("tensor_type"):
-                self.elem_type[vi.name] = vi.type.tensor_type.elem_type
-                if vi.type.tensor_type.HasField("shape"):
-                    self.shape[vi.name] = [d.dim_value if d.HasField("dim_value") else None
-                                           for d in vi.type.tensor_type.shape.dim]
-        for name, t in {**self.initializers, **self.constants}.items():
-            self.elem_type[name] = t.data_type
-        self.order = {node.name: i for i, node in enumerate(self.nodes)}
-        self._nonneg: dict[str, bool] = {}
-
-    def is_constant(self, name: str) -> bool:
-        return name in self.initializers or name in self.constants
-
-    def constant_array(self, name: str) -> np.ndarray:
-        from onnx import numpy_helper
-
-        t = self.initializers.get(name) or self.constants[name]
-        return numpy_helper.to_array(t)
-
-    def is_float_activation(self, name: str) -> bool:
-        """A float32 tensor computed at run time (or a graph input). Unknown types count as
-        float when the producer is a float op -- shape inference fills them for normal models."""
-        if not name or self.is_constant(name):
-            return False
-        return self.elem_type.get(name, ONNX_FLOAT) == ONNX_FLOAT
-
-    def attr(self, node: Any, name: str, default: Any = None) -> Any:
-        import onnx
-
-        for a in node.attribute:
-            if a.name == name:
-                return onnx.helper.get_attribute_value(a)
-        return default
-
-    def non_negative(self, name: str) -> bool:
-        """Whether ``name`` is provably >= 0 (Relu output and ops that keep the sign)."""
-        if name in self._nonneg:
-            return self._nonneg[name]
-        self._nonneg[name] = False  # cycles cannot happen in a DAG; guards recursion anyway
-        node = self.producer.get(name)
-        result = False
-        if node is not None:
-            op = node.op_type
-            if op in ("Relu", "Sigmoid", "Softmax", "Abs", "Exp", "Sqrt", "Softplus"):
-                result = True
-            elif op == "Clip":
-                lo = node.input[1] if len(node.input) > 1 else ""
-                lo_val = self.constant_array(lo) if lo and self.is_constant(lo) else self.attr(node, "min")
-                result = lo_val is not None and float(np.min(lo_val)) >= 0.0
-            elif op in ("MaxPool", "AveragePool", "GlobalAveragePool", "GlobalMaxPool", "Flatten", "Reshape",
-                        "Transpose", "Squeeze", "Unsqueeze", "Identity", "Resize", "Slice", "Gather", "Expand"):
-                result = self.non_negative(node.input[0])
-            elif op in ("Concat", "Max", "Add", "Mul"):
-                result = all(self.non_negative(i) for i in node.input if i)
-        elif self.is_constant(name):
-            result = bool(np.all(self.constant_array(name) >= 0))
-        self._nonneg[name] = result
-        return result
-
-
 def weights_as_inputs(model: Any) -> Any:
     """A copy of ``model`` whose initializers are graph inputs (name, type, shape) without data:
     what ``onnx.checker`` can check of a large model without serializing its weights (the

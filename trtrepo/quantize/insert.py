@@ -12,8 +12,9 @@ from typing import Any
 import numpy as np
 
 from ..errors import TrtrepoError, UsageError
+from ..onnxgraph import GraphView
 from ..warngroups import Cause, Detail, in_run
-from .graph import GraphView, drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
+from .graph import drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
 from .options import (
     CHECK_FULL_BYTES,
     INT8_MAX,

@@ -19,7 +19,6 @@ ORT_UNIT_OPS = WEIGHTED_OPS + ("Add", "Mul", "AveragePool", "GlobalAveragePool")
 # Activations ONNX Runtime removes in front of a Q whose zero point is the type minimum.
 ORT_FUSED_ACTIVATIONS = ("Relu", "Clip")
 MIN_OPSET = 13
-ONNX_FLOAT = 1  # onnx.TensorProto.FLOAT
 INT8_MAX = 127.0
 INT8_REDUCED_MAX = 64.0  # ONNX Runtime's reduce_range for symmetric int8 weights
 CHECK_FULL_BYTES = 64 * 2**20  # insert_qdq: onnx.checker on the whole model below this size

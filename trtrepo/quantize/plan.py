@@ -8,8 +8,8 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..errors import UsageError
+from ..onnxgraph import GraphView
 from .detector import decode_head_nodes
-from .graph import GraphView
 from .options import ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike
 from .rules import FloatReasons, find_float_nodes, keep_float_small_conv
 

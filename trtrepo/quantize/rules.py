@@ -9,9 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from .graph import GraphView, weight_axis
+from ..onnxgraph import ONNX_FLOAT, GraphView
+from .graph import weight_axis
 from .options import (
-    ONNX_FLOAT,
     ORT_FUSED_ACTIVATIONS,
     ORT_UNIT_OPS,
     WEIGHTED_OPS,

@@ -14,9 +14,10 @@ from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..data import iter_batches
 from ..errors import OptionError, UsageError
-from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding, make_session
+from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding
 from ..export import resolve_inputs, resolve_source
 from ..modelio import ModelIO
+from ..onnxgraph import make_session
 from .client import TritonTarget
 from .detection import figures_dict
 from .reference import Reference, export_reference

@@ -65,10 +65,10 @@ import numpy as np
 from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
 from ..errors import OptionError, UsageError
-from ..evaluate import make_session
 from ..export import import_torch, resolve_source
 from ..measure import Stability, cpu_sample, is_stable, machine_usage, machine_warnings, merged, spread, window_summary
 from ..modelio import qdq_counts
+from ..onnxgraph import make_session
 from .reference import Reference
 
 log = logging.getLogger(__name__)
