@@ -1,5 +1,5 @@
 """Extension points with one owner (issues 14 and 29): a calibration method, a Triton backend (and
-its template), a Q/DQ target and a built-in model each come from a separate package through its
+its template), a Q/DQ target, a built-in model, a data source kind and a model source kind each come from a separate package through its
 entry points (trtrepo.plugins), with nothing else touched.
 
 The plug-in package is written to a temporary folder (its modules, its template, and a
@@ -45,12 +45,15 @@ def test_shipped_records_are_declared_as_entry_points() -> None:
 
     from trtrepo import plugins
     from trtrepo.contracts import backends, builtin
+    from trtrepo.data import DATA_SOURCES
+    from trtrepo.modelsource import MODEL_SOURCES
     from trtrepo.quantize import QDQ_TARGETS
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert sorted(declared) == sorted(plugins.GROUPS)
     registries = {plugins.CALIBRATION_METHODS: H.METHODS, plugins.BACKENDS: {s.name: s for s in backends.BACKENDS.values()},
-                  plugins.QDQ_TARGETS: QDQ_TARGETS}
+                  plugins.QDQ_TARGETS: QDQ_TARGETS, plugins.DATA_SOURCES: DATA_SOURCES,
+                  plugins.MODEL_SOURCES: MODEL_SOURCES}
     for group, registry in registries.items():
         eps = {ep.name: ep for ep in plugins.entry_points(group)}
         assert list(declared[group]) == list(registry), group  # same names, same order
@@ -153,6 +156,46 @@ PLUGIN_FILES = {
 
         BUILTIN = BuiltinModel("tiny", build_model, inputs, ("logits",), open_data)
         """,
+    "trtrepo_extras/csvdata.py": """
+        import numpy as np
+
+        from trtrepo.data import ArraySource, DataSourceKind
+
+
+        def is_csv(request):
+            return request.path.suffix == ".csv" and request.path.is_file()
+
+
+        def open_csv(request):
+            # one sample per row, shaped like the model's only input (its axes after the batch axis)
+            rows = np.loadtxt(request.path, delimiter=",", dtype=np.float32, ndmin=2)
+            return ArraySource(str(request.path), {None: rows.reshape(len(rows), *request.io.inputs[0].shape[1:])})
+
+
+        CSV = DataSourceKind("csv", is_csv, open_csv)
+        """,
+    "trtrepo_extras/mlp.py": """
+        import re
+
+        from trtrepo.modelsource import ModelSource, ModelSourceKind, import_torch
+
+        SPEC = re.compile(r"mlp://(\\d+)-(\\d+)-(\\d+)")  # mlp://IN-HIDDEN-OUT
+
+
+        def resolve(spec, weights):
+            return ModelSource("mlp", spec, weights) if SPEC.fullmatch(spec) else None
+
+
+        def load(source):
+            torch = import_torch()
+            n_in, hidden, n_out = (int(g) for g in SPEC.fullmatch(source.location).groups())
+            torch.manual_seed(0)
+            return torch.nn.Sequential(torch.nn.Linear(n_in, hidden), torch.nn.ReLU(), torch.nn.Linear(hidden, n_out)).eval()
+
+
+        # the spec is the whole model: it stands for the model's files in the reference cache's key
+        MLP = ModelSourceKind("mlp", resolve, load, files_key=lambda source: source.location)
+        """,
     "trtrepo_extras-0.1.dist-info/METADATA": """
         Metadata-Version: 2.1
         Name: trtrepo-extras
@@ -170,6 +213,12 @@ PLUGIN_FILES = {
 
         [trtrepo.builtin_models]
         tiny = trtrepo_extras.tiny:BUILTIN
+
+        [trtrepo.data_sources]
+        csv = trtrepo_extras.csvdata:CSV
+
+        [trtrepo.model_sources]
+        mlp = trtrepo_extras.mlp:MLP
         """,
 }
 
@@ -179,6 +228,8 @@ TOUCHED = {
     "Triton backend": ["trtrepo_extras/openvino.py", "trtrepo_extras/openvino.pbtxt.j2", ENTRY_POINTS],
     "Q/DQ target": ["trtrepo_extras/ortlite.py", ENTRY_POINTS],
     "built-in model": ["trtrepo_extras/tiny.py", ENTRY_POINTS],
+    "data source kind": ["trtrepo_extras/csvdata.py", ENTRY_POINTS],
+    "model source kind": ["trtrepo_extras/mlp.py", ENTRY_POINTS],
 }
 
 
@@ -315,6 +366,63 @@ def test_plugin_package_adds_each_kind_end_to_end(tmp_path: Path, plugin_path: P
     ops = [n.op_type for n in deployed.graph.node]
     assert ops.count("QuantizeLinear") == 2 and "Relu" in ops  # the two Gemm inputs: ortlite's rule, not node units
     session = ort.InferenceSession(deployed.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert session.run(None, {"x": np.ones((2, 8), np.float32)})[0].shape == (2, 3)
+
+
+def test_plugin_data_source_kind_feeds_calibrate(tmp_path: Path, plugin_path: Path, demo_onnx: Path) -> None:
+    """A data source kind from the plug-in (CSV rows): ``--data rows.csv`` calibrates to the very
+    ranges the same rows give as a ``.npy``; without the plug-in the spec is refused."""
+    from click.testing import CliRunner
+
+    from trtrepo.cli import cli
+    from trtrepo.data import DATA_SOURCES, open_data
+    from trtrepo.demo import open_split
+    from trtrepo.errors import UsageError
+    from trtrepo.modelio import ModelIO
+
+    assert "csv" not in DATA_SOURCES  # the plug-in exists only on the children's path
+    x = open_split("calib").arrays["input"][:48]
+    np.savetxt(tmp_path / "rows.csv", x.reshape(len(x), -1), delimiter=",")
+    np.save(tmp_path / "rows.npy", x)
+    with pytest.raises(UsageError, match="unsupported data file type '.csv'"):
+        open_data(str(tmp_path / "rows.csv"), io=ModelIO.from_onnx(demo_onnx))
+
+    proc = _cli(plugin_path, tmp_path, "calibrate", str(demo_onnx), "--data", "rows.csv", "--method", "minmax",
+                "--ranges", "csv.json")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    result = CliRunner().invoke(cli, ["calibrate", str(demo_onnx), "--data", str(tmp_path / "rows.npy"), "--method",
+                                      "minmax", "--ranges", str(tmp_path / "npy.json")])
+    assert result.exit_code == 0, result.output
+    ours, theirs = (json.loads((tmp_path / f).read_text())["tensors"] for f in ("csv.json", "npy.json"))
+    assert ours.keys() == theirs.keys() and len(ours) > 3
+    assert {k: v["amax"] for k, v in ours.items()} == {k: v["amax"] for k, v in theirs.items()}
+
+
+def test_plugin_model_source_kind_exports(tmp_path: Path, plugin_path: Path) -> None:
+    """A model source kind from the plug-in (``mlp://IN-HIDDEN-OUT``): resolved, keyed for the
+    reference cache by its record and exported by the real CLI; without the plug-in the spec is
+    refused."""
+    import onnx
+    import onnxruntime as ort
+
+    from trtrepo.errors import UsageError
+    from trtrepo.modelsource import MODEL_SOURCES, resolve_source
+
+    assert "mlp" not in MODEL_SOURCES  # the plug-in exists only on the children's path
+    with pytest.raises(UsageError, match="model not found"):
+        resolve_source("mlp://8-16-3")
+    probe = ("from trtrepo.modelsource import resolve_source, source_files_key; s = resolve_source('mlp://8-16-3'); "
+             "print(s.kind, source_files_key(s))")
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=tmp_path, env=_env(plugin_path), capture_output=True,
+                          text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["mlp", "mlp://8-16-3"]
+
+    proc = _cli(plugin_path, tmp_path, "export", "mlp://8-16-3", "-o", "mlp.onnx", "--input-shape", "x:8")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "verified against PyTorch" in proc.stdout
+    assert [i.name for i in onnx.load(tmp_path / "mlp.onnx").graph.input] == ["x"]
+    session = ort.InferenceSession(str(tmp_path / "mlp.onnx"), providers=["CPUExecutionProvider"])
     assert session.run(None, {"x": np.ones((2, 8), np.float32)})[0].shape == (2, 3)
 
 

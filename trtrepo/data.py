@@ -13,7 +13,9 @@ axis}`` plus an optional integer label). Sources come from a spec string:
 * ``package.module:callable`` -- the callable returns an iterable of arrays, dicts or
   ``(x, label)`` tuples, or a torch ``Dataset``.
 
-:func:`open_data` resolves the spec, binds unnamed arrays to the model's input names, applies
+Each kind is a :class:`DataSourceKind` record in the :data:`DATA_SOURCES` registry (a plug-in
+adds one through the ``trtrepo.data_sources`` entry points); :func:`open_data` opens the spec
+with the first kind that recognises it, binds unnamed arrays to the model's input names, applies
 the deterministic subset (``limit``/``seed``) and :func:`iter_batches` stacks samples into
 batches (a batch is cut where the sample shape changes, so variable sequence lengths batch
 without padding).
@@ -34,10 +36,12 @@ from typing import Any
 
 import numpy as np
 
+from . import plugins
 from .arrayfile import ArrayHeader, Pick, data_budget, npy_header, npz_headers, read_npy, read_npz, subset_rows
 from .contracts import builtin
 from .errors import OptionError, UsageError, one_line
 from .modelio import ModelIO, TensorSpec
+from .plugins import Registry
 from .preprocessing import Preprocess
 
 log = logging.getLogger(__name__)
@@ -477,6 +481,49 @@ def _looks_like_entry_point(spec: str) -> bool:
     )
 
 
+# --------------------------------------------------------------------------------------------
+# Data source kinds: a registry, like calibration methods and backends (trtrepo.plugins)
+
+
+@dataclass(frozen=True)
+class DataRequest:
+    """What opening a data spec is given: the spec (and the path it names), the settings of
+    :func:`open_data`, the labels file (as given and as read) and the model's class count."""
+
+    spec: str
+    path: Path
+    preprocess: Preprocess | None
+    labels: str | Path | None
+    label_array: np.ndarray | None
+    io: ModelIO | None
+    classes: int | None
+    limit: int | None
+    seed: int | None
+    skip_non_images: bool
+
+
+@dataclass(frozen=True)
+class DataSourceKind:
+    """A kind of data spec. ``recognises(request)``: whether the spec is of this kind (kinds are
+    tried in registration order: trtrepo's own, then the plug-ins'; the first that recognises
+    opens); ``open(request)``: its :class:`DataSource` (:func:`open_data` then binds the model's
+    input names and takes the subset). ``reads_path``: the kind reads the file system (a path that
+    is not a regular file or a folder is refused before such a kind is tried). ``catch_all``: the
+    kind takes any spec of a broad form (``module:callable`` takes every ``word:rest`` that is no
+    file), so it is tried after every other kind, plug-ins' included (a plug-in's ``s3://`` is
+    not taken for a module)."""
+
+    name: str
+    recognises: Callable[[DataRequest], bool]
+    open: Callable[[DataRequest], DataSource]
+    reads_path: bool = True
+    catch_all: bool = False
+
+
+DATA_SOURCES: Registry[DataSourceKind] = Registry(plugins.DATA_SOURCES, "data source kind", DataSourceKind,
+                                                  lambda k: k.name)
+
+
 def open_data(
     spec: str | DataSource,
     *,
@@ -508,41 +555,70 @@ def open_data(
 
 def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | None, io: ModelIO | None,
                limit: int | None = None, skip_non_images: bool = False, seed: int | None = None) -> DataSource:
+    """The source of the first registered kind (:data:`DATA_SOURCES`) that recognises ``spec``."""
     if not spec.strip():
         raise UsageError("an empty data spec (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
     classes = _class_count(io)
     label_array = _load_labels(labels, classes) if labels is not None else None
-    found = builtin.data_spec(spec)
-    if found is not None:
-        plugin, split = found
-        if label_array is not None:
-            raise OptionError("labels", f"cannot be combined with the {plugin.name} data (it has its own labels)")
-        return plugin.open_data(split)
-    path = Path(spec)
-    if path.is_dir():
-        return _open_image_folder(path, preprocess, io, label_array, skip_non_images)
-    kind = _not_regular(path)
+    request = DataRequest(spec, Path(spec), preprocess, labels, label_array, io, classes, limit, seed, skip_non_images)
+    kind = data_source_kind(request)
     if kind is not None:
-        raise UsageError(f"{path}: {kind}, not a regular file or a folder (the data is a folder, .npy, .npz, "
-                         f"'module:callable' or demo:SPLIT)")
-    if path.suffix.lower() in (".npy", ".npz"):
-        return _open_array_file(path, io, label_array, classes, (limit, seed))
-    if _looks_like_entry_point(spec) and not path.exists():
-        src = _open_entry_point(spec, limit)
-        if label_array is not None:
-            if len(label_array) != len(src):
-                raise UsageError(f"{labels}: {len(label_array)} labels for {len(src)} samples")
-            src = ListSource(spec, [Sample(s.inputs, int(lab)) for s, lab in zip(src, label_array, strict=True)])
-        return src
-    if not path.exists():
+        return kind.open(request)
+    if not request.path.exists():
         raise UsageError(f"{spec}: data not found (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
-    raise UsageError(f"{spec}: unsupported data file type '{path.suffix}' (expected a folder, .npy or .npz)")
+    raise UsageError(f"{spec}: unsupported data file type '{request.path.suffix}' (expected a folder, .npy or .npz)")
 
 
-def _open_image_folder(path: Path, preprocess: Preprocess | None, io: ModelIO | None, label_array: np.ndarray | None,
-                       skip_non_images: bool) -> DataSource:
+def data_source_kind(request: DataRequest) -> DataSourceKind | None:
+    """The first registered kind that recognises the request's spec, or None. Decision: before the
+    first kind that reads the file system, a path that exists but is neither a regular file nor a
+    folder (a FIFO, a device) is refused, so no kind ever blocks reading one."""
+    guarded = False
+    for kind in sorted(DATA_SOURCES.values(), key=lambda k: k.catch_all):  # stable: registration order
+        if kind.reads_path and not guarded:
+            what = _not_regular(request.path)
+            if what is not None:
+                raise UsageError(f"{request.path}: {what}, not a regular file or a folder (the data is a folder, .npy, "
+                                 f".npz, 'module:callable' or demo:SPLIT)")
+            guarded = True
+        if kind.recognises(request):
+            return kind
+    return None
+
+
+def _open_builtin(request: DataRequest) -> DataSource:
+    found = builtin.data_spec(request.spec)
+    if found is None:  # only when called for a spec this kind did not recognise
+        raise UsageError(f"{request.spec}: not a built-in model's data (expected NAME or NAME:SPLIT)")
+    plugin, split = found
+    if request.label_array is not None:
+        raise OptionError("labels", f"cannot be combined with the {plugin.name} data (it has its own labels)")
+    return plugin.open_data(split)
+
+
+def _is_array_file(request: DataRequest) -> bool:
+    return request.path.suffix.lower() in (".npy", ".npz")
+
+
+def _is_entry_point(request: DataRequest) -> bool:
+    return _looks_like_entry_point(request.spec) and not request.path.exists()
+
+
+def _open_labelled_entry_point(request: DataRequest) -> DataSource:
+    """A ``module:callable``'s data, with the labels file's labels when one is given."""
+    src = _open_entry_point(request.spec, request.limit)
+    labels = request.label_array
+    if labels is None:
+        return src
+    if len(labels) != len(src):
+        raise UsageError(f"{request.labels}: {len(labels)} labels for {len(src)} samples")
+    return ListSource(request.spec, [Sample(s.inputs, int(lab)) for s, lab in zip(src, labels, strict=True)])
+
+
+def _open_image_folder(request: DataRequest) -> DataSource:
     """An image folder, read through ``preprocess`` (required). Decision: a spec that names no
     input feeds the model's only one (a model with several is refused)."""
+    path, preprocess, io = request.path, request.preprocess, request.io
     if preprocess is None:
         raise OptionError("", f"{path}: an image folder needs a preprocessing spec ({{preprocess}} FILE)",
                           others={"preprocess": "preprocess"})
@@ -550,22 +626,21 @@ def _open_image_folder(path: Path, preprocess: Preprocess | None, io: ModelIO | 
         if len(io.inputs) != 1:
             raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
         preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
-    return ImageFolderSource(path, preprocess, label_array, skip_non_images)
+    return ImageFolderSource(path, preprocess, request.label_array, request.skip_non_images)
 
 
-def _open_array_file(path: Path, io: ModelIO | None, label_array: np.ndarray | None, classes: int | None,
-                     subset: tuple[int | None, int | None]) -> DataSource:
-    """A .npy or .npz file, only the rows of the subset (``subset``: (limit, seed)) read."""
+def _open_array_file(request: DataRequest) -> DataSource:
+    """A .npy or .npz file, only the rows of the subset (the request's limit and seed) read."""
+    path, io, label_array = request.path, request.io, request.label_array
     if not path.is_file():
         raise UsageError(f"{path}: data file not found")
-    limit, seed = subset
 
     def pick(n: int) -> np.ndarray | None:
-        return subset_rows(n, limit, seed)
+        return subset_rows(n, request.limit, request.seed)
 
     if path.suffix.lower() == ".npy":
         return _open_npy(path, io, pick, label_array)
-    return _open_npz(path, io, pick, label_array, classes)
+    return _open_npz(path, io, pick, label_array, request.classes)
 
 
 def _open_entry_point(spec: str, limit: int | None) -> DataSource:
@@ -592,6 +667,16 @@ def _open_entry_point(spec: str, limit: int | None) -> DataSource:
                               f"({total / 2**30:.1f} GiB so far); give {{limit}} (an iterable is read up to "
                               f"{{limit}}, first samples first)", others={"limit": _LIMIT})
     return ListSource(spec, items)
+
+
+BUILTIN_DATA = DATA_SOURCES.register(DataSourceKind(
+    "builtin", lambda r: builtin.data_spec(r.spec) is not None, _open_builtin, reads_path=False))  # NAME[:SPLIT]
+IMAGE_FOLDER = DATA_SOURCES.register(DataSourceKind(
+    "image_folder", lambda r: r.path.is_dir(), _open_image_folder))
+ARRAY_FILE = DATA_SOURCES.register(DataSourceKind(
+    "array_file", _is_array_file, _open_array_file))
+ENTRY_POINT = DATA_SOURCES.register(DataSourceKind(
+    "entry_point", _is_entry_point, _open_labelled_entry_point, catch_all=True))
 
 
 def _check_rows(h: ArrayHeader, spec: TensorSpec) -> None:

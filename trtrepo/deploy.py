@@ -32,9 +32,10 @@ from .data import DataOptions, DataSource, Preprocess
 from .engine import BuildOptions, build_efficient_nms, build_engine, gpu_status, tensorrt_status
 from .errors import OptionError, UsageError
 from .evaluate import detection_layout
-from .export import export_onnx, resolve_inputs, resolve_source
+from .export import export_onnx, resolve_inputs
 from .fsutil import temp_dir
 from .modelio import ModelIO, load_onnx, qdq_counts
+from .modelsource import resolve_source
 from .objectstore import checkout, open_store, publish
 from .onnxgraph import make_session
 from .preprocessing import exporter_preprocess

@@ -1,13 +1,8 @@
 """Stage 1: model sources -> ONNX.
 
-A model source is one of:
-
-* ``demo`` -- the embedded demo CNN (``demo-text`` the demo encoder);
-* ``model.onnx`` -- passed through after ``onnx.checker``;
-* a TorchScript file (``.pt``, ``.pth``, ``.ts``, ``.torchscript``) loaded with ``torch.jit.load``;
-* ``package.module:factory`` -- a callable returning an ``nn.Module``, with an optional
-  state-dict file (``--weights``);
-* a torchvision architecture name (``resnet18``) with a local weights file (``--weights``).
+A model source is a built-in model (``demo``), ``model.onnx`` (passed through after
+``onnx.checker``), a TorchScript file, ``package.module:factory`` or a torchvision architecture:
+the kinds are records of :mod:`trtrepo.modelsource`, which resolves and loads them.
 
 :func:`export_onnx` exports with a dynamic batch axis (and any extra dynamic axes), writes the
 sizes of the output axes that do not vary into the graph outputs (:func:`static_output_dims`),
@@ -19,7 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import re
 import shutil
 import warnings
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,152 +24,15 @@ from typing import Any
 import numpy as np
 
 from .contracts import builtin
-from .data import import_callable
-from .errors import MissingDependencyError, OptionError, TrtrepoError, UsageError, one_line
+from .errors import OptionError, TrtrepoError, UsageError, one_line
 from .fsutil import atomic_path
 from .modelio import ModelIO, external_data_path, load_onnx
+from .modelsource import ModelSource, import_torch, load_torch_model, resolve_source
 from .onnxgraph import make_session
 
 log = logging.getLogger(__name__)
 
-TORCHSCRIPT_SUFFIXES = (".pt", ".pth", ".ts", ".torchscript", ".jit")
 DEFAULT_OPSET = 17
-
-
-@dataclass(frozen=True)
-class ModelSource:
-    """A resolved model source. ``kind`` is demo, onnx, torchscript, entry_point or torchvision."""
-
-    kind: str
-    location: str
-    weights: str | None = None
-
-    @property
-    def is_torch(self) -> bool:
-        return self.kind != "onnx"
-
-    def describe(self) -> str:
-        w = f" (weights {self.weights})" if self.weights else ""
-        return f"{self.kind} {self.location}{w}"
-
-
-def _is_entry_point(spec: str) -> bool:
-    mod, sep, attr = spec.partition(":")
-    return bool(sep and attr) and all(p.isidentifier() for p in mod.split(".")) and all(
-        p.isidentifier() for p in attr.split(".")
-    )
-
-
-def resolve_source(spec: str, weights: str | Path | None = None) -> ModelSource:
-    """Classify a source string; errors name the file or entry point at fault."""
-    w = str(weights) if weights is not None else None
-    if w is not None and not Path(w).is_file():
-        raise UsageError(f"{w}: weights file not found")
-    if spec in builtin.names():
-        if w is not None:
-            raise OptionError("weights", f"cannot be combined with the built-in '{spec}' model")
-        return ModelSource(spec, spec)
-    path = Path(spec)
-    if path.suffix.lower() == ".onnx":
-        if not path.is_file():
-            raise UsageError(f"{path}: ONNX file not found")
-        if w is not None:
-            raise OptionError("weights", "does not apply to an ONNX model")
-        return ModelSource("onnx", str(path))
-    if path.suffix.lower() in TORCHSCRIPT_SUFFIXES:
-        if not path.is_file():
-            raise UsageError(f"{path}: TorchScript file not found")
-        return ModelSource("torchscript", str(path), w)
-    if _is_entry_point(spec):
-        return ModelSource("entry_point", spec, w)
-    if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", spec):
-        if w is None:
-            raise OptionError("", f"torchvision architecture '{spec}' needs a local weights file ({{weights}})",
-                              others={"weights": "weights"})
-        return ModelSource("torchvision", spec, w)
-    if path.exists():
-        raise UsageError(f"{path}: unsupported model file type '{path.suffix}' (expected .onnx or a TorchScript file)")
-    raise UsageError(
-        f"{spec}: model not found (expected demo, an .onnx or TorchScript file, 'package.module:factory' "
-        f"or a torchvision architecture name)"
-    )
-
-
-def import_torch() -> Any:
-    try:
-        import torch
-    except ImportError as exc:
-        raise MissingDependencyError("torch", "for PyTorch sources and the reference", "pip install 'trtrepo[torch]'") from exc
-    return torch
-
-
-def _load_state_dict(torch: Any, path: str) -> Any:
-    try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as exc:
-        raise UsageError(f"{path}: cannot read state dict ({type(exc).__name__}: {one_line(exc)})") from exc
-    if isinstance(state, Mapping) and "state_dict" in state and isinstance(state["state_dict"], Mapping):
-        state = state["state_dict"]
-    if not isinstance(state, Mapping):
-        raise UsageError(f"{path}: not a state dict (got {type(state).__name__})")
-    return state
-
-
-def _apply_weights(torch: Any, model: Any, weights: str | None) -> None:
-    if weights is None:
-        return
-    state = _load_state_dict(torch, weights)
-    try:
-        model.load_state_dict(state)
-    except RuntimeError as exc:
-        first = str(exc).strip().splitlines()
-        detail = " ".join(line.strip() for line in first[:3])
-        raise UsageError(f"{weights}: state dict does not fit the model: {detail}") from exc
-
-
-def load_torch_model(source: ModelSource | str, weights: str | Path | None = None) -> Any:
-    """Instantiate the PyTorch model of a source, in eval mode on the CPU."""
-    if isinstance(source, str):
-        source = resolve_source(source, weights)
-    if source.kind == "onnx":
-        raise OptionError("", f"{source.location}: an ONNX file has no PyTorch model; give the PyTorch source as {{reference}}",
-                          others={"reference": "the reference"})
-    torch = import_torch()
-    plugin = builtin.builtin(source.kind)
-    if plugin is not None:
-        return plugin.build_model()
-    if source.kind == "torchscript":
-        try:
-            model = torch.jit.load(source.location, map_location="cpu")
-        except Exception as exc:
-            raise OptionError(
-                "", f"{source.location}: not a TorchScript file ({type(exc).__name__}); for a state dict use "
-                f"'package.module:factory' with {{weights}}", others={"weights": "a weights file"}
-            ) from exc
-        _apply_weights(torch, model, source.weights)
-        return model.eval()
-    if source.kind == "entry_point":
-
-        factory = import_callable(source.location)
-        try:
-            model = factory()
-        except Exception as exc:
-            raise UsageError(f"'{source.location}': the factory raised {type(exc).__name__}: {one_line(exc)}") from exc
-        if not isinstance(model, torch.nn.Module):
-            raise UsageError(f"'{source.location}': the factory returned a {type(model).__name__}, not a torch.nn.Module")
-        _apply_weights(torch, model, source.weights)
-        return model.eval()
-    if source.kind == "torchvision":
-        try:
-            import torchvision
-        except Exception as exc:
-            raise MissingDependencyError("torchvision", f"for the architecture '{source.location}'", "pip install torchvision") from exc
-        if source.location not in torchvision.models.list_models():
-            raise UsageError(f"'{source.location}' is not a torchvision architecture")
-        model = torchvision.models.get_model(source.location, weights=None)
-        _apply_weights(torch, model, source.weights)
-        return model.eval()
-    raise UsageError(f"unknown model source kind '{source.kind}'")
 
 
 # --------------------------------------------------------------------------------------------

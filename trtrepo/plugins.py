@@ -1,6 +1,6 @@
 """Registries that plug-ins extend through Python entry points.
 
-Four groups, one per kind of plug-in; an entry point's name is the record's name and its value
+Six groups, one per kind of plug-in; an entry point's name is the record's name and its value
 (``module:attribute``) is the record itself:
 
 * ``trtrepo.calibration_methods``: a :class:`trtrepo.histogram.CalibrationMethod`;
@@ -8,7 +8,10 @@ Four groups, one per kind of plug-in; an entry point's name is the record's name
   the plug-in's package, beside the module, or comes with ``--template-dir``);
 * ``trtrepo.qdq_targets``: a :class:`trtrepo.quantize.QdqTarget`;
 * ``trtrepo.builtin_models``: a :class:`trtrepo.contracts.builtin.BuiltinModel` (loaded only when
-  the model is used: its name is the entry point's).
+  the model is used: its name is the entry point's);
+* ``trtrepo.data_sources``: a :class:`trtrepo.data.DataSourceKind` (a kind of ``--data`` spec);
+* ``trtrepo.model_sources``: a :class:`trtrepo.modelsource.ModelSourceKind` (a kind of model
+  ``SOURCE``).
 
 trtrepo declares its own records the same way (``pyproject.toml``,
 ``[project.entry-points."trtrepo.*"]``), and the module owning each registry also registers (or,
@@ -36,7 +39,9 @@ CALIBRATION_METHODS = "trtrepo.calibration_methods"
 BACKENDS = "trtrepo.backends"
 QDQ_TARGETS = "trtrepo.qdq_targets"
 BUILTIN_MODELS = "trtrepo.builtin_models"
-GROUPS = (CALIBRATION_METHODS, BACKENDS, QDQ_TARGETS, BUILTIN_MODELS)
+DATA_SOURCES = "trtrepo.data_sources"
+MODEL_SOURCES = "trtrepo.model_sources"
+GROUPS = (CALIBRATION_METHODS, BACKENDS, QDQ_TARGETS, BUILTIN_MODELS, DATA_SOURCES, MODEL_SOURCES)
 
 T = TypeVar("T")
 

@@ -15,8 +15,9 @@ from ..contracts.payload import Payload
 from ..data import iter_batches
 from ..errors import OptionError, UsageError
 from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding
-from ..export import resolve_inputs, resolve_source
+from ..export import resolve_inputs
 from ..modelio import ModelIO
+from ..modelsource import resolve_source
 from ..onnxgraph import make_session
 from .client import TritonTarget
 from .detection import figures_dict

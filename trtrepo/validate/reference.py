@@ -24,13 +24,11 @@ from __future__ import annotations
 
 import hashlib
 import importlib.metadata as md
-import importlib.util
 import json
 import logging
 import os
 import re
 import shutil
-import sys
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -38,13 +36,13 @@ from typing import Any
 
 import numpy as np
 
-from .. import __version__, export
-from ..contracts import builtin
+from .. import __version__, export, modelsource
 from ..data import DataSource, iter_batches
 from ..errors import OptionError, TrtrepoError, UsageError, one_line
-from ..export import DEFAULT_OPSET, InputShape, ModelSource, export_onnx, import_torch, load_torch_model, resolve_source
+from ..export import DEFAULT_OPSET, InputShape, export_onnx
 from ..fsutil import atomic_path, atomic_write_text, temp_dir
 from ..modelio import ModelIO
+from ..modelsource import ModelSource, file_digest, import_torch, load_torch_model, resolve_source, source_files_key
 
 log = logging.getLogger(__name__)
 
@@ -158,9 +156,6 @@ def run_reference(
 
 CACHE_ENV = "TRTREPO_CACHE_DIR"
 CACHE_FORMAT = 1
-# what an entry point's package or folder contributes to the key: its source and weights files
-SOURCE_SUFFIXES = (".py",)
-WEIGHTS_SUFFIXES = (".pt", ".pth", ".ckpt", ".bin", ".safetensors")
 
 
 def cache_dir() -> Path:
@@ -173,108 +168,6 @@ def cache_dir() -> Path:
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     base = Path(xdg) if xdg and os.path.isabs(xdg) else Path.home() / ".cache"
     return base / "trtrepo" / "reference"
-
-
-def _file_digest(path: Path, h: Any) -> None:
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-
-
-def _files_digest(root: Path, files: Sequence[Path]) -> str:
-    """SHA-256 over each file's path relative to ``root`` and its content, in path order."""
-    h = hashlib.sha256()
-    for f in sorted(files, key=lambda p: p.relative_to(root).as_posix()):
-        h.update(f.relative_to(root).as_posix().encode() + b"\0")
-        _file_digest(f, h)
-        h.update(b"\0")
-    return h.hexdigest()
-
-
-def _folder_files(folder: Path, suffixes: Sequence[str], recursive: bool) -> list[Path]:
-    """The files of ``folder`` with one of ``suffixes`` (hidden folders and ``__pycache__``
-    skipped; symlinked folders not followed)."""
-    if not recursive:
-        return [p for p in folder.iterdir() if p.is_file() and p.suffix.lower() in suffixes]
-    out = []
-    for dirpath, dirnames, filenames in os.walk(folder):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
-        out += [Path(dirpath) / f for f in filenames if Path(f).suffix.lower() in suffixes]
-    return out
-
-
-def _installed_version(folder: Path, top: str) -> str | None:
-    """``dist==version`` for a package installed in site-packages (its files change with its
-    version only), else None."""
-    if not any(part in ("site-packages", "dist-packages") for part in folder.parts):
-        return None
-
-    dists = md.packages_distributions().get(top) or []
-    return f"{dists[0]}=={md.version(dists[0])}" if dists else None
-
-
-def source_files_key(source: ModelSource) -> str | None:
-    """The part of the key that stands for the source's own files, or None when they cannot be
-    found (the export is then not cached): a TorchScript file's digest; an entry point's top-level
-    package, every ``.py`` and weights file under it (an installed package: its version); a
-    top-level module, the ``.py`` and weights files beside it; a built-in model, every file of its
-    plug-in's folder; a torchvision architecture, torchvision's version."""
-
-    module = builtin.module_of(source.kind)
-    if module is not None:
-        return _builtin_files_key(module)
-    if source.kind == "torchscript":
-        path = Path(source.location)
-        return _files_digest(path.parent, [path])
-    if source.kind == "torchvision":
-        try:
-            return f"torchvision=={md.version('torchvision')}"
-        except md.PackageNotFoundError:
-            return None
-    if source.kind != "entry_point":
-        return None
-    return _entry_point_files_key(source.location)
-
-
-def _builtin_files_key(module: str) -> str | None:
-    """A built-in model: every file of its plug-in's folder."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.origin or not Path(spec.origin).is_file():
-        return None
-    folder = Path(spec.origin).parent
-    return _files_digest(folder, [p for p in folder.iterdir() if p.is_file()])
-
-
-def _entry_point_files_key(location: str) -> str | None:
-    """An entry point's top-level package or module, imported from where the factory is
-    (trtrepo.data.import_callable). Decision: an installed one stands for its version; a
-    package for every source and weights file under it (namespace packages: each folder); a
-    module for those beside it; a built-in or frozen module, or one not found, for nothing."""
-    suffixes = SOURCE_SUFFIXES + WEIGHTS_SUFFIXES
-    top = location.partition(":")[0].split(".")[0]
-    if "" not in sys.path and "." not in sys.path and os.getcwd() not in sys.path:
-        sys.path.append(os.getcwd())  # where the factory is imported from (trtrepo.data.import_callable)
-    try:
-        spec = importlib.util.find_spec(top)
-    except (ImportError, ValueError):
-        return None
-    if spec is None:
-        return None
-    if spec.submodule_search_locations:  # a package (namespace packages have several folders)
-        folders = [Path(p) for p in spec.submodule_search_locations if Path(p).is_dir()]
-        if not folders:
-            return None
-        installed = _installed_version(folders[0], top)
-        if installed is not None:
-            return installed
-        return "+".join(_files_digest(f, _folder_files(f, suffixes, recursive=True)) for f in folders)
-    if not spec.origin or not Path(spec.origin).is_file():
-        return None  # built-in or frozen modules
-    folder = Path(spec.origin).parent
-    installed = _installed_version(folder, top)
-    if installed is not None:
-        return installed
-    return _files_digest(folder, _folder_files(folder, suffixes, recursive=False))
 
 
 def _version(dist: str) -> str | None:
@@ -296,7 +189,7 @@ def reference_key(source: ModelSource, *, inputs: Sequence[InputShape] | None,
         weights = None
         if files is not None and source.weights is not None:
             h = hashlib.sha256()
-            _file_digest(Path(source.weights), h)
+            file_digest(Path(source.weights), h)
             weights = h.hexdigest()
     except OSError as exc:
         log.info("%s: cannot read its files for the cache key (%s)", source.location, one_line(exc))
@@ -304,7 +197,8 @@ def reference_key(source: ModelSource, *, inputs: Sequence[InputShape] | None,
     if files is None:
         return None
     exporter = hashlib.sha256()
-    _file_digest(Path(export.__file__), exporter)
+    file_digest(Path(export.__file__), exporter)
+    file_digest(Path(modelsource.__file__), exporter)  # the source kinds' loaders shape the export too
     parts = {
         "format": CACHE_FORMAT,
         "source": {"kind": source.kind, "location": source.location},

@@ -65,9 +65,9 @@ import numpy as np
 from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
 from ..errors import OptionError, UsageError
-from ..export import import_torch, resolve_source
 from ..measure import Stability, cpu_sample, is_stable, machine_usage, machine_warnings, merged, spread, window_summary
 from ..modelio import qdq_counts
+from ..modelsource import import_torch, resolve_source
 from ..onnxgraph import make_session
 from .reference import Reference
 

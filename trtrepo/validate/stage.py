@@ -19,9 +19,9 @@ from ..contracts.payload import Payload, expected_shapes
 from ..cpu import available_cores
 from ..data import DataOptions, iter_batches
 from ..errors import OptionError, UsageError
-from ..export import resolve_source
 from ..measure import cpu_sample, machine_usage, machine_warnings
 from ..modelio import ModelIO
+from ..modelsource import resolve_source
 from ..preprocessing import exporter_preprocess
 from ..progress import Phase, bar_disabled, phase, status, task
 from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
