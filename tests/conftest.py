@@ -150,3 +150,21 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config):
         c = fuzz.COUNTS
         terminalreporter.write_line(f"bad-input cases (hypothesis): {c['cases']} run, {c['tracebacks']} tracebacks, "
                                     f"{c['wrong_exit']} wrong exit codes, {c['modified']} modified inputs")
+
+
+# --- the trained YOLO11n (issue 43; long tier) ------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def yolo(tmp_path_factory) -> Path:
+    """The YOLO11n export (scripts/yolo_export.sh, AGPL weights fetched at test time; reused from
+    TRTREPO_YOLO_CACHE when set), once per session for every test that needs it."""
+    import subprocess
+
+    out = Path(os.environ.get("TRTREPO_YOLO_CACHE") or tmp_path_factory.mktemp("yolo11n"))
+    script = Path(__file__).resolve().parents[1] / "scripts" / "yolo_export.sh"
+    try:
+        subprocess.run(["bash", str(script), str(out)], check=True, capture_output=True, text=True, timeout=1800)
+    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
+        pytest.skip(f"the YOLO11n export could not run here (scripts/yolo_export.sh): {str(exc)[-300:]}")
+    return out

@@ -11,8 +11,6 @@ Real photographs: scikit-image's and the Ultralytics wheel's, letterboxed to 640
 from __future__ import annotations
 
 import io
-import os
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -28,18 +26,7 @@ from trtrepo.quantize import detector_outputs, find_decode_heads, prepare_model
 from trtrepo.quantize.graph import GraphView
 
 pytestmark = pytest.mark.long
-ROOT = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope="module")
-def yolo(tmp_path_factory) -> Path:
-    out = Path(os.environ.get("TRTREPO_YOLO_CACHE") or tmp_path_factory.mktemp("yolo11n"))
-    try:
-        subprocess.run(["bash", str(ROOT / "scripts" / "yolo_export.sh"), str(out)], check=True, capture_output=True,
-                       text=True, timeout=1800)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"the YOLO11n export could not run here (scripts/yolo_export.sh): {str(exc)[-300:]}")
-    return out
 
 
 def _letterbox(img: np.ndarray, size: int = 640) -> np.ndarray:

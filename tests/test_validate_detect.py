@@ -9,8 +9,6 @@ deployed FP32 as an ensemble, validated on the Ultralytics wheel's ``bus.jpg`` a
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import zipfile
 from pathlib import Path
 
@@ -21,8 +19,6 @@ from test_detector_ensemble import CONF, IOU, MAX_DET, NC, SIZE, _detector_onnx,
 from trtrepo.errors import UsageError
 from trtrepo.preprocessing import Preprocess
 from trtrepo.validate import Thresholds
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _photos(folder: Path) -> dict[str, tuple[int, int]]:
@@ -236,17 +232,6 @@ def test_only_a_detection_ensemble_is_recognised_and_its_settings_come_from_the_
 # --------------------------------------------------------------------------------------------
 # Long tier: the trained YOLO11n
 
-
-@pytest.fixture(scope="module")
-def yolo(tmp_path_factory) -> Path:
-    """The YOLO11n export (scripts/yolo_export.sh; reused from TRTREPO_YOLO_CACHE when there)."""
-    out = Path(os.environ.get("TRTREPO_YOLO_CACHE") or tmp_path_factory.mktemp("yolo11n"))
-    try:
-        subprocess.run(["bash", str(ROOT / "scripts" / "yolo_export.sh"), str(out)], check=True, capture_output=True,
-                       text=True, timeout=1800)
-    except (subprocess.CalledProcessError, subprocess.TimeoutExpired) as exc:
-        pytest.skip(f"the YOLO11n export could not run here (scripts/yolo_export.sh): {str(exc)[-300:]}")
-    return out
 
 
 @pytest.mark.long
