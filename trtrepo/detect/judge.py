@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from .decode import Detections, YoloLayout
-from .metrics import bootstrap_map, count_agreement, mean_ap
+from .metrics import count_agreement, mean_ap_with_bootstrap
 from .nms import postprocess
 
 REFERENCE_CONF = 0.25  # FP32's boxes at Ultralytics' predict settings are the reference
@@ -129,12 +129,12 @@ def compare_detections(reference: Sequence[Detections], candidate: Sequence[Dete
     reference's threshold; default ``candidate`` itself, for detections postprocessed with the
     reference's settings, e.g. a served detector's)."""
     at_reference = list(candidate if counted is None else counted)
-    result = mean_ap(candidate, reference)
+    result, boot = mean_ap_with_bootstrap(candidate, reference, RESAMPLES)  # one matching for both
     per_image = np.asarray(result.per_image, np.float64)
     valid = np.flatnonzero(np.isfinite(per_image))
     n = len(valid)
     m = float(result.map50_95) if n else float("nan")
-    boot = bootstrap_map(candidate, reference, RESAMPLES) if n > 1 else np.zeros(0)
+    boot = boot if n > 1 else np.zeros(0)
     lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (0.0, 1.0)
     lower, upper = min(lower, m) if n else 0.0, max(upper, m) if n else 1.0  # the figure inside its interval
     sd = float(np.std(boot, ddof=1)) * math.sqrt(n) if len(boot) > 1 else 0.0

@@ -6,6 +6,7 @@ Stable API::
     box_iou(a [K, 4], b [M, 4]) -> [K, M] float64
     mean_ap(predictions, references, iou_thresholds=COCO_IOU_THRESHOLDS, max_dets=100) -> MapResult
     bootstrap_map(predictions, references, resamples=400, seed=0) -> [resamples] mAP50-95
+    mean_ap_with_bootstrap(predictions, references, resamples=400, seed=0) -> (MapResult, [resamples])
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
 
@@ -228,7 +229,10 @@ def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
     """COCO mAP of ``predictions`` against ``references`` (one :class:`Detections` per image,
     in the same image order; module docstring for the definition). Raises ValueError when the
     two differ in image count or no threshold is given."""
-    m = _match_images(predictions, references, iou_thresholds, max_dets)
+    return _map_result(_match_images(predictions, references, iou_thresholds, max_dets), predictions, references)
+
+
+def _map_result(m: _Matched, predictions: Sequence[Detections], references: Sequence[Detections]) -> MapResult:
     class_aps = _class_aps(m, range(len(references)))
     images, reference_boxes = len(references), sum(len(r) for r in references)
     predicted_boxes = sum(len(p) for p in predictions)
@@ -249,15 +253,21 @@ def bootstrap_map(predictions: Sequence[Detections], references: Sequence[Detect
     Decision: mAP pools its classes across images and averages over classes, so a class with one or
     two reference boxes in the whole set moves it as much as a class with hundreds; the spread of
     per-image figures misses that. The matching is done once; each sample re-pools it."""
+    return mean_ap_with_bootstrap(predictions, references, resamples, seed)[1]
+
+
+def mean_ap_with_bootstrap(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
+                           seed: int = 0) -> tuple[MapResult, np.ndarray]:
+    """:func:`mean_ap` (COCO thresholds and ``max_dets``) and :func:`bootstrap_map` from one matching."""
     m = _match_images(predictions, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS)
     rng = np.random.default_rng(seed)
     n = len(references)
-    out = []
+    boot = []
     for _ in range(resamples if n else 0):
         aps = _class_aps(m, rng.integers(0, n, n).tolist())
         if aps:
-            out.append(float(np.stack(list(aps.values()))[:, m.main].mean()))
-    return np.asarray(out, np.float64)
+            boot.append(float(np.stack(list(aps.values()))[:, m.main].mean()))
+    return _map_result(m, predictions, references), np.asarray(boot, np.float64)
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:
