@@ -120,6 +120,9 @@ def softmax_on_last_axis(model: Any) -> int:
     a target that runs ONNX Runtime kernels; the FP32 reference is left as exported."""
     from onnx import helper, numpy_helper
 
+    if not any(n.op_type == "Softmax" and any(a.name == "axis" and a.i != -1 for a in n.attribute)
+               for n in model.graph.node):
+        return 0  # every Softmax on the last axis already (-1, the default): no shape inference needed
     view = GraphView(model)  # a prepared model (prepare_model): opset >= 13, the axis semantics above
     nodes, done = [], 0
     for node in model.graph.node:
