@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import io
 import os
+import shutil
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -198,12 +199,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import datetime
     import subprocess
 
-    import onnx
-
     from trtrepo.autoquant import AccuracyCheck
     from trtrepo.cpu import cpu_int8
     from trtrepo.evaluate import Detector, compare_outputs
-    from trtrepo.fp16 import convert_to_fp16
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -214,15 +212,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     det = {"output0": Detector.of(fp32, 80)}
     classes = np.concatenate([np.asarray(d.classes, np.int64) for d in det["output0"].reference])
     class_boxes = {int(c): int(k) for c, k in zip(*np.unique(classes, return_counts=True), strict=True)}
-    from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
-
-    rewritten = prepare_model(onnx.load(str(src)))
-    softmax_on_last_axis(rewritten)  # the float rewrite trtrepo's ONNX Runtime models carry (speed baseline)
-    models: dict[str, Any] = {"FP32": src, FP32_FAST: rewritten, "FP16 copy": convert_to_fp16(onnx.load(str(src)))}
+    models: dict[str, Any] = float_baselines(src)
     runs: dict[str, Any] = {}
     calib_npy = str(args.cache / "calib.npy")
-    import shutil
-
     shutil.rmtree(work / "repo", ignore_errors=True)  # a fresh repository: the deployed model is version 1
     common = ["--data", calib_npy, "--batch-size", "8", "--no-progress"]
     dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n", "--backend", "python", "--repo", str(work / "repo"),
@@ -260,6 +252,19 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
 
+def float_baselines(src: Path) -> dict[str, Any]:
+    """FP32 as exported, FP32 with the float rewrite trtrepo's ONNX Runtime models carry (the second
+    speed baseline), and the FP16 copy."""
+    import onnx
+
+    from trtrepo.fp16 import convert_to_fp16
+    from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
+
+    rewritten = prepare_model(onnx.load(str(src)))
+    softmax_on_last_axis(rewritten)
+    return {"FP32": src, FP32_FAST: rewritten, "FP16 copy": convert_to_fp16(onnx.load(str(src)))}
+
+
 def deployed_model(work: Path) -> Path:
     """The model ``trtrepo deploy`` wrote: the newest version of ``yolo11n`` in ``work/repo``."""
     versions = sorted((p for p in (work / "repo" / "yolo11n").iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
@@ -269,17 +274,8 @@ def deployed_model(work: Path) -> Path:
 def retime(args: argparse.Namespace, results: dict[str, Any]) -> None:
     """Time the run's models again (``--work``'s files) on a quiet machine and update the speed
     columns of ``results``: for a run whose timing phase had company on the CPU."""
-    import onnx
-
-    from trtrepo.fp16 import convert_to_fp16
-    from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
-
-    src = args.cache / "yolo11n_dyn.onnx"
-    rewritten = prepare_model(onnx.load(str(src)))
-    softmax_on_last_axis(rewritten)
     work = args.work
-    files = {"FP32": src, FP32_FAST: rewritten, "FP16 copy": convert_to_fp16(onnx.load(str(src))),
-             "trtrepo deploy (defaults)": deployed_model(work),
+    files = {**float_baselines(args.cache / "yolo11n_dyn.onnx"), "trtrepo deploy (defaults)": deployed_model(work),
              "trtrepo all-INT8 (head float)": work / "all-INT8.onnx", "trtrepo naive (head quantized)": work / "naive.onnx",
              "NNCF 3.4 defaults": work / "nncf_0.onnx", "NNCF 3.4 + published ignored scope": work / "nncf_1.onnx",
              "ONNX Runtime quantize_static": work / "ort.onnx"}
