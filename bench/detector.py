@@ -420,6 +420,11 @@ def markdown(r: dict[str, Any]) -> str:
     if r.get("speed_retimed"):
         lines += ["", f"Speeds timed again on a quiet machine at {r['speed_retimed']} (`--retime`: the same model files, "
                   "the same round-robin)."]
+    later = r.get("speed_later")
+    if later:
+        rows = "; ".join(f"{k} {min(v):.2f}-{max(v):.2f}x" for k, v in later.items() if isinstance(v, list))
+        lines += ["", f"The same files timed {later['runs']} times more at {later['when']} (`--retime`, same machine): {rows}. "
+                  "The speed-ups move by about 0.1x from one quiet timing to another; the ranking does not."]
     fb = r.get("fixed_batch")
     if fb:
         lines += ["", f"The batch-1 export (`yolo11n_b1.onnx`, Ultralytics' default) through `trtrepo deploy` on the same "
