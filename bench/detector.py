@@ -17,7 +17,7 @@ Measures (``--update-docs`` writes the section of docs/benchmarks.md):
   settings), mAP50, box-count agreement;
 * speed against FP32 on ONNX Runtime CPU at batch 8 (the dynamic-batch export), round-robin
   in one process, medians of timing windows;
-* the gate's verdict (``trtrepo.autoquant.AccuracyCheck``) on each.
+* the gate's verdict (``trtrepo.quantize.AccuracyCheck``) on each.
 
     python bench/detector.py [--cache /work/gauntlet-cache/yolo11n] [--calib 256] [--eval 320]
         [--update-docs docs/benchmarks.md]
@@ -199,9 +199,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     import datetime
     import subprocess
 
-    from trtrepo.autoquant import AccuracyCheck
     from trtrepo.cpu import cpu_int8
     from trtrepo.evaluate import Detector, compare_outputs
+    from trtrepo.quantize import AccuracyCheck
 
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
@@ -258,7 +258,7 @@ def float_baselines(src: Path) -> dict[str, Any]:
     import onnx
 
     from trtrepo.fp16 import convert_to_fp16
-    from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
+    from trtrepo.qdq.graph import prepare_model, softmax_on_last_axis
 
     rewritten = prepare_model(onnx.load(str(src)))
     softmax_on_last_axis(rewritten)
@@ -410,7 +410,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"FP32's {sum(cb.values())} boxes fall in {len(cb)} classes, {few} of them with 3 boxes or fewer; "
                   "mAP weighs every class the same, so those few boxes move it as much as the hundreds of persons."]
     lines += ["", f"`{FP32_FAST}`: FP32 with the one float rewrite trtrepo's ONNX Runtime models carry "
-              "(`trtrepo.quantize.graph.softmax_on_last_axis`); the column beside the speed is each model's speed "
+              "(`trtrepo.qdq.graph.softmax_on_last_axis`); the column beside the speed is each model's speed "
               "against it, the part of the speed-up that INT8 gives."]
     if r.get("per_photograph"):
         lines += ["", "Per held-out photograph, the deployed model (crops cycle over the photographs; the calibration "

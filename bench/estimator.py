@@ -18,7 +18,7 @@ labelled held-out data, for INT8 variants of four trained classifiers:
   images, Adam without weight decay, 40 epochs (training loss about 0.01): over-confident FP32.
 * ``dwcnn-smoothed``: ``dwcnn``'s recipe with label smoothing 0.3: under-confident FP32.
 
-Each INT8 variant is made by trtrepo's own library, ``trtrepo.autoquant.run_quantize``: methods
+Each INT8 variant is made by trtrepo's own library, ``trtrepo.quantize.run_quantize``: methods
 (minmax, entropy, percentile, mse), weight rounding (bias correction, AdaRound), the tensorrt
 target, the head kept in float, and clipped activation ranges (minmax ranges written as a JSON
 ranges file with every activation's range, the model input's excepted, scaled by a factor < 1,
@@ -376,9 +376,9 @@ def clipped_ranges(clf: Classifier, work: Path, factor: float) -> Path:
 
 
 def quantize_variant(clf: Classifier, v: Variant, work: Path) -> Path:
-    from trtrepo.autoquant import run_quantize
     from trtrepo.data import ArraySource
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import run_quantize
 
     out = work / f"{clf.name}__{v.name.replace(' ', '_').replace(',', '').replace('+', 'plus')}.onnx"
     options = QuantizeOptions(target=v.target)
@@ -596,7 +596,7 @@ def markdown(results: dict[str, Any]) -> str:
              f"{results['onnxruntime']} (CPU), torch {results['torch']}; trtrepo at {results['commit']}. Command:",
              "", f"    {results['command']}", "",
              *([results["note"], ""] if results.get("note") else []),
-             f"({results['seconds']:.0f} s.) Each INT8 model is made by `trtrepo.autoquant.run_quantize` (onnxruntime "
+             f"({results['seconds']:.0f} s.) Each INT8 model is made by `trtrepo.quantize.run_quantize` (onnxruntime "
              "target unless named; nearest weight rounding, no SmoothQuant, unless named; `ranges xF`: minmax ranges "
              "with every activation's range but the input's scaled by F, given as a JSON ranges file). Real drop: "
              "FP32 minus INT8 top-1 accuracy on the labelled held-out set; estimate: `expected_top1_drop` "

@@ -1,5 +1,5 @@
 """Issue 40: what one layer left in float costs INT8's speed on the onnxruntime target (the
-front's float cost, ``trtrepo.autoquant.front._float_costs``). The trained MobileNetV2 with minmax
+front's float cost, ``trtrepo.quantize.front._float_costs``). The trained MobileNetV2 with minmax
 ranges on its first 256 calibration crops; all-INT8, then each weighted layer alone in float,
 timed against FP32 at batch 32 on 64 crops with the front's stable windows; each layer's
 activation elements read and written (per sample) beside it.
@@ -30,12 +30,12 @@ def main() -> None:
     args = ap.parse_args()
     from _common import cpu_name
 
-    from trtrepo.autoquant.fallback import layer_roles
-    from trtrepo.autoquant.front import FRONT_STABILITY, WEIGHTED_ROLES, _float_costs
-    from trtrepo.autoquant.select import Evaluator
     from trtrepo.data import open_data
-    from trtrepo.quantize import QuantizeOptions, insert_qdq, load_model, prepare_model
-    from trtrepo.quantize.modelfiles import ranges_from_json
+    from trtrepo.qdq import QuantizeOptions, insert_qdq, load_model, prepare_model
+    from trtrepo.qdq.modelfiles import ranges_from_json
+    from trtrepo.quantize.fallback import layer_roles
+    from trtrepo.quantize.front import FRONT_STABILITY, WEIGHTED_ROLES, _float_costs
+    from trtrepo.quantize.select import Evaluator
 
     with tempfile.TemporaryDirectory() as tmp:
         data, ranges_path = Path(tmp) / "calib.npz", Path(tmp) / "ranges.json"

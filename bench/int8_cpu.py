@@ -129,7 +129,7 @@ def conv_layers(fp32: Path, calib: np.ndarray, batch: int, runs: int) -> list[di
     from onnx import TensorProto, helper, numpy_helper
 
     from trtrepo.evaluate import make_session
-    from trtrepo.quantize import QuantizeOptions, insert_qdq
+    from trtrepo.qdq import QuantizeOptions, insert_qdq
 
     model = onnx.shape_inference.infer_shapes(onnx.load(str(fp32)))
     shapes = {vi.name: [d.dim_value for d in vi.type.tensor_type.shape.dim] for vi in
@@ -198,14 +198,14 @@ def main() -> None:
 
     import onnx
 
-    from trtrepo.autoquant import activation_ranges, run_quantize
     from trtrepo.calibrate import Calibrator
     from trtrepo.cpu import X64_QUANT_PRECISION, cpu_int8
     from trtrepo.data import open_data
     from trtrepo.demo import split_tensors
     from trtrepo.evaluate import compare_outputs, run_onnx
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import QuantizeOptions, insert_qdq, save_model
+    from trtrepo.qdq import QuantizeOptions, insert_qdq, save_model
+    from trtrepo.quantize import activation_ranges, run_quantize
 
     started = time.time()
     load_before = os.getloadavg()

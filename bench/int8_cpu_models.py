@@ -50,11 +50,11 @@ def images(n: int, shape: tuple[int, ...], seed: int) -> np.ndarray:
 def bench_model(path: Path, args: argparse.Namespace, tmp: Path) -> dict:
     from int8_cpu import integer_kernels, latency, ort_quantize_static
 
-    from trtrepo.autoquant import run_quantize
     from trtrepo.data import ArraySource
     from trtrepo.evaluate import cosine_similarity, make_session
     from trtrepo.modelio import ModelIO
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import run_quantize
 
     io = ModelIO.from_onnx(str(path))
     if len(io.inputs) != 1 or any(d < 0 for d in io.inputs[0].shape[1:]):

@@ -166,12 +166,12 @@ def main() -> None:
         return
     logging.basicConfig(level=logging.ERROR)
 
-    from trtrepo.autoquant import activation_ranges, calibration_tensors, run_quantize
     from trtrepo.calibrate import Calibrator
     from trtrepo.export import export_onnx
-    from trtrepo.histogram import METHODS
     from trtrepo.modelio import ModelIO, load_onnx
-    from trtrepo.quantize import QuantizeOptions, insert_qdq
+    from trtrepo.qdq import QuantizeOptions, insert_qdq
+    from trtrepo.quantize import activation_ranges, calibration_tensors, run_quantize
+    from trtrepo.rangemath import METHODS
 
     started = time.perf_counter()
     load = os.getloadavg()

@@ -4,7 +4,7 @@ batch 1, 8 and 32.
 
 Each served model is the ONNX model under the Python backend (ONNX Runtime, 1 intra-op thread,
 as ``trtrepo.repository`` generates it); INT8 is the ONNX Runtime Q/DQ model from
-``trtrepo.autoquant.quantize_for_deploy`` (minmax on ``demo:calib`` / ``demo-text:calib``). The
+``trtrepo.quantize.quantize_for_deploy`` (minmax on ``demo:calib`` / ``demo-text:calib``). The
 measurement is :func:`trtrepo.validate.validate` with :class:`trtrepo.validate.speed.SpeedOptions`:
 per batch size, concurrency 1, the served model then the PyTorch FP32 reference on the same
 batches of one input shape. Every model is measured ``--rounds`` times, the models in turn
@@ -33,9 +33,9 @@ MODELS = {  # name on the server -> (reference, data, precision)
 
 
 def build_repository(root: Path, names: list[str]) -> dict[str, Path]:
-    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import QuantizeRequest, quantize_for_deploy
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions

@@ -4,7 +4,7 @@ several concurrency levels; and the harness's own overhead (client latency minus
 request time for the same window).
 
 One server serves both models (Python backend running the ONNX Runtime Q/DQ model from
-``trtrepo.quantize``); the two configs are measured alternately, level by level, for
+``trtrepo.qdq``); the two configs are measured alternately, level by level, for
 ``--rounds`` rounds, and the median of the rounds is reported, so that load from other
 processes hits both sides alike. Requests are batch 1 over gRPC (``trtrepo.validate``'s
 asyncio client), after a warm-up per level.
@@ -25,9 +25,9 @@ from pathlib import Path
 
 
 def build_repository(root: Path) -> Path:
-    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import QuantizeRequest, quantize_for_deploy
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions

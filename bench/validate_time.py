@@ -52,8 +52,8 @@ def build_repository(work: Path) -> Path:
     repo = work / "repo"
     if (repo / "mobilenet_v2" / "config.pbtxt").is_file():
         return repo
-    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import QuantizeRequest, quantize_for_deploy
     from trtrepo.repository import add_onnx_model
     from trtrepo.server import find_python_env
     from trtrepo.tritonconfig import ModelOptions

@@ -68,7 +68,7 @@ calibrating (the TensorRT user who sets dynamic ranges by hand): per tensor an `
 error naming the first one. `--data` then only serves the check against FP32 (without it the
 report says accuracy was NOT measured). The names are the ONNX tensor names (a graph input or a
 node's output); `trtrepo calibrate MODEL --data SPEC --ranges r.json` writes such a file for every
-tensor to start from (its other keys, `scale` and `histogram`, are not read here).
+tensor to start from (its other keys, `scale` and `rangemath`, are not read here).
 
 ```bash
 cat > ranges.json <<'JSON'

@@ -12,10 +12,10 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtrepo.autoquant import AccuracyCheck, QuantizeSettings, run_quantize
 from trtrepo.data import DataOptions
 from trtrepo.evaluate import ExpectedDrop, OutputMetrics
-from trtrepo.quantize import QuantizeOptions
+from trtrepo.qdq import QuantizeOptions
+from trtrepo.quantize import AccuracyCheck, QuantizeSettings, run_quantize
 
 K, C, N = 8, 16, 300
 
@@ -41,7 +41,7 @@ def hard_case(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
 
 def test_quantize_warns_and_reports_a_failed_check(hard_case, tmp_path, caplog):
     model, data = hard_case
-    with caplog.at_level("WARNING", logger="trtrepo.autoquant"):
+    with caplog.at_level("WARNING", logger="trtrepo.quantize"):
         res = run_quantize(model, tmp_path / "q.onnx", data=str(data), method="auto",
                            options=QuantizeOptions(target="onnxruntime"))
     check = res.report.accuracy_check
@@ -226,9 +226,9 @@ def test_quantize_without_labels_on_a_small_hold_out_cannot_decide(demo_onnx, de
     fifth of 100 images) cannot settle a 1-point limit even without a flip; the verdict does not
     pass, names the size that would decide, and shows the FP16 copy's expected drop on the same
     samples."""
-    from trtrepo.autoquant import AccuracyLoss
     from trtrepo.data import open_data
     from trtrepo.evaluate import MIN_PLAIN_SAMPLES, run_onnx
+    from trtrepo.quantize import AccuracyLoss
 
     src = open_data("demo:calib", limit=100, seed=0)
     x = np.concatenate([b.inputs["input"] for b in _iter(src)])

@@ -40,7 +40,7 @@ def test_import_contracts_hold() -> None:
     # a core stage importing the demo plug-in instead of going through contracts.builtin
     ("export.py", "def _demo():\n    from . import demo\n", "built-in models only through"),
     # the pure algorithms importing a stage
-    ("histogram.py", "def _io():\n    from . import calibrate\n", "cli -> commands"),
+    ("rangemath.py", "def _io():\n    from . import calibrate\n", "cli -> commands"),
     # a stage importing one above it in the stages' order (export is a leaf; validate.reference uses it)
     ("export.py", "def _ref():\n    from .validate import reference\n", "cli -> commands"),
 ])
@@ -192,7 +192,7 @@ def test_the_import_and_signature_checks_catch_a_violation(tmp_path: Path) -> No
     light module and an 11-parameter function are each reported; an explained one is not."""
     package = tmp_path / "trtrepo"
     shutil.copytree(ROOT / "trtrepo", package, ignore=shutil.ignore_patterns("__pycache__", "*.pt", "*.npz"))
-    target = package / "histogram.py"
+    target = package / "rangemath.py"
     target.write_text(target.read_text() + (
         "\n\ndef _bad(a, b, c, d, e, f, g, h, i, j, k):\n"
         "    from .errors import UsageError\n"
@@ -202,7 +202,7 @@ def test_the_import_and_signature_checks_catch_a_violation(tmp_path: Path) -> No
         "    return UsageError, temp_dir, json, csv\n"))
     internal, unexplained, other = _deferred_imports(package, _heavy_modules())
     n = len(target.read_text().splitlines())
-    assert {f"trtrepo/histogram.py:{n - 4}", f"trtrepo/histogram.py:{n - 3}"} <= set(internal)
-    assert unexplained == [f"trtrepo/histogram.py:{n - 4}"]
-    assert other == [f"trtrepo/histogram.py:{n - 2}: json"]
-    assert _long_signatures(package) == [f"histogram.py:{n - 5} _bad (11)"]
+    assert {f"trtrepo/rangemath.py:{n - 4}", f"trtrepo/rangemath.py:{n - 3}"} <= set(internal)
+    assert unexplained == [f"trtrepo/rangemath.py:{n - 4}"]
+    assert other == [f"trtrepo/rangemath.py:{n - 2}: json"]
+    assert _long_signatures(package) == [f"rangemath.py:{n - 5} _bad (11)"]

@@ -9,7 +9,7 @@ import dataclasses
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-REGISTRY = "trtrepo/quantize/options.py"
+REGISTRY = "trtrepo/qdq/options.py"
 
 
 def _library() -> list[tuple[str, ast.Module, str]]:
@@ -46,10 +46,10 @@ def test_one_place_checks_reduce_range():
 
 
 def test_deploy_options_hold_the_composed_request_not_its_fields():
-    from trtrepo.autoquant import QuantizeSettings
     from trtrepo.data import DataOptions
     from trtrepo.deploy import DeployOptions
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import QuantizeSettings
 
     deploy = {f.name for f in dataclasses.fields(DeployOptions)}
     request = ({f.name for f in dataclasses.fields(QuantizeSettings)} | {f.name for f in dataclasses.fields(QuantizeOptions)}

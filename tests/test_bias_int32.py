@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.evaluate import make_session
-from trtrepo.quantize import ActivationRange, QuantizeOptions, insert_qdq, weight_qparams
+from trtrepo.qdq import ActivationRange, QuantizeOptions, insert_qdq, weight_qparams
 
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 LEVELS = ("disable", "basic", "all")  # unfused Q/DQ, ONNX Runtime's own bias quantization, QLinearConv
@@ -152,7 +152,7 @@ def test_only_the_channels_that_do_not_fit_get_a_larger_weight_scale(caplog):
     w = weights()
     model = make_model(w, [500.0, 0.1], "relu")
     _, ranges = fp32_ranges(model, feed())
-    with caplog.at_level(logging.WARNING, logger="trtrepo.quantize"):
+    with caplog.at_level(logging.WARNING, logger="trtrepo.qdq"):
         qm = quantize(model, ranges)
     conv = next(n for n in qm.graph.node if n.name == "conv")
     w_dq = next(n for n in qm.graph.node if n.output[0] == conv.input[1])
@@ -170,7 +170,7 @@ def test_normal_model_biases_stay_int32_with_nearest_weight_scales(caplog):
     model = make_model(w, [0.5, -0.2], "relu")
     x = feed()
     values, ranges = fp32_ranges(model, x)
-    with caplog.at_level(logging.WARNING, logger="trtrepo.quantize"):
+    with caplog.at_level(logging.WARNING, logger="trtrepo.qdq"):
         qm = quantize(model, ranges)
     assert not [r for r in caplog.records if "int32 bias" in r.getMessage()]
     dq = bias_dq(qm)

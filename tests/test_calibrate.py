@@ -12,7 +12,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper
 
-from trtrepo import histogram as H
+from trtrepo import rangemath as H
 from trtrepo.cache import read_cache
 from trtrepo.calibrate import CALIBRATED_OPS, Calibrator, HistogramOptions, Ranges, Statistics, select_tensors
 from trtrepo.data import ArraySource, ListSource, Sample

@@ -9,7 +9,7 @@ from pathlib import Path
 from radon.complexity import cc_rank, cc_visit
 
 ROOT = Path(__file__).resolve().parents[1]
-# Issue 42's target is 15; 10 are left, all in quantize/, autoquant/ and weightsteps.py (listed by
+# Issue 42's target is 15; 10 are left, all in qdq/, quantize/ and weightsteps.py (listed by
 # the assertion message when the count grows). Lower this number as functions are split, never raise it.
 MAX_D_OR_WORSE = 10
 

@@ -10,13 +10,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtrepo.autoquant import QuantizeSettings
 from trtrepo.contracts.profile import BatchProfile
 from trtrepo.data import DataOptions
 from trtrepo.deploy import DeployOptions, build_options
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import make_session
 from trtrepo.modelio import ModelIO, TensorSpec
+from trtrepo.quantize import QuantizeSettings
 
 
 def text_io() -> ModelIO:

@@ -19,8 +19,8 @@ import pytest
 import torch
 from torch import nn
 
-from trtrepo.quantize import QuantizeOptions, find_decode_heads, plan_qdq, prepare_model
-from trtrepo.quantize.graph import GraphView
+from trtrepo.qdq import QuantizeOptions, find_decode_heads, plan_qdq, prepare_model
+from trtrepo.qdq.graph import GraphView
 
 STRIDES = (8, 16, 32)
 SIZE = 64

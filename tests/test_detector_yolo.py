@@ -18,12 +18,12 @@ import numpy as np
 import onnx
 import pytest
 
-from trtrepo.autoquant import AccuracyCheck
-from trtrepo.autoquant.gate import DETECTION_RULE
 from trtrepo.evaluate import Detector, compare_outputs, make_session
 from trtrepo.fp16 import convert_to_fp16
-from trtrepo.quantize import detector_outputs, find_decode_heads, prepare_model
-from trtrepo.quantize.graph import GraphView
+from trtrepo.qdq import detector_outputs, find_decode_heads, prepare_model
+from trtrepo.qdq.graph import GraphView
+from trtrepo.quantize import AccuracyCheck
+from trtrepo.quantize.gate import DETECTION_RULE
 
 pytestmark = pytest.mark.long
 

@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from trtrepo.autoquant import QuantizeSettings
-from trtrepo.autoquant.front import MAX_ROWS, FrontRow, QualityFront
 from trtrepo.cli import cli
 from trtrepo.data import DataOptions
-from trtrepo.quantize import QuantizeOptions
+from trtrepo.qdq import QuantizeOptions
+from trtrepo.quantize import QuantizeSettings
+from trtrepo.quantize.front import MAX_ROWS, FrontRow, QualityFront
 
 DAMAGED_CONV = "/features/features.4/features.4.0/Conv"
 DAMAGED_INPUT = "/features/features.3/relu/Relu_output_0"  # that Conv's only input
@@ -114,10 +114,10 @@ def test_the_front_prints_at_most_five_rows_keeping_the_chosen_all_int8_and_fp32
 
 def test_a_model_is_never_told_faster_than_itself(demo_onnx):
     """The stable-window timing against FP32: the same model on both sides gives a ratio near 1."""
-    from trtrepo.autoquant import Evaluator
     from trtrepo.data import open_data
     from trtrepo.measure import Stability
-    from trtrepo.quantize import load_model
+    from trtrepo.qdq import load_model
+    from trtrepo.quantize import Evaluator
 
     model = load_model(demo_onnx)
     ev = Evaluator(model, open_data("demo:calib", limit=64), batch_size=32)
@@ -130,10 +130,10 @@ def test_the_layers_are_ranked_on_calibration_samples_never_on_the_held_out_ones
     """With calibration data the ranking runs on RANK_SAMPLES calibration samples (ranked and judged
     on the same held-out crops, the front kept in float the layers that repaired those crops). A
     limit no model can meet (a negative drop) makes every row fail, so the whole front runs."""
-    from trtrepo.autoquant import QuantizeRequest, quantize_request
-    from trtrepo.autoquant.front import RANK_SAMPLES, FrontOptions
-    from trtrepo.autoquant.gate import AccuracyCheck
     from trtrepo.data import open_data
+    from trtrepo.quantize import QuantizeRequest, quantize_request
+    from trtrepo.quantize.front import RANK_SAMPLES, FrontOptions
+    from trtrepo.quantize.gate import AccuracyCheck
 
     req = QuantizeRequest.of(str(demo_onnx), str(tmp_path / "m.onnx"), data=open_data("demo:calib", limit=200), method="minmax",
                           check=AccuracyCheck(max_top1_drop=-1.0), accept_accuracy_loss=True,

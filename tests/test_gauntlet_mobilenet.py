@@ -15,9 +15,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtrepo.autoquant import AccuracyCheck, activation_ranges, calibration_tensors, run_quantize
 from trtrepo.evaluate import compare_outputs, integer_kernels, run_onnx
-from trtrepo.quantize import QuantizeOptions
+from trtrepo.qdq import QuantizeOptions
+from trtrepo.quantize import AccuracyCheck, activation_ranges, calibration_tensors, run_quantize
 
 GAUNTLET = Path(__file__).resolve().parents[1] / "bench" / "gauntlet"
 pytestmark = pytest.mark.slow
@@ -99,7 +99,7 @@ def test_equalization_keeps_mobilenet_v2_logits_within_1e4(mobilenet):
     from trtrepo import equalize as EQ
     from trtrepo.data import open_data
     from trtrepo.modelio import ModelIO
-    from trtrepo.quantize import load_model, prepare_model
+    from trtrepo.qdq import load_model, prepare_model
     from trtrepo.weightsteps import cached_batches
 
     vision, model, calib, evaluation = mobilenet
@@ -122,7 +122,7 @@ def test_the_gate_passes_an_fp16_copy_and_refuses_a_clipped_input_on_the_trained
     from trtrepo.calibrate import Calibrator
     from trtrepo.data import open_data
     from trtrepo.fp16 import convert_to_fp16
-    from trtrepo.quantize import ActivationRange, insert_qdq, load_model, prepare_model
+    from trtrepo.qdq import ActivationRange, insert_qdq, load_model, prepare_model
 
     vision, model, calib, evaluation = mobilenet
     fp32_model = prepare_model(load_model(model))

@@ -1,4 +1,4 @@
-"""The calibrators of trtrepo.histogram: against ModelOpt's HistogramCalibrator (the public
+"""The calibrators of trtrepo.rangemath: against ModelOpt's HistogramCalibrator (the public
 pytorch-quantization / TensorRT EntropyCalibrator2 algorithm), against a brute-force MSE search,
 and as properties (hypothesis)."""
 
@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 
-from trtrepo import histogram as H
+from trtrepo import rangemath as H
 
 NUM_BINS = 2048
 

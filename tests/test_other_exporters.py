@@ -26,8 +26,8 @@ from test_detector_head import SIZE, AnchorFree, _export
 from torch import nn
 
 from trtrepo.modelio import ModelIO, normalize_weights
-from trtrepo.quantize import RangesFile, detector_outputs, find_decode_heads
-from trtrepo.quantize.graph import GraphView
+from trtrepo.qdq import RangesFile, detector_outputs, find_decode_heads
+from trtrepo.qdq.graph import GraphView
 
 
 def _cnn() -> nn.Module:

@@ -17,7 +17,7 @@ import torch
 from test_detector_head import SIZE, AnchorFree, _export
 from torch import nn
 
-from trtrepo.quantize.graph import prepare_model, softmax_on_last_axis
+from trtrepo.qdq.graph import prepare_model, softmax_on_last_axis
 
 MOVERS = ("Split", "MaxPool", "Resize")
 

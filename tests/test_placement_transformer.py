@@ -10,9 +10,9 @@ from pathlib import Path
 import onnx
 import pytest
 
-from trtrepo.autoquant import run_quantize
 from trtrepo.evaluate import integer_kernels
-from trtrepo.quantize import QuantizeOptions, prepare_model
+from trtrepo.qdq import QuantizeOptions, prepare_model
+from trtrepo.quantize import run_quantize
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.errors import UsageError
 from trtrepo.evaluate import make_session
-from trtrepo.quantize import (
+from trtrepo.qdq import (
     ActivationRange,
     QuantizeOptions,
     insert_qdq,
@@ -410,7 +410,7 @@ def demo_stats(demo_onnx):
 
 @pytest.fixture(scope="module")
 def demo_ranges(demo_stats):
-    from trtrepo.autoquant import activation_ranges
+    from trtrepo.quantize import activation_ranges
 
     return activation_ranges(demo_stats.compute("entropy"), demo_stats)
 
@@ -493,8 +493,8 @@ def test_unreachable_accuracy_target_writes_nothing(demo_onnx, tmp_path, run_cli
 
 
 def test_quantize_request_is_checked_before_any_file_is_read(tmp_path):
-    from trtrepo.autoquant import QuantizeRequest
-    from trtrepo.quantize import RangesFile
+    from trtrepo.qdq import RangesFile
+    from trtrepo.quantize import QuantizeRequest
 
     absent, out = tmp_path / "absent.onnx", tmp_path / "q.onnx"
     given_ranges = RangesFile(tmp_path / "r.json", {})
@@ -520,8 +520,8 @@ def test_quantize_report_file_is_the_report_the_run_returns(demo_onnx, tmp_path)
     """quantize.json is QuantizeReport.to_dict() and quantize.md its markdown: the file a user reads
     and the object the commands read cannot disagree; summary_lines() names the chosen method, the
     exclusion and where the report went."""
-    from trtrepo.autoquant import report_markdown, run_quantize
     from trtrepo.fsutil import report_json
+    from trtrepo.quantize import report_markdown, run_quantize
 
     rep = tmp_path / "rep"
     res = run_quantize(demo_onnx, tmp_path / "q.onnx", data="demo:calib", data_args={"limit": 120, "seed": 0},
@@ -561,9 +561,9 @@ def test_auto_selects_best_method_on_held_out_split(demo_onnx, tmp_path, run_cli
 
 @pytest.mark.slow
 def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx, tmp_path):
-    from trtrepo.autoquant import run_quantize
     from trtrepo.data import open_data
     from trtrepo.evaluate import evaluate
+    from trtrepo.quantize import run_quantize
 
     held_out = open_data("demo:val").subset(200, seed=0)
     common = dict(data="demo:calib", eval_data=held_out, method="entropy", data_args={"limit": 256, "seed": 0},
@@ -596,8 +596,8 @@ def test_fallback_leaves_sensitive_layers_in_float_until_target_holds(demo_onnx,
 
 
 def test_quantize_for_deploy(demo_onnx, tmp_path):
-    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
     from trtrepo.data import open_data
+    from trtrepo.quantize import QuantizeRequest, quantize_for_deploy
 
     source = open_data("demo:calib").subset(90, 0)  # below AUTO_MIN_SAMPLES: entropy, no split
     res = quantize_for_deploy(QuantizeRequest.of(demo_onnx, tmp_path / "d.onnx", data=source, method="auto",
@@ -636,7 +636,7 @@ def test_onnxruntime_unit_extras_without_ranges_run_float(caplog):
     model = residual_model(tail=True)
     ranges, feed = amax_all(model)
     del ranges["c"]  # conv2's output: only the Add unit needs it
-    with caplog.at_level("WARNING", logger="trtrepo.quantize"):
+    with caplog.at_level("WARNING", logger="trtrepo.qdq"):
         qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime")).model
     assert "node units" in caplog.text and "'c'" in caplog.text
     add = next(n for n in qm.graph.node if n.name == "add")

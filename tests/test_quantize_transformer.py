@@ -16,7 +16,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.evaluate import make_session
-from trtrepo.quantize import QuantizeOptions, insert_qdq, plan_qdq, prepare_model, unquantizable_ranges
+from trtrepo.qdq import QuantizeOptions, insert_qdq, plan_qdq, prepare_model, unquantizable_ranges
 
 RNG = np.random.default_rng(0)
 D, S = 8, 6
@@ -139,7 +139,7 @@ def test_attention_graph_keeps_mask_softmax_layernorm_and_attention_matmuls_floa
     feed = feeds()
     ranges = exact_ranges(model, feed)
     assert max(abs(ranges["additive"][0]), abs(ranges["scores"][0])) > 1e38  # the mask really is finfo.min
-    with caplog.at_level(logging.WARNING, logger="trtrepo.quantize"):
+    with caplog.at_level(logging.WARNING, logger="trtrepo.qdq"):
         qm = insert_qdq(model, ranges, QuantizeOptions(target=target))
     plan = qm.plan
     # the mask path and its reasons
@@ -205,8 +205,8 @@ def test_mask_constant_is_found_without_ranges():
 def test_infinite_mask_calibrates_and_quantizes_without_crashing(target, tmp_path):
     """Where(mask, 0, -inf): calibration records the infinite tensors without a range (no crash),
     quantization keeps them float with the reason, and the Q/DQ model runs finite."""
-    from trtrepo.autoquant import run_quantize
     from trtrepo.calibrate import Calibrator
+    from trtrepo.quantize import run_quantize
 
     model = attention_model("-inf")
     src = tmp_path / "attn.onnx"
@@ -241,9 +241,9 @@ def text_onnx(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.parametrize("target", ["tensorrt", "onnxruntime"])
 def test_demo_text_mask_path_stays_float_and_accuracy_holds(text_onnx, tmp_path, target):
-    from trtrepo.autoquant import run_quantize
     from trtrepo.data import open_data
     from trtrepo.evaluate import evaluate
+    from trtrepo.quantize import run_quantize
 
     res = run_quantize(text_onnx, tmp_path / "q.onnx", data="demo-text:calib", method="entropy",
                        options=QuantizeOptions(target=target), data_args={"limit": 256}, report_dir=tmp_path / "r")
@@ -287,8 +287,8 @@ def test_demo_text_auto_with_cosine_target_on_embedding_cli(text_onnx, tmp_path,
 
 
 def test_demo_text_cosine_target_api_onnxruntime_and_bad_metric_output(text_onnx, tmp_path, run_cli):
-    from trtrepo.autoquant import run_quantize
     from trtrepo.errors import UsageError
+    from trtrepo.quantize import run_quantize
 
     res = run_quantize(text_onnx, tmp_path / "q.onnx", data="demo-text:calib", method="minmax",
                        options=QuantizeOptions(target="onnxruntime"), accuracy_target="cosine=0.999",

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from trtrepo import histogram as H
+from trtrepo import rangemath as H
 
 
 def test_registry_is_what_compute_amax_dispatches_to() -> None:
@@ -47,7 +47,7 @@ def test_shipped_records_are_declared_as_entry_points() -> None:
     from trtrepo.contracts import backends, builtin
     from trtrepo.data import DATA_SOURCES
     from trtrepo.modelsource import MODEL_SOURCES
-    from trtrepo.quantize import QDQ_TARGETS
+    from trtrepo.qdq import QDQ_TARGETS
 
     declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["entry-points"]
     assert sorted(declared) == sorted(plugins.GROUPS)
@@ -96,7 +96,7 @@ ENTRY_POINTS = "trtrepo_extras-0.1.dist-info/entry_points.txt"
 
 PLUGIN_FILES = {
     "trtrepo_extras/p90.py": """
-        from trtrepo.histogram import CalibrationMethod, amax_percentile
+        from trtrepo.rangemath import CalibrationMethod, amax_percentile
 
         # amax = the 90th percentile of |x| (clips far more than any shipped method)
         P90 = CalibrationMethod("p90", lambda c, e, m, **o: amax_percentile(c, e, 90.0),
@@ -122,7 +122,7 @@ PLUGIN_FILES = {
         {{- c.parameters(m) }}
         """,
     "trtrepo_extras/ortlite.py": """
-        from trtrepo.quantize import QdqTarget, rule_weighted_op_inputs
+        from trtrepo.qdq import QdqTarget, rule_weighted_op_inputs
 
         # Q/DQ in front of the weighted ops only: uint8 activations, int8 weight initializers
         ORTLITE = QdqTarget("ortlite", (rule_weighted_op_inputs,), activations="asymmetric", weights="int8",
@@ -287,7 +287,7 @@ def test_plugin_package_adds_each_kind_end_to_end(tmp_path: Path, plugin_path: P
     import onnxruntime as ort
 
     from trtrepo.contracts import backends, builtin
-    from trtrepo.quantize import target_names
+    from trtrepo.qdq import target_names
     from trtrepo.tritonconfig import parse_config_text
 
     # nothing registered in this process: the plug-in exists only on the children's path

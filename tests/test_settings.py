@@ -1,5 +1,5 @@
 """Issue 42 item 1: the INT8 request is declared once. A new INT8 knob is a field of
-:class:`~trtrepo.autoquant.QuantizeSettings` and an option of the ``@quantize_options`` group --
+:class:`~trtrepo.quantize.QuantizeSettings` and an option of the ``@quantize_options`` group --
 two files -- and both ``trtrepo quantize`` and ``trtrepo deploy`` take it and hand it to the
 quantize stage (``QuantizeRequest.int8``), with nothing else touched.
 
@@ -14,15 +14,15 @@ import subprocess
 import sys
 from pathlib import Path
 
-from trtrepo.autoquant import QuantizeSettings
 from trtrepo.commands._options import build_settings
-from trtrepo.quantize import QDQ_TARGETS, QuantizeOptions
+from trtrepo.qdq import QDQ_TARGETS, QuantizeOptions
+from trtrepo.quantize import QuantizeSettings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 PROBE = """
 import sys
-import trtrepo.autoquant.run as run
+import trtrepo.quantize.run as run
 
 def probe(req):
     print("KNOB", req.int8.example_knob, req.int8.placement.target.name, req.int8.method, flush=True)
@@ -38,7 +38,7 @@ def _copy_with_knob(dest: Path) -> list[str]:
     """The package copied to ``dest`` with the knob added; the files that differ from the original."""
     pkg = dest / "trtrepo"
     shutil.copytree(ROOT / "trtrepo", pkg, ignore=shutil.ignore_patterns("__pycache__"))
-    settings = pkg / "autoquant" / "settings.py"
+    settings = pkg / "quantize" / "settings.py"
     text = settings.read_text()
     anchor = "    metric_output: str | None = None\n"
     assert text.count(anchor) == 1
@@ -54,7 +54,7 @@ def _copy_with_knob(dest: Path) -> list[str]:
 
 def test_a_new_int8_knob_touches_two_files_and_reaches_the_stage_from_both_commands(tmp_path, demo_onnx):
     changed = _copy_with_knob(tmp_path)
-    assert changed == ["trtrepo/autoquant/settings.py", "trtrepo/commands/_options.py"]
+    assert changed == ["trtrepo/commands/_options.py", "trtrepo/quantize/settings.py"]
     probe = tmp_path / "probe.py"
     probe.write_text(PROBE)
     env = {"PYTHONPATH": str(tmp_path), "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}

@@ -11,7 +11,7 @@ import pytest
 from onnx import TensorProto, helper, numpy_helper
 
 from trtrepo.errors import UsageError
-from trtrepo.quantize import ActivationRange, QuantizeOptions, insert_qdq, prepare_model
+from trtrepo.qdq import ActivationRange, QuantizeOptions, insert_qdq, prepare_model
 from trtrepo.smoothquant import apply_smoothquant, parse_alpha, smooth_candidates, smooth_scales
 
 D, H = 32, 64

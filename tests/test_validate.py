@@ -2,7 +2,7 @@
 
 The server tests start one real tritonserver per module on 127.0.0.1 free ports, serving a
 repository written by trtrepo: the demo CNN (Python backend running ONNX Runtime) in FP32 and
-INT8 (``trtrepo.quantize``), demo-text (two int64 inputs, variable sequence length) and a model
+INT8 (``trtrepo.qdq``), demo-text (two int64 inputs, variable sequence length) and a model
 that fails to load. Every call is bounded; the server is stopped by the fixture.
 """
 
@@ -265,10 +265,10 @@ def test_cuda_shared_memory_without_a_gpu_is_a_usage_error(run_cli, demo_onnx, t
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory, demo_onnx):
-    """ONNX files: demo FP32, demo INT8 (ONNX Runtime Q/DQ via trtrepo.quantize), demo-text."""
-    from trtrepo.autoquant import QuantizeRequest, quantize_for_deploy
+    """ONNX files: demo FP32, demo INT8 (ONNX Runtime Q/DQ via trtrepo.qdq), demo-text."""
     from trtrepo.export import export_onnx
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import QuantizeRequest, quantize_for_deploy
 
     d = tmp_path_factory.mktemp("validate-models")
     int8 = quantize_for_deploy(QuantizeRequest.of(demo_onnx, d / "demo_int8.onnx", data="demo:calib", method="minmax",
@@ -683,8 +683,8 @@ def test_max_top1_drop_without_labels_is_quantizes_expected_drop(terms, verdict)
     upper end of its 95 % interval; too few samples to decide fail and say how many would."""
     import dataclasses
 
-    from trtrepo.autoquant import AccuracyCheck
     from trtrepo.evaluate import ExpectedDrop, OutputMetrics
+    from trtrepo.quantize import AccuracyCheck
 
     ed = ExpectedDrop.of(np.asarray(terms), 0.9)
     m = OutputMetrics("logits", len(terms), 0.1, 0.01, 0.999, 0.99, top1_agreement=0.9, expected_drop=ed)

@@ -15,7 +15,7 @@ import onnx
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from trtrepo.quantize import weight_qparams
+from trtrepo.qdq import weight_qparams
 from trtrepo.warngroups import Cause, Detail, collecting, group, in_run
 
 LAYERS, CHANNELS, DEAD = 6, 8, 3  # DEAD near-dead channels (weights ~1e-9, bias 500) per layer

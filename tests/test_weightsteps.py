@@ -1,4 +1,4 @@
-"""Weight steps of quantize (issue 26): bias correction and AdaRound (trtrepo.weightopt, pure
+"""Weight steps of quantize (issue 26): bias correction and AdaRound (trtrepo.weightmath, pure
 numpy) and their ONNX adapter (trtrepo.weightsteps), checked on synthetic layers and on the
 trained demo CNN with ONNX Runtime."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from trtrepo import weightopt as W
+from trtrepo import weightmath as W
 
 
 def _layer(seed: int = 0, groups: int = 2, og: int = 6, k: int = 12, n: int = 4000):
@@ -64,11 +64,11 @@ def test_adaround_beats_nearest_on_the_loss_keeps_the_grid_and_is_never_worse():
 @pytest.fixture(scope="module")
 def demo_parts(demo_onnx):
     from trtrepo import weightsteps as WS
-    from trtrepo.autoquant import activation_ranges, calibration_tensors
     from trtrepo.calibrate import Calibrator
     from trtrepo.data import open_data
     from trtrepo.modelio import ModelIO
-    from trtrepo.quantize import QuantizeOptions, load_model, prepare_model
+    from trtrepo.qdq import QuantizeOptions, load_model, prepare_model
+    from trtrepo.quantize import activation_ranges, calibration_tensors
 
     model = prepare_model(load_model(demo_onnx))
     options = QuantizeOptions(target="onnxruntime")
@@ -85,7 +85,7 @@ def test_weight_steps_put_weights_on_the_writers_grid(demo_parts):
     from onnx import numpy_helper
 
     from trtrepo import weightsteps as WS
-    from trtrepo.quantize import insert_qdq, quantize_weight, weight_qparams
+    from trtrepo.qdq import insert_qdq, quantize_weight, weight_qparams
 
     model, options, ranges, layers, moments = demo_parts
     assert {la.op for la in layers} == {"Conv", "Gemm"} and len(layers) >= 8
@@ -110,7 +110,7 @@ def test_each_step_lowers_the_held_out_error_of_the_trained_demo_cnn(demo_parts,
     from trtrepo import weightsteps as WS
     from trtrepo.data import open_data
     from trtrepo.evaluate import run_onnx
-    from trtrepo.quantize import insert_qdq
+    from trtrepo.qdq import insert_qdq
 
     model, options, ranges, layers, moments = demo_parts
     val = open_data("demo:val")

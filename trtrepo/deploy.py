@@ -2,7 +2,7 @@
 
 Each step is a function that records a :class:`StepResult`; the command prints them as the
 summary table. The INT8 and build stages are reached through one call point each
-(:func:`_int8_step` calls ``trtrepo.autoquant.quantize_for_deploy``, :func:`_build_step` calls
+(:func:`_int8_step` calls ``trtrepo.quantize.quantize_for_deploy``, :func:`_build_step` calls
 ``trtrepo.engine.build_engine`` when TensorRT and a GPU are present); when a stage cannot run
 here, the step says why and the deploy continues with what it has (FP32 ONNX without
 calibration data, ONNX Runtime backend without TensorRT), so the main job works on any machine.
@@ -21,9 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from . import autoquant
-from .autoquant import QuantizeRequest, QuantizeRunResult, QuantizeSettings, quantize_request
-from .autoquant.front import FrontOptions, QualityFront
+from . import quantize
 from .contracts import backends, builtin
 from .contracts.location import is_remote
 from .contracts.profile import BatchProfile
@@ -40,7 +38,9 @@ from .objectstore import checkout, open_store, publish
 from .onnxgraph import make_session
 from .preprocessing import exporter_preprocess
 from .progress import status, task
-from .quantize import NothingToQuantize, backend_target, detector_outputs
+from .qdq import NothingToQuantize, backend_target, detector_outputs
+from .quantize import QuantizeRequest, QuantizeRunResult, QuantizeSettings, quantize_request
+from .quantize.front import FrontOptions, QualityFront
 from .quantsummary import QuantizeSummary
 from .repository import (
     WriteResult,
@@ -305,7 +305,7 @@ def _quantize(opts: DeployOptions, onnx_path: Path, int8: QuantizeSettings, work
         return onnx_path, "fp32"
     source = calibration.source()
     # the stage writes a model that fails the check too: deploy decides (_ship_or_fall_back)
-    result = autoquant.quantize_for_deploy(QuantizeRequest(
+    result = quantize.quantize_for_deploy(QuantizeRequest(
         onnx_path, work / "model.int8.onnx", data=source, int8=replace(int8, accept_accuracy_loss=True,
                                                                           eval_data=calibration.eval_source()),
         batch_size=_batch_size(opts), front=front_options(opts, int8)))
@@ -501,7 +501,7 @@ def _preprocess_spec(opts: DeployOptions, exported: Preprocess | None) -> Any:
 
 def _detector_ensemble(repo: str | Path, primary: ModelConfig, model_path: Path, preprocess: Preprocess,
                        common: dict[str, Any], mopts: ModelOptions, task: str = "auto") -> list[DeployedModel] | None:
-    """For a detector (:func:`trtrepo.quantize.detector_outputs`): its preprocessing, NMS
+    """For a detector (:func:`trtrepo.qdq.detector_outputs`): its preprocessing, NMS
     postprocessing and ensemble (:func:`trtrepo.repository.add_detector_ensemble`); None otherwise.
     The head's layout is read off one FP32 run at the letterbox size (an export's channel axis may
     be symbolic)."""

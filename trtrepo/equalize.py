@@ -10,7 +10,7 @@ dense Conv would trade activation resolution for weight resolution and are left 
 chains whose activation is not ReLU/ReLU6-like.
 
 The scales come from each channel's largest pre-activation value on the calibration data
-(:func:`trtrepo.weightopt.clip_safe_amplification`): exact for ReLU, exact below ``c / margin``
+(:func:`trtrepo.weightmath.clip_safe_amplification`): exact for ReLU, exact below ``c / margin``
 for a clip ``c``. The caller measures the equalized FP32 model against the original on
 held-out data and keeps it only where its outputs agree (:data:`MAX_RELATIVE_CHANGE`).
 """
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from . import weightopt as W
+from . import weightmath as W
 from .modelio import with_outputs
 from .onnxgraph import GraphView, make_session
 

@@ -3,7 +3,7 @@ shares. :class:`GraphView` (producers, consumers, initializers, constants, infer
 shapes of a graph; read-only), the producer and consumer maps it is built on
 (:func:`producer_map`, :func:`consumer_map`; also used alone by passes that edit the graph), and
 the one ONNX Runtime CPU session factory (:func:`make_session`). Decision: one owner for these, below
-the stages (quantize, equalize, weightsteps, smoothquant, autoquant, evaluate, export, validate,
+the stages (qdq, equalize, weightsteps, smoothquant, quantize, evaluate, export, validate,
 engine and deploy use them), so a stage never rebuilds them with its own variations. The calibrator
 opens its own sessions (its execution providers, memory pattern and optimized-model files)."""
 

@@ -3,10 +3,10 @@
 Six groups, one per kind of plug-in; an entry point's name is the record's name and its value
 (``module:attribute``) is the record itself:
 
-* ``trtrepo.calibration_methods``: a :class:`trtrepo.histogram.CalibrationMethod`;
+* ``trtrepo.calibration_methods``: a :class:`trtrepo.rangemath.CalibrationMethod`;
 * ``trtrepo.backends``: a :class:`trtrepo.contracts.backends.BackendSpec` (its template ships in
   the plug-in's package, beside the module, or comes with ``--template-dir``);
-* ``trtrepo.qdq_targets``: a :class:`trtrepo.quantize.QdqTarget`;
+* ``trtrepo.qdq_targets``: a :class:`trtrepo.qdq.QdqTarget`;
 * ``trtrepo.builtin_models``: a :class:`trtrepo.contracts.builtin.BuiltinModel` (loaded only when
   the model is used: its name is the entry point's);
 * ``trtrepo.data_sources``: a :class:`trtrepo.data.DataSourceKind` (a kind of ``--data`` spec);

@@ -5,7 +5,7 @@ kept in float and why, and the INT8/FP32 speed ratio on the held-out data.
 
 ``trtrepo quantize`` and ``trtrepo deploy`` print :meth:`QuantizeSummary.summary_lines` and put
 :meth:`QuantizeSummary.to_dict` under ``accuracy`` in ``--json``. It is built from the quantize
-report (:meth:`trtrepo.autoquant.QuantizeReport.accuracy_summary`), so the console, the JSON and
+report (:meth:`trtrepo.quantize.QuantizeReport.accuracy_summary`), so the console, the JSON and
 ``quantize.json`` cannot disagree. The speed ratio is ONNX Runtime on this CPU at the held-out batch size: a hint of
 what INT8 buys, not the served latency (``trtrepo validate`` measures that)."""
 

@@ -126,7 +126,7 @@ class SmoothResult:
 
 def apply_smoothquant(model: Any, channels: Mapping[str, tuple[np.ndarray, np.ndarray]], alpha: float,
                       *, skip: set[str] | None = None) -> SmoothResult:
-    """A smoothed copy of ``model`` (node names unique, see :func:`trtrepo.quantize.prepare_model`).
+    """A smoothed copy of ``model`` (node names unique, see :func:`trtrepo.qdq.prepare_model`).
     ``channels``: per-channel (min, max) of each candidate input, last axis. Inputs without
     statistics, or whose channel count does not match the weights, are left alone; so are the
     nodes named in ``skip`` (kept float by the placement: smoothing them buys nothing)."""

@@ -4,7 +4,7 @@ per-layer details in the report and in ``--json`` (issue 40 item 5).
 A stage that would warn once per layer, and again for every candidate model the INT8 step tries
 (each method, SmoothQuant alpha, weight rounding, accuracy-target step), describes each case as a
 :class:`Detail` of a registered :class:`Cause` and attaches the details to what it made (the
-``warnings`` of a :class:`~trtrepo.quantize.QuantizedModel`). The run keeps the details of the
+``warnings`` of a :class:`~trtrepo.qdq.QuantizedModel`). The run keeps the details of the
 model it ships (:meth:`Collector.keep`); those of the candidates it measured and dropped are
 dropped with them: they describe a model nobody receives, and the shipped one carries the same
 cause wherever it still holds. When the outermost :func:`collecting` block ends without an error,

@@ -1,8 +1,8 @@
 """Weight steps of ``quantize``: bias correction and AdaRound on an ONNX model (the adapter
-around the numpy algorithms of :mod:`trtrepo.weightopt`).
+around the numpy algorithms of :mod:`trtrepo.weightmath`).
 
 A weight step returns a new FP32 model whose quantized layers carry weights that already lie on
-their INT8 grid (``q * scale``) and corrected biases. The Q/DQ writer (:func:`trtrepo.quantize.insert_qdq`)
+their INT8 grid (``q * scale``) and corrected biases. The Q/DQ writer (:func:`trtrepo.qdq.insert_qdq`)
 derives the same per-channel scales from them and reproduces the chosen integers, so the result
 is plain INT8 weights in the Q/DQ model: ONNX Runtime and TensorRT run it unchanged. (The one
 exception is the writer's own: a near-dead channel whose bias does not fit int32 at
@@ -51,12 +51,12 @@ from typing import Any
 import numpy as np
 from threadpoolctl import threadpool_limits
 
-from . import weightopt as W
+from . import weightmath as W
 from .data import iter_batches
 from .modelio import with_outputs, without_weights
 from .onnxgraph import GraphView, consumer_map, make_session, producer_map
 from .progress import phase
-from .quantize import (
+from .qdq import (
     QdqTarget,
     QParams,
     QuantizeOptions,
@@ -96,7 +96,7 @@ def sequential_inputs(target: QdqTarget) -> bool:
 
 @dataclass
 class Layer:
-    """One quantized layer in grouped-matrix form (see :mod:`trtrepo.weightopt`)."""
+    """One quantized layer in grouped-matrix form (see :mod:`trtrepo.weightmath`)."""
 
     node: str
     op: str
@@ -220,7 +220,7 @@ def collect_moments(model: Any, layers: Sequence[Layer], batches: Sequence[Any],
                     seed: int = 0) -> dict[str, W.InputMoments]:
     """One pass of the FP32 ``model`` over ``batches``: each layer's input patches, FP32 and
     fake-quantized with the Q/DQ parameters its input gets (``act_qparams``; absent: float),
-    reduced to :class:`~trtrepo.weightopt.InputMoments`."""
+    reduced to :class:`~trtrepo.weightmath.InputMoments`."""
 
     names = list(dict.fromkeys(la.input for la in layers))
     session = make_session(with_outputs(model, names), threads=threads, arena=False, spin=False)

@@ -44,8 +44,8 @@ def cpu_name() -> str:
 
 def child(args: argparse.Namespace) -> None:
     """One quantize run (in its own process): prints a JSON line."""
-    from trtrepo.autoquant import run_quantize
-    from trtrepo.quantize import QuantizeOptions
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.quantize import run_quantize
 
     t0 = time.perf_counter()
     res = run_quantize(args.model, args.out_model, data=args.calib, options=QuantizeOptions(target=args.target),
@@ -102,7 +102,7 @@ def main() -> None:
         return
     from trtrepo.evaluate import confident_mask
     from trtrepo.fp16 import convert_to_fp16
-    from trtrepo.quantize import load_model
+    from trtrepo.qdq import load_model
 
     out = args.out or args.cache / "results"
     work = out / "cnn_int8"

@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import histogram as H
+from .. import rangemath as H
 from ..cache import check_names
 from ..data import DataOptions, DataSource, iter_batches, open_data
 from ..errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error

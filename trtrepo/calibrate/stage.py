@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .. import histogram as H
+from .. import rangemath as H
 from ..cache import format_cache, format_dynamic_range, trt_version_int
 from ..data import DataOptions
 from ..errors import OptionError

@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import histogram as H
+from .. import rangemath as H
 from ..cache import check_range, read_cache, scale_of, write_cache, write_dynamic_range
 from ..errors import OptionError, TrtrepoError, UsageError
 from ..fsutil import atomic_path, atomic_write_text
@@ -76,7 +76,7 @@ class Statistics:
         return [n for n, t in self.tensors.items() if not math.isfinite(t.max_abs)]
 
     def compute(self, method: str, *, percentile: float = H.DEFAULT_PERCENTILE, **options: float) -> Ranges:
-        """Ranges (tensor -> amax) with a registered ``method`` (:data:`trtrepo.histogram.METHODS`)."""
+        """Ranges (tensor -> amax) with a registered ``method`` (:data:`trtrepo.rangemath.METHODS`)."""
         if method not in H.METHODS:
             raise OptionError("method", f"'{method}': expected one of {', '.join(H.METHODS)}", concept="the calibration method")
         if not 0.0 < percentile <= 100.0:

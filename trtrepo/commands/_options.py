@@ -9,9 +9,9 @@ from typing import Any, TypeVar
 
 import click
 
-from .. import histogram as H
-from ..quantize import DETECTOR_TASKS, QDQ_TARGETS, QuantizeOptions, qdq_target, target_names
-from ..weightopt import ROUNDING_STEPS
+from .. import rangemath as H
+from ..qdq import DETECTOR_TASKS, QDQ_TARGETS, QuantizeOptions, qdq_target, target_names
+from ..weightmath import ROUNDING_STEPS
 from ._types import ACCURACY_TARGET, RANGES, SMOOTH_QUANT
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -57,9 +57,9 @@ s3_endpoint_option = click.option(
 
 def quantize_options(f: F) -> F:
     """The INT8 request of ``quantize`` and ``deploy``, declared once: adds the options below and
-    calls the command with ``int8=`` a :class:`~trtrepo.autoquant.QuantizeSettings` built from
+    calls the command with ``int8=`` a :class:`~trtrepo.quantize.QuantizeSettings` built from
     them by name (an option named like a ``QuantizeSettings`` field sets it; one named like a
-    :class:`~trtrepo.quantize.QuantizeOptions` field sets ``placement``). A new INT8 knob is a
+    :class:`~trtrepo.qdq.QuantizeOptions` field sets ``placement``). A new INT8 knob is a
     field there and an option here. ``--target auto`` is the backend's target in ``deploy`` and
     TensorRT's in ``quantize``. Apply directly above ``def`` (below ``@io_paths``, which sees the
     file options as given)."""
@@ -136,9 +136,9 @@ def quantize_options(f: F) -> F:
 
 
 def build_settings(values: dict[str, Any]) -> Any:
-    """:class:`~trtrepo.autoquant.QuantizeSettings` from the option group's values, by name; the
+    """:class:`~trtrepo.quantize.QuantizeSettings` from the option group's values, by name; the
     ``--target`` name becomes its record here (the CLI edge), ``auto`` the backend's."""
-    from ..autoquant import QuantizeSettings  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..quantize import QuantizeSettings  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     target = values.pop("target")
     placement_fields = {f.name for f in fields(QuantizeOptions)}

@@ -46,4 +46,4 @@ SMOOTH_QUANT = Parsed("SmoothQuant alpha", "trtrepo.smoothquant:parse_alpha", "o
 SHAPE = Parsed("shape range", "trtrepo.contracts.profile:parse_shape_option", "NAME:MIN,OPT,MAX")
 CONCURRENCY = Parsed("concurrency levels", "trtrepo.validate.options:parse_concurrency", "N,N,...")
 SPEED_BATCH_SIZES = Parsed("batch sizes", "trtrepo.validate.speed:parse_batch_sizes", "N,N,...")
-RANGES = Parsed("ranges file", "trtrepo.quantize:RangesFile.read", "FILE")
+RANGES = Parsed("ranges file", "trtrepo.qdq:RangesFile.read", "FILE")

@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING
 
 import click
 
-from .. import histogram as H
+from .. import rangemath as H
 from ._inputs import io_paths
 from ._options import data_options
 from ._output import json_option, summary_output

@@ -18,8 +18,8 @@ from ._output import json_option, summary_output
 from ._types import SHAPE
 
 if TYPE_CHECKING:
-    from ..autoquant import QuantizeSettings
     from ..data import DataOptions
+    from ..quantize import QuantizeSettings
 
 
 @click.command("deploy")

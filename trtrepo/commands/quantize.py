@@ -13,8 +13,8 @@ from ._options import composed_data, data_options, quantize_options
 from ._output import json_option, summary_output
 
 if TYPE_CHECKING:
-    from ..autoquant import QuantizeSettings
     from ..data import DataOptions
+    from ..quantize import QuantizeSettings
 
 
 @click.command("quantize")
@@ -41,7 +41,7 @@ def command(as_json: bool, model: str, output: str, data: DataOptions, int8: Qua
     residual Add input); the onnxruntime target forms full node units that ONNX Runtime runs
     with integer kernels.
     """
-    from ..autoquant import AccuracyLoss, QuantizeRequest, quantize_request  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..quantize import AccuracyLoss, QuantizeRequest, quantize_request  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     if not progress:
         hide_phases()  # the INT8 step's phase lines are its progress here (the calibration bar gives way to them)

@@ -163,7 +163,7 @@ class ThresholdResult:
 
 
 def _top1_drop_result(name: str, m: Mapping[str, Any], limit: float) -> ThresholdResult:
-    """quantize's rule (:class:`trtrepo.autoquant.AccuracyCheck`): with labels the accuracy drop;
+    """quantize's rule (:class:`trtrepo.quantize.AccuracyCheck`): with labels the accuracy drop;
     without, the expected top-1 drop under the reference's softmax
     (:meth:`trtrepo.evaluate.ExpectedDrop.verdict`): the value is the upper end of its 95 %
     interval, which passes under the limit; an estimate under the limit whose interval reaches

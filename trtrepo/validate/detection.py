@@ -15,7 +15,7 @@ Two servings are recognised, from what the server says of the model:
   boxes exactly (mAP 1.0), and any difference is the serving's: the model file, its precision, the
   decoding of the image, the postprocessing's settings or code.
 * **the raw detector model** (tensors in, the head's ``[N, 4 + classes, anchors]`` out): its
-  outputs that :func:`trtrepo.quantize.detector_outputs` finds in the ONNX graph are judged by the
+  outputs that :func:`trtrepo.qdq.detector_outputs` finds in the ONNX graph are judged by the
   gate's rule (:func:`trtrepo.detect.detection_figures`: the reference's boxes at predict settings
   against the served output's at validation settings), beside the usual cosine
   (:func:`detector_output_classes`, used by :func:`~trtrepo.validate.accuracy.run_accuracy`).
@@ -47,7 +47,7 @@ from ..contracts.payload import Payload
 from ..detect import DetectionFigures, Detections, YoloLayout, compare_detections, postprocess, unletterbox
 from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec, load_onnx
-from ..quantize import detector_outputs
+from ..qdq import detector_outputs
 from ..tritonconfig import DETECTIONS, NmsSettings
 from .client import TritonTarget
 from .contract import ThresholdResult
@@ -145,7 +145,7 @@ def detector_endpoint(io: ModelIO, metadata: Mapping[str, Any], config: Mapping[
 
 
 def detector_output_classes(io: ModelIO) -> dict[str, int | None]:
-    """The reference's outputs that are a YOLO-style head's (:func:`trtrepo.quantize.detector_outputs`
+    """The reference's outputs that are a YOLO-style head's (:func:`trtrepo.qdq.detector_outputs`
     on its ONNX graph: decided from the graph, not from shapes), each with its class count when the
     exporter names the classes; empty when its ONNX file cannot be read (a PyTorch reference not
     exported to a file) or holds no such head."""

@@ -41,7 +41,7 @@ class RangesFile:
 def ranges_from_json(path: str | Path) -> dict[str, ActivationRange]:
     """Ranges per tensor from a ranges JSON (:meth:`trtrepo.calibrate.Ranges.save_json`): amax,
     plus the signed min/max where the file holds them (written with the statistics)."""
-    from ..calibrate import Ranges  # noqa: PLC0415  # deferred: trtrepo --help imports trtrepo.quantize (the --target choices); calibrate and data load when ranges are read
+    from ..calibrate import Ranges  # noqa: PLC0415  # deferred: trtrepo --help imports trtrepo.qdq (the --target choices); calibrate and data load when ranges are read
 
     ranges = Ranges.load_json(path)
     tensors = json.loads(Path(path).read_text()).get("tensors") or {}
@@ -76,8 +76,8 @@ def ranges_from_cache(path: str | Path, model: Any | None = None) -> dict[str, f
 
 @dataclass
 class QuantizeResult:
-    """What :func:`quantize_model` wrote (:func:`trtrepo.autoquant.run_quantize` adds its report:
-    :class:`trtrepo.autoquant.QuantizeRunResult`)."""
+    """What :func:`quantize_model` wrote (:func:`trtrepo.quantize.run_quantize` adds its report:
+    :class:`trtrepo.quantize.QuantizeRunResult`)."""
 
     path: Path
     target: str

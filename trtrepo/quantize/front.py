@@ -4,7 +4,7 @@ sensitive weighted layers kept in higher precision, and the fastest candidate on
 :func:`search_front` ranks the quantized weighted layers (Conv, MatMul, Gemm): one measure per
 layer, the gated output's mean cosine to FP32 with that layer alone left in float (the
 calibration is reused, only the Q/DQ placement changes, as in
-:func:`~trtrepo.autoquant.fallback.fallback`). On the tensorrt target the highest cosine comes
+:func:`~trtrepo.quantize.fallback.fallback`). On the tensorrt target the highest cosine comes
 first (an FP16 layer is nearly free there); on the onnxruntime target the most cosine gained per
 unit of float cost (:func:`_float_costs`: a float layer's price follows the activations it
 converts), so that the candidates that pass are also the ones that stay faster than FP32. The ranking runs on calibration samples
@@ -23,10 +23,10 @@ points passed with a bound of 0.38 (its few costly flips not drawn). The confirm
 calibration (the ranges were collected on it), so it can only veto, never pass a candidate. The ranking stops at its time budget
 (the layers not reached keep their graph order after the measured ones). Then a short series of
 candidates, ``k`` in :data:`CANDIDATE_KS` (fewer than the weighted layers), each judged by the
-same :class:`~trtrepo.autoquant.gate.AccuracyCheck` verdict as all-INT8.
+same :class:`~trtrepo.quantize.gate.AccuracyCheck` verdict as all-INT8.
 
 Speed: on the onnxruntime target every row (all-INT8 and each candidate) is timed against FP32
-on the held-out batches with stable windows (:meth:`~trtrepo.autoquant.select.Evaluator.stable_ratio`,
+on the held-out batches with stable windows (:meth:`~trtrepo.quantize.select.Evaluator.stable_ratio`,
 :data:`FRONT_STABILITY`). More layers in float are not
 faster, so the first ``k`` that passes ends the search: it ships when it is faster than FP32
 beyond the measurement's noise; when it is not, no candidate can be, and FP32 ships. When the
@@ -55,7 +55,7 @@ from ..measure import Stability
 from ..modelio import without_weights
 from ..pngplot import png_figure
 from ..progress import phase, update
-from ..quantize import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
+from ..qdq import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
 from .gate import AccuracyCheck
 from .select import Evaluator

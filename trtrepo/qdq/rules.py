@@ -399,7 +399,7 @@ def rule_cnn_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list[
     ``QLinearConv -> QLinearSigmoid -> QLinearMul -> QLinearConcat -> QLinearConv`` stays in
     integers instead of a DQ/float/Q round trip per activation. Like every unit, one is kept only
     where an input is already another unit's quantized output
-    (:func:`trtrepo.quantize.plan._units_on_quantized_inputs`)."""
+    (:func:`trtrepo.qdq.plan._units_on_quantized_inputs`)."""
     if node.op_type == "Sigmoid":
         if not any(conv_silu(view, c) for c, _ in view.consumers.get(node.output[0], [])):
             return []
@@ -416,7 +416,7 @@ def rule_cnn_unit(view: GraphView, node: Any, options: QuantizeOptions) -> list[
 # Points of these rules need a range; the others (ONNX Runtime unit extras) are optional.
 REQUIRED_RULES = ("weighted_op_inputs", "residual_add")
 
-# The two shipped targets (trtrepo.quantize.options.QDQ_TARGETS; a plug-in adds its own).
+# The two shipped targets (trtrepo.qdq.options.QDQ_TARGETS; a plug-in adds its own).
 TENSORRT = register_target(QdqTarget(
     "tensorrt", (rule_weighted_op_inputs, rule_residual_add), activations="symmetric", weights="qdq",
     label="TensorRT", help="TensorRT placement, int8 symmetric"))

@@ -1,6 +1,6 @@
 """The quantize report: what ran, what was chosen and what it cost.
 
-:class:`QuantizeReport` is what :func:`trtrepo.autoquant.run_quantize` returns under
+:class:`QuantizeReport` is what :func:`trtrepo.quantize.run_quantize` returns under
 ``result.report``: :meth:`~QuantizeReport.to_dict` is ``quantize.json`` (the user-facing file;
 its keys and values are a contract), :func:`report_markdown` is ``quantize.md``,
 :meth:`~QuantizeReport.summary_lines` is what ``trtrepo quantize`` prints, and
@@ -26,7 +26,7 @@ from ..evaluate import (
     integer_kernels,
     metrics_table,
 )
-from ..quantize import (
+from ..qdq import (
     ActivationRange,
     QuantizedModel,
     QuantizeOptions,
@@ -342,7 +342,7 @@ def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection
 
 @dataclass(kw_only=True)
 class QuantizeRunResult(QuantizeResult):
-    """:class:`~trtrepo.quantize.QuantizeResult` with the run's :class:`QuantizeReport`."""
+    """:class:`~trtrepo.qdq.QuantizeResult` with the run's :class:`QuantizeReport`."""
 
     report: QuantizeReport
 

@@ -31,7 +31,7 @@ from ..measure import STABLE_WINDOWS, Stability, deviation, is_stable
 from ..modelio import ModelIO
 from ..onnxgraph import make_session
 from ..progress import phase
-from ..quantize import (
+from ..qdq import (
     ActivationRange,
     QuantizedModel,
     QuantizeOptions,
@@ -40,7 +40,7 @@ from ..quantize import (
     prepare_model,
 )
 from ..smoothquant import AUTO_ALPHAS, apply_smoothquant, smooth_candidates
-from ..weightopt import ROUNDING_STEPS
+from ..weightmath import ROUNDING_STEPS
 from ..weightsteps import cached_batches
 from .ranges import CACHE_BYTES
 
@@ -95,7 +95,7 @@ class Evaluator:
         self.reference_seconds = self.last_seconds
         self.classification = tuple(dict.fromkeys(classification_outputs(self.reference.outputs) +
                                                   classification_outputs(self.reference.outputs, label_output or ())))
-        # a detector's outputs (name -> class count, trtrepo.quantize.detector_outputs) are judged in boxes
+        # a detector's outputs (name -> class count, trtrepo.qdq.detector_outputs) are judged in boxes
         self.detection = {name: Detector.of(self.reference.outputs[name], classes)
                           for name, classes in (detectors or {}).items() if name in self.reference.outputs}
         self.count = 0

@@ -4,7 +4,7 @@
 (``trtrepo.commands._options.quantize_options``), which builds this record from the parsed values
 by field name; ``deploy`` passes it on untouched (``DeployOptions.int8``) and the quantize stage
 reads it (``QuantizeRequest.int8``). A new INT8 knob is a field here (or, for where Q/DQ go, on
-:class:`~trtrepo.quantize.QuantizeOptions`) and an option in that group: two files, then the
+:class:`~trtrepo.qdq.QuantizeOptions`) and an option in that group: two files, then the
 code that acts on it (tests/test_settings.py proves it).
 
 What stays outside: the data (:class:`~trtrepo.data.DataOptions`, shared with every command)
@@ -19,7 +19,7 @@ from pathlib import Path
 from ..data import DataSource
 from ..errors import OptionError
 from ..evaluate import AccuracyTarget
-from ..quantize import DETECTOR_TASKS, QuantizeOptions, RangesFile
+from ..qdq import DETECTOR_TASKS, QuantizeOptions, RangesFile
 from ..smoothquant import parse_alpha
 from .ranges import DEFAULT_HOLDOUT
 
@@ -28,13 +28,13 @@ from .ranges import DEFAULT_HOLDOUT
 class QuantizeSettings:
     """What INT8 model to make and when to accept it.
 
-    * ``placement``: where Q/DQ go (the :class:`~trtrepo.quantize.QdqTarget` record, exclusions,
+    * ``placement``: where Q/DQ go (the :class:`~trtrepo.qdq.QdqTarget` record, exclusions,
       attention MatMuls, 7-bit weights); ``target_from_backend``: ``deploy`` places for the
       backend's runtime (``--target auto``; ``quantize`` keeps ``placement.target``);
     * ``method``: a registered calibration method or ``auto`` (None: auto when calibrating here);
       ``smooth_quant``: an alpha, ``auto`` or None; ``weight_rounding``: ``auto`` or a step;
       ``equalize``: activation equalization before calibration;
-    * ``ranges`` (:class:`~trtrepo.quantize.RangesFile`) or ``cache`` (a TensorRT calibration
+    * ``ranges`` (:class:`~trtrepo.qdq.RangesFile`) or ``cache`` (a TensorRT calibration
       cache): ranges computed earlier, no calibration;
     * ``accuracy_target``: leave the most sensitive layers in float until it holds;
       ``accept_accuracy_loss``: write the model although the held-out check fails;
@@ -42,7 +42,7 @@ class QuantizeSettings:
       ``metric_output`` (the output the choices and the check are measured on);
     * ``task``: ``auto`` (a detector is found from the graph's decode head or the exporter's
       metadata) or ``detect`` (the user says it is one: its YOLO-layout outputs are judged in boxes,
-      refused when it has none; :func:`~trtrepo.quantize.detector_outputs`). Only these two: what
+      refused when it has none; :func:`~trtrepo.qdq.detector_outputs`). Only these two: what
       else a model is (classifier or embedding) is read off its outputs and chosen per output by
       ``metric_output`` and ``accuracy_target``, and a detector is the one kind whose judging (decode
       + NMS in boxes) cannot be read off the output's values."""

@@ -1,10 +1,11 @@
 """Weight rounding that keeps a trained network's function: AdaRound, bias correction and
-activation equalization, as pure numpy functions (no I/O, no ONNX).
+activation equalization, as pure numpy functions (no I/O, no ONNX); :mod:`trtrepo.weightsteps`
+applies them to an ONNX model.
 
 Every function works on one layer's weights in the *grouped matrix* layout ``W[G, Og, K]``: ``G``
 groups (a Conv's ``group``; 1 for Gemm/MatMul), ``Og`` output channels per group and ``K`` inputs
 per output (``Cin/G * kh * kw`` for a Conv). The per-output-channel scale is ``s[G, Og]``, the
-symmetric grid ``[-qmax, qmax]`` of :func:`trtrepo.quantize.weight_qparams`.
+symmetric grid ``[-qmax, qmax]`` of :func:`trtrepo.qdq.weight_qparams`.
 
 Decisions:
 

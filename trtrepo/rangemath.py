@@ -1,5 +1,8 @@
 """Histograms of |x| and the four INT8 range calibrators, as pure numpy functions (no I/O).
 
+The range arithmetic; ``trtrepo calibrate``'s flow (the ONNX Runtime passes that fill the
+histograms) is :mod:`trtrepo.calibrate`.
+
 Everything here works on a *fixed-range* histogram of absolute values: ``counts`` (integer
 counts, ``num_bins`` long) over ``edges = histogram_edges(max_abs, num_bins)``, i.e. equal bins
 on ``[0, max_abs]`` where ``max_abs`` is the exact maximum of ``|x|`` over all the data (found in

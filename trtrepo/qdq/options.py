@@ -34,11 +34,11 @@ WEIGHT_FORMS = ("qdq", "int8")
 
 @dataclass(frozen=True)
 class QdqTarget:
-    """A runtime a Q/DQ model is placed for (``--target``): everything ``quantize``, ``autoquant``,
+    """A runtime a Q/DQ model is placed for (``--target``): everything ``qdq``, ``quantize``,
     ``weightsteps`` and ``deploy`` decide by target is read from here.
 
     * ``rules``: the placement rules (``rule(view, node, options) -> [QuantPoint]``, see
-      :mod:`trtrepo.quantize.rules`), applied to every node that is not excluded;
+      :mod:`trtrepo.qdq.rules`), applied to every node that is not excluded;
     * ``activations``: ``symmetric`` (int8, ``scale = amax / 127``, zero point 0) or ``asymmetric``
       (uint8 over the measured ``[lo, hi]`` clipped to ``amax``);
     * ``weights``: ``qdq`` (FP32 weights behind Q -> DQ: the runtime quantizes them at build time)
@@ -149,7 +149,7 @@ class QuantizeOptions:
     # feeds no quantized unit keeps a float output (ONNX Runtime's MatMulIntegerToFloat) instead of
     # being requantized. False restores full node units everywhere.
     transformer_safe: bool = True
-    # Both targets: the decode head of a YOLO-style detector stays float (trtrepo.quantize.detector);
+    # Both targets: the decode head of a YOLO-style detector stays float (trtrepo.qdq.detector);
     # True quantizes it too (the naive placement, measured in docs/benchmarks.md "Issue 43").
     quantize_detector_head: bool = False
 

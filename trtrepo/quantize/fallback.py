@@ -18,7 +18,7 @@ from ..evaluate import (
     pick_output,
 )
 from ..onnxgraph import GraphView
-from ..quantize import (
+from ..qdq import (
     ActivationRange,
     QuantizedModel,
     QuantizeOptions,

@@ -13,7 +13,7 @@ import numpy as np
 
 from ..calibrate import select_tensors
 from ..errors import OptionError
-from ..quantize import (
+from ..qdq import (
     ActivationRange,
     QuantizeOptions,
     plan_qdq,

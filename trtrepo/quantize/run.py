@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import histogram as H
+from .. import rangemath as H
 from ..arrayfile import subset_rows
 from ..calibrate import DEFAULT_MEMORY_BUDGET_MB, Calibrator
 from ..data import DataOptions, DataSource, open_data
@@ -29,7 +29,7 @@ from ..evaluate import AccuracyTarget, OutputMetrics
 from ..fsutil import report_json, write_report
 from ..modelio import ModelIO
 from ..progress import phase, task
-from ..quantize import (
+from ..qdq import (
     ActivationRange,
     QuantizedModel,
     QuantizeOptions,
@@ -73,7 +73,7 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class QuantizeRequest:
-    """One ``trtrepo quantize`` run (module doc of :mod:`trtrepo.autoquant`), checked on construction:
+    """One ``trtrepo quantize`` run (module doc of :mod:`trtrepo.quantize`), checked on construction:
     the model, the output, the data and the INT8 request (:class:`QuantizeSettings`, shared with
     ``deploy``), then how this run is carried out.
 
@@ -85,7 +85,7 @@ class QuantizeRequest:
     run ends with (result in ``report.accuracy_check``; None skips it); when it fails and
     ``int8.accept_accuracy_loss`` is False, :class:`AccuracyLoss` is raised and nothing is
     written. ``front``: when the check fails on all-INT8 (and no accuracy target chose the
-    layers), search the accuracy/speed front (:mod:`trtrepo.autoquant.front`): the fastest
+    layers), search the accuracy/speed front (:mod:`trtrepo.quantize.front`): the fastest
     candidate with the most sensitive layers in float that passes becomes the model, else
     ``report.front`` says why nothing did; ``front.png`` and the report go to ``report_dir``,
     else ``front.report_dir``. ``rounding_budget_s``: see :func:`choose_weight_rounding`."""
@@ -386,11 +386,11 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
 def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tuple[Evaluator, DataSource | None],
            gated: str, where: tuple[DataSource | None, Path], failed: HeldOutCheck
            ) -> tuple[QualityFront, Selection, Any, HeldOutCheck | None]:
-    """All-INT8 failed the gate: the front (:func:`~trtrepo.autoquant.front.search_front`) and,
+    """All-INT8 failed the gate: the front (:func:`~trtrepo.quantize.front.search_front`) and,
     when a candidate on it ships, the selection and held-out check of that candidate. ``models``:
     (the model the check's FP16 floor is measured on, the FP32 model the speed is timed against);
     ``data``: (the held-out evaluator that judges, the calibration data the layers are ranked on,
-    :data:`~trtrepo.autoquant.front.RANK_SAMPLES` of it)."""
+    :data:`~trtrepo.quantize.front.RANK_SAMPLES` of it)."""
     assert req.front is not None and req.check is not None
     evaluator, calib_src = data
     start_metrics = c.metrics if c.metrics is not None else evaluator(c.chosen.model)
@@ -407,7 +407,7 @@ def _front(req: QuantizeRequest, c: Selection, models: tuple[Any, Any], data: tu
 
 def _front_evaluators(fp32_model: Any, calib_src: DataSource | None, evaluator: Evaluator, req: QuantizeRequest
                       ) -> tuple[Evaluator | None, Evaluator | None]:
-    """(the ranking evaluator on :data:`~trtrepo.autoquant.front.RANK_SAMPLES` calibration
+    """(the ranking evaluator on :data:`~trtrepo.quantize.front.RANK_SAMPLES` calibration
     samples, the confirmation evaluator on the rest); (None, None) without calibration data."""
     if calib_src is None:
         return None, None

@@ -48,7 +48,7 @@ class AccuracyCheck:
       (:func:`trtrepo.evaluate.confident_mask`) is printed as information: on a small hold-out
       it cannot tell a good model from one 10 points worse (docs/quantization.md, "Defaults
       that hold on trained models");
-    * **a detector's output** (its decode head found in the graph, :mod:`trtrepo.quantize.detector`):
+    * **a detector's output** (its decode head found in the graph, :mod:`trtrepo.qdq.detector`):
       mAP50-95 of its detections against FP32's as pseudo ground truth
       (:class:`trtrepo.detect.DetectionFigures`) at least ``min_map``: *passes* when the lower end
       of its 95 % interval over the images is at or above the limit, *fails* when the figure is
