@@ -2,9 +2,8 @@
 
 For every model (``--models``; trained: ``mobilenet_v2`` torchvision's ImageNet MobileNetV2 on
 photograph crops, ``mpnet`` the all-mpnet-base-v2 sentence encoder on generated sentences,
-``demo`` / ``demo_text`` trtrepo's trained demo CNN / text encoder on their own data; RANDOM
-weights, coverage only: ``vit_random`` (two outputs) and ``convnext_random``, see models.py) and
-every tool:
+``demo`` / ``demo_text`` trtrepo's trained demo CNN / text encoder on their own data; the random-weight
+ViT and ConvNeXt of issue 13 left with issue 42, see docs/benchmarks.md) and every tool:
 
 * **trtrepo** with its DEFAULT settings through the CLI in a fresh subprocess::
 
@@ -57,12 +56,12 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for _p in (str(HERE.parent), str(HERE)):  # bench/ (_common) and bench/gauntlet (vision, text, peers, models)
+for _p in (str(HERE.parent), str(HERE)):  # bench/ (_common) and bench/gauntlet (vision, text, peers)
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
 DEFAULT_CACHE = Path(os.environ.get("TRTREPO_GAUNTLET_CACHE", "/work/gauntlet-cache"))
-MODEL_NAMES = ("mobilenet_v2", "mpnet", "demo", "demo_text", "vit_random", "convnext_random")
+MODEL_NAMES = ("mobilenet_v2", "mpnet", "demo", "demo_text")
 DOCS_HEADING = "## Trained-model gauntlet (issue 13)"
 TIMING_TAG = "GAUNTLET-TIMING "
 RSS_TAG = "GAUNTLET-VMHWM-KB "
@@ -71,8 +70,7 @@ MAX_BATCH = 32
 TEXT_SEQ = 32
 # evaluation samples per model: (full, --quick); None = the whole split
 EVAL_SAMPLES: dict[str, tuple[int | None, int | None]] = {
-    "mobilenet_v2": (500, 100), "mpnet": (256, 64), "demo": (None, None), "demo_text": (None, None),
-    "vit_random": (500, 100), "convnext_random": (500, 100)}
+    "mobilenet_v2": (500, 100), "mpnet": (256, 64), "demo": (None, None), "demo_text": (None, None)}
 
 # The CLI in-process, then its peak RSS (VmHWM) on stderr, whatever the exit.
 CLI_WRAPPER = f"""
@@ -154,14 +152,6 @@ def prepare(name: str, cache: Path, quick: bool) -> ModelSpec:
         return ModelSpec(name, "trtrepo's demo-text encoder (trained, synthetic token task; outputs logits + embedding)",
                          True, "transformer", path, "demo-text:calib", "demo-text:val", ["logits", "embedding"], "top1",
                          (50, 20) if quick else (200, 100), text=True, labels=True, eval_seed=None)
-    if name in ("vit_random", "convnext_random"):
-        import models
-
-        d = _vision_cache(cache)
-        path = models.ensure(name, cache)
-        kind = "transformer" if name == "vit_random" else "cnn"
-        return ModelSpec(name, models.MODELS[name]["describe"] + " -- coverage, NOT accuracy", False, kind, path,
-                         str(d / "calib.npz"), str(d / "eval.npz"), models.MODELS[name]["outputs"], "cos_mean", big)
     raise ValueError(f"unknown model {name}")
 
 
@@ -578,8 +568,7 @@ def header(results: dict[str, Any]) -> str:
         "at sequence length 32. Quantize s: the tool's own time (trtrepo's 'in X s'; peers.py's 'seconds'), the "
         "whole subprocess (interpreter, imports) in parentheses; peak RSS: that subprocess's VmHWM. Integer "
         "kernels: QLinear*/MatMulInteger*/QGemm... nodes in ONNX Runtime's optimized graph. "
-        "**vit_random and convnext_random have RANDOM weights: they test coverage (placement, kernels, speed), not "
-        "accuracy.** trtrepo's tensorrt-target model is a Q/DQ model meant for TensorRT: on the CPU only its "
+        "trtrepo's tensorrt-target model is a Q/DQ model meant for TensorRT: on the CPU only its "
         "accuracy is meaningful. ORT's Entropy calibrator at its defaults (num_bins = num_quantized_bins = 128) "
         "searches a single threshold, the full range, so ort-qdq-entropy normally matches ort-qdq-minmax.",
         "", "",
@@ -724,7 +713,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             res = bench_model(name, a, out_dir)
         except Exception as exc:
             log(f"{name}: FAILED before any tool ran: {type(exc).__name__}: {exc}")
-            res = {"model": name, "describe": name, "trained": name not in ("vit_random", "convnext_random"),
+            res = {"model": name, "describe": name, "trained": True,
                    "calib_spec": "-", "eval_spec": "-", "primary_metric": "-", "rows": [],
                    "error": f"{type(exc).__name__}: {exc}"}
         results["models"].append(res)
