@@ -122,9 +122,8 @@ def _files(edges: dict[str, set[str]]) -> set[str]:
     return set(edges) | {n for callees in edges.values() for n in callees}
 
 
-@pytest.fixture(scope="module")
-def traces(demo_onnx, tmp_path_factory) -> dict[str, dict[str, set[str]]]:
-    tmp = tmp_path_factory.mktemp("trace")
+def _all_traces(demo_onnx: Path, tmp: Path) -> dict[str, dict[str, set[str]]]:
+    """The four traces: (quantize, deploy) x (target, method), the commands writing under ``tmp``."""
     common = ["--data", "demo:calib", "--limit", "64", "--method", "minmax", "--weight-rounding", "nearest"]
     quantize = ["quantize", str(demo_onnx), "--target", "tensorrt", "-o", str(tmp / "q.onnx"), "--no-progress", *common]
     deploy = ["deploy", str(demo_onnx), "--backend", "onnxruntime", "--name", "d", "--repo", str(tmp / "repo"),
@@ -134,6 +133,11 @@ def traces(demo_onnx, tmp_path_factory) -> dict[str, dict[str, set[str]]]:
             "quantize method": _trace(quantize, method, "minmax"),
             "deploy target": _trace(deploy, QDQ_TARGETS["onnxruntime"]),
             "deploy method": _trace(deploy, method, "minmax")}
+
+
+@pytest.fixture(scope="module")
+def traces(demo_onnx, tmp_path_factory) -> dict[str, dict[str, set[str]]]:
+    return _all_traces(demo_onnx, tmp_path_factory.mktemp("trace"))
 
 
 def test_the_trace_sees_the_value_reach_where_it_acts(traces):
@@ -156,9 +160,5 @@ def test_the_target_and_the_method_pass_one_way_through_at_most_8_files(traces, 
 if __name__ == "__main__":  # print the chains: python tests/test_architecture_trace.py DEMO.onnx
     import tempfile
 
-    class _Tmp:
-        def mktemp(self, name: str) -> Path:
-            return Path(tempfile.mkdtemp(prefix=name))
-
-    for which, edges in traces.__wrapped__(Path(sys.argv[1]), _Tmp()).items():  # type: ignore[attr-defined]
+    for which, edges in _all_traces(Path(sys.argv[1]), Path(tempfile.mkdtemp(prefix="trace"))).items():
         print(f"{which}: chain {' -> '.join(_longest_chain(edges))}; {len(_files(edges) | {'cli.py'})} files")
