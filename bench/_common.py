@@ -30,31 +30,15 @@ def cpu_name() -> str:
     return "unknown"
 
 
-def mpnet_batch(out: Path, n: int = 32, length: int = 32) -> Path | None:
-    """The trained sentence encoder all-mpnet-base-v2 for serving benchmarks: its FP32 ONNX file in
-    the gauntlet cache (``TRTREPO_GAUNTLET_CACHE``; exported from the PyPI parts when missing) and
-    ``out``, an npz of ``n`` evaluation sentences tokenized and padded to ``length`` tokens (keys
-    ``input_ids``, ``attention_mask``). Returns the ONNX path, or None when the parts or
-    ``transformers`` are not installed."""
-    import sys
-
+def logits(path: str | Path, x: Any) -> Any:
+    """A classifier's outputs on ``x`` (its first input), ONNX Runtime CPU, 50 samples a run."""
     import numpy as np
 
-    sys.path.insert(0, str(Path(__file__).resolve().parent / "gauntlet"))
-    try:
-        import text  # bench/gauntlet/text.py
-    except ImportError as e:
-        print(f"all-mpnet-base-v2 unavailable: {e}", file=sys.stderr)
-        return None
-    try:
-        onnx_path = text.export_onnx(text.CACHE / "mpnet" / "model.onnx")
-        tok = text.tokenizer()
-    except (SystemExit, ImportError, OSError) as e:
-        print(f"all-mpnet-base-v2 unavailable: {e}", file=sys.stderr)
-        return None
-    enc = tok(text.split("eval", n), truncation=True, max_length=length, padding="max_length", return_tensors="np")
-    np.savez(out, input_ids=enc["input_ids"].astype(np.int64), attention_mask=enc["attention_mask"].astype(np.int64))
-    return Path(onnx_path)
+    from trtrepo.evaluate import make_session
+
+    session = make_session(str(path))
+    name = session.get_inputs()[0].name
+    return np.concatenate([session.run(None, {name: x[i:i + 50]})[0] for i in range(0, len(x), 50)])
 
 
 def publish(section: str, heading: str, docs: Path | None = None) -> None:

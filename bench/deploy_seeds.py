@@ -29,7 +29,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench" / "gauntlet"))
 
 
 def main() -> None:
@@ -39,7 +38,7 @@ def main() -> None:
     ap.add_argument("--extra", default="")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from cnn_int8 import cpu_name, logits
+    from _common import cpu_name, logits
 
     from trtrepo.evaluate import expected_top1_drop
 

@@ -34,11 +34,13 @@ import argparse
 import io
 import os
 import shutil
+import time
 import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from _common import update_docs
 
 FP32_FAST = "FP32, DFL softmax on the last axis"
 CALIB_PHOTOS = ("china", "flower", "coffee", "rocket", "camera", "moto_l")
@@ -196,7 +198,6 @@ def ort_quantize(src: Path, out: Path, calib: np.ndarray) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every model of the run, judged on the held-out crops and timed at batch 8."""
-    import datetime
     import subprocess
 
     from trtrepo.cpu import cpu_int8
@@ -247,7 +248,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
         rows[name]["speedup_fast"] = t[FP32_FAST] / t[name]
     commit = subprocess.run(["git", "-C", str(Path(__file__).resolve().parents[1]), "rev-parse", "--short", "HEAD"],
                             capture_output=True, text=True).stdout.strip() or "unknown"
-    return {"date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"), "cpu": cpu_int8().describe(),
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_int8().describe(),
             "commit": commit, "calibration": len(calib), "held_out": len(held), "rows": rows, "class_boxes": class_boxes,
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
@@ -285,13 +286,7 @@ def retime(args: argparse.Namespace, results: dict[str, Any]) -> None:
         row["ms_batch8"] = 1000 * t[name]
         row["speedup"] = t["FP32"] / t[name]
         row["speedup_fast"] = t[FP32_FAST] / t[name]
-    results["speed_retimed"] = datetime_now()
-
-
-def datetime_now() -> str:
-    import datetime
-
-    return datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC")
+    results["speed_retimed"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
 
 
 def fixed_batch(args: argparse.Namespace) -> dict[str, Any]:
@@ -369,7 +364,7 @@ def main() -> None:
     text = markdown(results)
     print(text)
     if args.update_docs is not None:
-        update_section(args.update_docs, HEADING, text)
+        update_docs(args.update_docs, HEADING, text)
 
 
 
@@ -433,18 +428,6 @@ def markdown(r: dict[str, Any]) -> str:
                   f"{fb.get('gate')}."]
     lines += ["", "Results: [`gauntlet/detector.json`](gauntlet/detector.json)."]
     return "\n".join(lines) + "\n"
-
-
-def update_section(path: Path, heading: str, text: str) -> None:
-    """Replace the section under ``heading`` (to the next ``## ``) in ``path``, or append it."""
-    doc = path.read_text()
-    start = doc.find(heading + "\n")
-    if start < 0:
-        doc = doc.rstrip("\n") + "\n\n" + text
-    else:
-        end = doc.find("\n## ", start + len(heading))
-        doc = doc[:start] + text + (doc[end + 1:] if end >= 0 else "")
-    path.write_text(doc)
 
 
 if __name__ == "__main__":

@@ -12,8 +12,8 @@ each rule passes (upper end < 1 point), fails (estimate > 1 point) or cannot dec
     python bench/gate_holdout.py NAME=MODEL.onnx [NAME=MODEL.onnx ...] [--cache DIR] [--draws 1000]
         [--holdout 51] [--out results.json]
 
-The models come from ``bench/gauntlet/cnn_int8.py`` (its ``cnn_int8/`` folder: ``fp16.onnx``,
-``onnxruntime_auto.onnx``, ``tensorrt_auto.onnx``) and from ``trtrepo quantize`` runs (a damaged
+The models come from ``bench/gauntlet/run.py`` (its work folder: ``fp16.onnx``,
+``trtrepo_onnxruntime.onnx``, ``trtrepo_tensorrt.onnx``) and from ``trtrepo quantize`` runs (a damaged
 one: ``--target onnxruntime --method entropy --weight-rounding nearest --no-equalize``).
 """
 
@@ -29,14 +29,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-
-
-def logits(path: str | Path, x: np.ndarray) -> np.ndarray:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(str(path), providers=["CPUExecutionProvider"])
-    name = sess.get_inputs()[0].name
-    return np.concatenate([sess.run(None, {name: x[i:i + 50]})[0] for i in range(0, len(x), 50)])
 
 
 def rates(terms: np.ndarray, reference: np.ndarray, holdout: int, draws: int, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -64,10 +56,9 @@ def main() -> None:
     ap.add_argument("--holdout", type=int, default=51)
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    from trtrepo.evaluate import expected_top1_drop
+    from _common import cpu_name, logits
 
-    sys.path.insert(0, str(ROOT / "bench" / "gauntlet"))
-    from cnn_int8 import cpu_name
+    from trtrepo.evaluate import expected_top1_drop
 
     x = np.load(args.cache / "eval.npz")["input"]
     ref = logits(args.cache / "model.onnx", x)

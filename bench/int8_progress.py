@@ -31,7 +31,6 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "bench" / "gauntlet"))
 
 PROGRESS = re.compile(r"^  int8 \[(\d+\.\d) s\] (.*)$")
 STEP = re.compile(r"^\[2/\d\] int8 ")
@@ -113,7 +112,7 @@ def main() -> None:
     ap.add_argument("--out-dir", type=Path, default=Path("int8-progress"))
     ap.add_argument("--extra", default="")
     args = ap.parse_args()
-    from cnn_int8 import cpu_name
+    from _common import cpu_name
 
     calib = np.load(args.cache / "calib.npz")["input"][:256]
     load_before = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None

@@ -34,6 +34,29 @@ sys.path.insert(0, str(HERE.parent / "tests"))
 from _common import cpu_name, publish, served_fp32  # noqa: E402
 
 
+def models(root: Path, which: list[str]) -> dict[str, tuple[Path, str]]:
+    """label -> (FP32 ONNX file, data spec of batch-1 requests): the demo CNN, all-mpnet-base-v2 at 32 tokens."""
+    import numpy as np
+
+    from trtrepo.data import collect, open_data
+    from trtrepo.export import export_onnx
+    from trtrepo.modelio import ModelIO
+
+    out = {}
+    if "demo" in which:
+        demo = export_onnx("demo", root / "demo.onnx").path
+        np.savez(root / "demo.npz", **collect(open_data("demo:val", io=ModelIO.from_onnx(demo), limit=64)))
+        out["demo CNN"] = (demo, str(root / "demo.npz"))
+    if "mpnet" in which:
+        sys.path.insert(0, str(HERE / "gauntlet"))
+        import text  # bench/gauntlet/text.py
+
+        enc = text.tokenizer()(text.split("eval", 32), truncation=True, max_length=32, padding="max_length", return_tensors="np")
+        np.savez(root / "mpnet.npz", **{k: enc[k].astype(np.int64) for k in ("input_ids", "attention_mask")})
+        out["all-mpnet-base-v2 (seq 32)"] = (text.export_onnx(text.CACHE / "mpnet" / "model.onnx"), str(root / "mpnet.npz"))
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16])
@@ -48,7 +71,6 @@ def main() -> None:
     args = ap.parse_args()
 
     from test_validate import _plain_client_loop  # the independent client, as the test writes it
-    from tune_search import models
 
     from trtrepo.cpu import available_cores
     from trtrepo.measure import cpu_sample, machine_usage

@@ -151,3 +151,56 @@ def _batches(x: np.ndarray, size: int = 32):
     from trtrepo.data import ArraySource, iter_batches
 
     return list(iter_batches(ArraySource("eval", {"input": x}), size))
+
+
+_TORCHVISION = r"""
+import json, sys
+import numpy as np, torch, torchvision
+sys.path.insert(0, sys.argv[1])
+import vision
+tv = torchvision.models.mobilenet_v2(weights=None)
+ours = vision.mobilenet_v2()
+for m in (tv, ours):
+    m.load_state_dict(torch.load(sys.argv[2], map_location="cpu", weights_only=True), strict=True)
+    m.eval()
+
+def tree(m):
+    return [(n, repr(x)) for n, x in m.named_modules() if not list(x.children())] + [
+        (n, tuple(t.shape)) for n, t in m.state_dict().items()]
+
+with torch.no_grad():
+    x = torch.from_numpy(np.load(sys.argv[3]))
+    a, b = tv(x).numpy(), ours(x).numpy()
+np.save(sys.argv[4], a)
+print(json.dumps({"torchvision": torchvision.__version__, "same_tree": tree(tv) == tree(ours),
+                  "entries": len(tree(tv)), "max_abs": float(np.abs(a - b).max())}))
+"""
+
+
+@pytest.mark.long
+def test_the_gauntlets_mobilenet_is_torchvisions(tmp_path):
+    """bench/gauntlet/vision.py writes torchvision's MobileNetV2 in plain PyTorch (torchvision does not
+    import beside torch 2.13): in the torchvision venv, torchvision's model and ours with the same
+    checkpoint have the same module tree and state dict and the same logits on real crops, and ours
+    here (this venv's torch) agrees with torchvision's there."""
+    import json
+    import os
+    import subprocess
+
+    python = os.environ.get("TRTREPO_TORCHVISION_PYTHON")
+    if not python:
+        pytest.skip("no torchvision venv (TRTREPO_TORCHVISION_PYTHON; scripts/torchvision_venv.sh builds it)")
+    torch = pytest.importorskip("torch")
+    vision = _vision()
+    x = vision.image_crops("eval", 8)
+    np.save(tmp_path / "x.npy", x)
+    proc = subprocess.run([python, "-c", _TORCHVISION, str(GAUNTLET), str(vision.weights_path()), str(tmp_path / "x.npy"),
+                           str(tmp_path / "tv.npy")], capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    there = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert there["same_tree"] and there["entries"] > 400 and there["max_abs"] < 1e-5, there
+    with torch.no_grad():
+        here = vision.mobilenet_v2(pretrained=True)(torch.from_numpy(x)).numpy()
+    torchvision_logits = np.load(tmp_path / "tv.npy")
+    assert np.abs(torchvision_logits - here).max() < 1e-3 * max(1.0, float(np.abs(here).max()))
+    assert (torchvision_logits.argmax(1) == here.argmax(1)).all()

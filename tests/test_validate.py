@@ -577,7 +577,7 @@ def test_latency_figures_agree_with_an_independent_client(server, models):
     20-37% hypervisor steal; AMD EPYC: with none), and at c=16 the synchronous client reads
     1.13-1.21x less than validate's asyncio one in 1, 2 or 4 processes alike (median ratios
     0.80-0.99 / 0.98-1.08 / 1.13-1.31 at c=1/4/16, four runs of five rounds,
-    bench/measurement.py, bench/independent_layout.py). So the test holds the ratio of the round
+    bench/measurement.py and fe27e6f:bench/independent_layout.py). So the test holds the ratio of the round
     closest to 1 to 0.67-1.5 at c=1 and 4: a counting or windowing error (a factor of 2 or more)
     is in every round and every level and breaks it there. At c=16 the 16 threads of the
     synchronous client on one core are the weaker side when the other test worker is busy (on a

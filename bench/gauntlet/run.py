@@ -1,54 +1,50 @@
-"""Trained-model gauntlet: trtrepo (default settings) against ONNX Runtime's quantize_static and NNCF.
+"""Trained-model gauntlet: trtrepo's defaults against ONNX Runtime's ``quantize_static`` and NNCF 3.4
+on two trained models, side by side in one run.
 
-For every model (``--models``; trained: ``mobilenet_v2`` torchvision's ImageNet MobileNetV2 on
-photograph crops, ``mpnet`` the all-mpnet-base-v2 sentence encoder on generated sentences,
-``demo`` / ``demo_text`` trtrepo's trained demo CNN / text encoder on their own data; the random-weight
-ViT and ConvNeXt of issue 13 left with issue 42, see docs/benchmarks.md) and every tool:
+Models (``--models``): ``mobilenet_v2``, torchvision's ImageNet MobileNetV2 on photograph crops
+(vision.py: the first ``--calib`` calibration crops, the 500 evaluation crops from the other half
+of each photograph), and ``mpnet``, the all-mpnet-base-v2 sentence encoder on generated English
+sentences (text.py: ``--calib`` calibration sentences picked as trtrepo's ``--limit N --seed 0``
+picks them, 256 evaluation sentences from another seed).
 
-* **trtrepo** with its DEFAULT settings through the CLI in a fresh subprocess::
+Tools, each quantizing in a fresh process whose peak RSS (``VmHWM``) it reports:
 
-      trtrepo quantize MODEL --data SPEC --limit N --target onnxruntime|tensorrt -o OUT --report DIR
+* **trtrepo** with its defaults through the CLI: ``trtrepo quantize MODEL --data SPEC --limit N
+  --target T -o OUT --report DIR`` (targets onnxruntime and, for MobileNetV2, tensorrt; the
+  tensorrt-target model is Q/DQ for TensorRT, run here on ONNX Runtime for its accuracy only).
+  trtrepo holds a fifth of the samples out for its choices and its gate; ``--accept-accuracy-loss``
+  writes the model whatever the gate says, and the table shows the verdict (pass, fail, undecided).
+* **ort-minmax**: ``quantize_static`` after ``quant_pre_process`` (its documented preprocessing),
+  QDQ, per-channel int8 weights, uint8 activations, MinMax, ``reduce_range`` only on a CPU without
+  VNNI (the docstring's remedy); **ort-percentile** the same with Percentile (Entropy at its
+  defaults searches one threshold, the full range: the minmax model again); for mpnet also
+  **ort-matmul-only** (``op_types_to_quantize=['MatMul']``, MinMax: only the GEMMs).
+* **nncf**: ``nncf.quantize(model, nncf.Dataset(samples), subset_size=N)``, its defaults
+  (``model_type=TRANSFORMER`` for mpnet), one sample per item as its documentation feeds it.
+* **fp16**: trtrepo's FP16 copy of the model, the noise floor of the accuracy figures.
 
-  (no ``--method``: the default ``auto`` with SmoothQuant ``auto`` and the held-out check vs FP32;
-  ``--limit N`` with the default ``--seed 0`` picks the calibration samples, the peers get the very
-  same ones; trtrepo holds 20 % of them out for its own choice/check and calibrates on the rest).
-  The CLI runs in-process inside a small wrapper (``trtrepo.cli:main``) that prints the process's
-  ``VmHWM`` at exit: peak RSS. Recorded from the report (DIR/quantize.json): method chosen,
-  SmoothQuant alpha, the held-out check (ok/failures), and whether the CLI printed its WARNING.
-* **peers** (peers.py, each in a fresh subprocess): every ``settings_for("ort", kind)`` and
-  ``settings_for("nncf", kind)`` setting, on the same samples (one .npz; explicit ``b{i}:``
-  batches grouped by shape where the sequence length varies: ORT Entropy/Percentile fail on those
-  and that failure is a result).
+Figures per tool: accuracy against FP32 on the evaluation data (MobileNetV2: top-1 agreement over
+all crops and on the crops whose FP32 top-1 is confident, ``trtrepo.evaluate.confident_mask``, and
+the expected top-1 drop the gate uses; mpnet: cosine of the sentence embeddings, mean and min),
+ONNX Runtime CPU speed against FP32 at batch 32 and batch 1 (mpnet at 32 tokens), all models of a
+model timed round-robin in one fresh process with trtrepo's session settings (2 threads), and the
+seconds and peak RSS of the quantizing process.
 
-Per model and tool: accuracy on the evaluation data (FP32 vs INT8 agreement; accuracy vs labels
-for the demos), ONNX Runtime CPU latency at batch 1 and 32 of FP32 and every INT8 model of the
-model, timed round-robin in one fresh process (peers.time_models, 2 threads; text models at
-sequence length 32), speedup = FP32 median / INT8 median, integer kernels in ORT's optimized graph,
-quantize time (the tool's own: trtrepo's "in X s", peers' ``seconds``; the whole process in
-parentheses) and peak RSS. trtrepo's tensorrt-target model is a Q/DQ (fake-quant) model on the
-CPU: accuracy only.
+    python bench/gauntlet/run.py [--models mobilenet_v2 mpnet] [--calib 256] [--out DIR]
+        [--update-docs docs/benchmarks.md]
 
-    python bench/gauntlet/run.py [--models ...] [--quick] [--out DIR] [--update-docs docs/benchmarks.md]
-
-writes results.json, results.md, results.csv and results.png into ``--out``
-(default /work/gauntlet-cache/results), progress on stderr.
+writes ``gauntlet.json`` and ``gauntlet.md`` into ``--out`` (default /work/gauntlet-cache/results).
 """
 
 from __future__ import annotations
 
 import argparse
-import csv
-import importlib.metadata
 import json
 import os
-import re
-import shutil
 import subprocess
 import sys
+import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
@@ -56,676 +52,309 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
-for _p in (str(HERE.parent), str(HERE)):  # bench/ (_common) and bench/gauntlet (vision, text, peers)
+for _p in (str(HERE), str(HERE.parent), str(ROOT)):
     if _p not in sys.path:
         sys.path.insert(0, _p)
 
-DEFAULT_CACHE = Path(os.environ.get("TRTREPO_GAUNTLET_CACHE", "/work/gauntlet-cache"))
-MODEL_NAMES = ("mobilenet_v2", "mpnet", "demo", "demo_text")
-DOCS_HEADING = "## Trained-model gauntlet (issue 13)"
-TIMING_TAG = "GAUNTLET-TIMING "
-RSS_TAG = "GAUNTLET-VMHWM-KB "
+from _common import cpu_name, publish, status_mb  # noqa: E402
+
+CACHE = Path(os.environ.get("TRTREPO_GAUNTLET_CACHE", "/work/gauntlet-cache"))
+HEADING = "## Trained-model gauntlet (issue 42 rewrite)"
+TAG = "GAUNTLET-RESULT "
 THREADS = 2
-MAX_BATCH = 32
 TEXT_SEQ = 32
-# evaluation samples per model: (full, --quick); None = the whole split
-EVAL_SAMPLES: dict[str, tuple[int | None, int | None]] = {
-    "mobilenet_v2": (500, 100), "mpnet": (256, 64), "demo": (None, None), "demo_text": (None, None)}
-
-# The CLI in-process, then its peak RSS (VmHWM) on stderr, whatever the exit.
-CLI_WRAPPER = f"""
-import sys
-sys.argv = ["trtrepo"] + sys.argv[1:]
-try:
-    from trtrepo.cli import main
-    main()
-finally:
-    for line in open("/proc/self/status"):
-        if line.startswith("VmHWM:"):
-            sys.stderr.write("\\n{RSS_TAG}" + line.split()[1] + "\\n")
-"""
-
-_T0 = time.perf_counter()
+VMHWM = ("import atexit, sys; from _common import status_mb; "
+         "atexit.register(lambda: print('" + TAG + "' + str(status_mb('VmHWM')), file=sys.stderr)); "
+         "from trtrepo.cli import main; sys.argv[0] = 'trtrepo'; main()")
 
 
 def log(msg: str) -> None:
-    print(f"[{time.perf_counter() - _T0:8.1f}s] {msg}", file=sys.stderr, flush=True)
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
 
 
-# --------------------------------------------------------------------------------------------
-# Models
+def env() -> dict[str, str]:
+    return {**os.environ, "PYTHONWARNINGS": "ignore", "NNCF_CI": "1",
+            "PYTHONPATH": os.pathsep.join([str(HERE), str(HERE.parent), str(ROOT), os.environ.get("PYTHONPATH", "")])}
 
 
-@dataclass
-class ModelSpec:
-    name: str
-    describe: str
-    trained: bool
-    kind: str  # cnn | transformer (the peers' model kind)
-    path: Path
-    calib_spec: str  # trtrepo data spec (also read here for the peers)
-    eval_spec: str
-    outputs: list[str]  # the outputs the metrics read
-    primary: str  # metric key plotted against the speedup
-    rounds: tuple[int, int]  # timing rounds at batch 1, batch 32
-    text: bool = False
-    labels: bool = False
-    eval_seed: int | None = 0
-
-
-def _vision_cache(cache: Path) -> Path:
-    import vision
-
-    d = cache / "mobilenet_v2"
-    if not all((d / f).is_file() for f in ("model.onnx", "calib.npz", "eval.npz")):
-        log(f"building {d} (MobileNetV2 export, 512 + 500 photograph crops)")
-        vision.build_cache(d, 512, 500)
-    return d
-
-
-def prepare(name: str, cache: Path, quick: bool) -> ModelSpec:
-    """Export/build what ``name`` needs into ``cache`` (kept when present); its spec."""
-    big = (10, 3) if quick else (30, 10)
-    if name == "mobilenet_v2":
-        d = _vision_cache(cache)
-        return ModelSpec(name, "torchvision's ImageNet MobileNetV2 (trained), real photograph crops", True, "cnn",
-                         d / "model.onnx", str(d / "calib.npz"), str(d / "eval.npz"), ["logits"], "top1", big)
-    if name == "mpnet":
-        import text
-
-        path = text.export_onnx(cache / "mpnet" / "model.onnx", cache)
-        return ModelSpec(name, "all-mpnet-base-v2 sentence encoder (trained), generated English sentences", True,
-                         "transformer", path, "text:calib_samples", "text:eval_samples", ["sentence_embedding"],
-                         "cosine_mean", (10, 3) if quick else (20, 10), text=True)
-    if name in ("demo", "demo_text"):
-        from trtrepo.export import export_onnx
-
-        src = name.replace("_", "-")
-        path = cache / name / "model.onnx"
-        if not path.is_file():
-            log(f"exporting trtrepo's {src} model to {path}")
-            export_onnx(src, path)
-        if name == "demo":
-            return ModelSpec(name, "trtrepo's demo CNN (trained, 8x8 digits upscaled to 32x32)", True, "cnn", path,
-                             "demo:calib", "demo:val", ["logits"], "top1", (50, 20) if quick else (200, 100),
-                             labels=True, eval_seed=None)
-        return ModelSpec(name, "trtrepo's demo-text encoder (trained, synthetic token task; outputs logits + embedding)",
-                         True, "transformer", path, "demo-text:calib", "demo-text:val", ["logits", "embedding"], "top1",
-                         (50, 20) if quick else (200, 100), text=True, labels=True, eval_seed=None)
-    raise ValueError(f"unknown model {name}")
-
-
-# --------------------------------------------------------------------------------------------
-# Data
-
-
-def load_samples(spec: str, model: Path, limit: int | None, seed: int | None) -> list[Any]:
-    """trtrepo's own reading of a data spec (the subset ``--limit N --seed S`` takes): Samples."""
+def prepare(name: str, n_calib: int, work: Path) -> dict[str, Any]:
+    """The model's FP32 file, trtrepo's data spec, the calibration samples (the very ones trtrepo
+    reads) and the evaluation batches."""
     import onnx
 
     from trtrepo.data import open_data
     from trtrepo.modelio import ModelIO
 
-    io = ModelIO.from_onnx(onnx.load(str(model), load_external_data=False))
-    return list(open_data(spec, io=io, limit=limit, seed=seed))
+    if name == "mobilenet_v2":
+        import vision
 
-
-def batches_of(samples: Sequence[Any], size: int = MAX_BATCH) -> list[dict[str, np.ndarray]]:
-    """Consecutive samples of one shape stacked into batches of at most ``size``."""
-    out: list[dict[str, np.ndarray]] = []
-    pending: list[Any] = []
-
-    def key(s: Any) -> tuple:
-        return tuple(sorted((k, np.shape(v)) for k, v in s.inputs.items()))
-
-    for s in samples:
-        if pending and (key(s) != key(pending[0]) or len(pending) == size):
-            out.append({k: np.stack([p.inputs[k] for p in pending]) for k in pending[0].inputs})
-            pending = []
-        pending.append(s)
-    if pending:
-        out.append({k: np.stack([p.inputs[k] for p in pending]) for k in pending[0].inputs})
-    return out
-
-
-def write_calib(path: Path, samples: Sequence[Any]) -> dict[str, Any]:
-    """The peers' calibration file: full arrays when every sample has one shape, else ``b{i}:`` batches."""
-    from peers import save_calib
-
-    batches = batches_of(samples)
-    shapes = {tuple(v.shape[1:]) for b in batches for v in b.values()}
-    if len({tuple(sorted((k, v.shape[1:]) for k, v in b.items())) for b in batches}) == 1:
-        save_calib(path, {k: np.concatenate([b[k] for b in batches]) for k in batches[0]})
-        return {"layout": "arrays", "batches": None, "shapes": sorted(map(str, shapes))}
-    save_calib(path, batches)
-    return {"layout": "explicit batches", "batches": len(batches), "shapes": sorted(map(str, shapes))}
-
-
-def run_outputs(path: Path, batches: Sequence[dict[str, np.ndarray]], outputs: Sequence[str]) -> dict[str, np.ndarray]:
-    """The model's ``outputs`` on ``batches`` (ONNX Runtime CPU, 2 threads), concatenated."""
-    from trtrepo.evaluate import make_session
-
-    sess = make_session(str(path), threads=THREADS, optimization="all")
-    got: dict[str, list[np.ndarray]] = {o: [] for o in outputs}
-    for b in batches:
-        for o, v in zip(outputs, sess.run(list(outputs), b), strict=True):
-            got[o].append(v)
-    return {o: np.concatenate(v).astype(np.float64) for o, v in got.items()}
-
-
-def latency_feeds(spec: ModelSpec, samples: Sequence[Any]) -> dict[str, dict[str, np.ndarray]]:
-    """{"b1": feed, "b32": feed}: evaluation samples (text: those of sequence length 32, rows repeated
-    when fewer than 32 exist)."""
-    pool = list(samples)
-    if spec.text:
-        lengths = [len(next(iter(s.inputs.values()))) for s in pool]
-        want = min(set(lengths), key=lambda n: (abs(n - TEXT_SEQ), n))
-        pool = [s for s, n in zip(pool, lengths, strict=True) if n == want]
-    pool = [pool[i % len(pool)] for i in range(MAX_BATCH)]
-    return {"b1": batches_of(pool[:1])[0], "b32": batches_of(pool[:MAX_BATCH])[0]}
-
-
-# --------------------------------------------------------------------------------------------
-# Metrics
-
-
-def compute_metrics(spec: ModelSpec, ref: dict[str, np.ndarray], cand: dict[str, np.ndarray],
-                    labels: np.ndarray | None) -> dict[str, float]:
-    import vision
-
-    if spec.name == "mpnet":
+        cache = CACHE / "mobilenet_v2"
+        vision.build_cache(cache, 512, 500)
+        spec = str(work / f"calib{n_calib}.npz")
+        with np.load(cache / "calib.npz") as f:
+            np.savez(spec, input=f["input"][:n_calib])
+        model, eval_spec, targets, peers = cache / "model.onnx", str(cache / "eval.npz"), ("onnxruntime", "tensorrt"), ("ort-minmax", "ort-percentile", "nncf")
+    else:
         import text
 
-        return text.metrics(ref["sentence_embedding"], cand["sentence_embedding"])
-    m = vision.metrics(ref["logits"], cand["logits"])
-    out = {k: m[k] for k in ("top1", "top5", "cos_mean", "cos_min")}
-    if labels is not None:
-        out["accuracy"] = float(np.mean(cand["logits"].argmax(1) == labels))
-    for extra in spec.outputs[1:]:  # embedding / pooled outputs: cosine
-        e = vision.metrics(ref[extra], cand[extra])
-        out[f"{extra}_cos_mean"], out[f"{extra}_cos_min"] = e["cos_mean"], e["cos_min"]
+        model = text.export_onnx(CACHE / "mpnet" / "model.onnx", CACHE)
+        spec, eval_spec, targets = "text:calib_samples", "text:eval_samples", ("onnxruntime",)
+        peers = ("ort-minmax", "ort-percentile", "ort-matmul-only", "nncf")
+    io = ModelIO.from_onnx(onnx.load(str(model), load_external_data=False))
+    limit = None if name == "mobilenet_v2" else n_calib
+    calib = [s.inputs for s in open_data(spec, io=io, limit=limit, seed=0)]
+    evaluation = [s.inputs for s in open_data(eval_spec, io=io, limit=None, seed=None)]
+    return {"model": Path(model), "spec": spec, "limit": limit, "calib": calib, "eval": batches(evaluation),
+            "targets": targets, "peers": peers, "output": "logits" if name == "mobilenet_v2" else "sentence_embedding"}
+
+
+def batches(samples: list[dict[str, np.ndarray]], size: int = 32) -> list[dict[str, np.ndarray]]:
+    """Consecutive samples of one shape stacked into batches of at most ``size``."""
+    out: list[dict[str, np.ndarray]] = []
+    run: list[dict[str, np.ndarray]] = []
+    for s in [*samples, None]:
+        if run and (s is None or len(run) == size or any(v.shape != run[0][k].shape for k, v in s.items())):
+            out.append({k: np.stack([r[k] for r in run]) for k in run[0]})
+            run = []
+        if s is not None:
+            run.append(s)
     return out
 
 
-def metric_text(spec: ModelSpec, m: dict[str, float] | None, fp32_acc: float | None) -> str:
-    if not m:
-        return "-"
-    if spec.name == "mpnet":
-        return f"cos {m['cosine_mean']:.4f} (min {m['cosine_min']:.3f}), NN agr {100 * m['nn_agreement']:.1f}%"
-    parts = []
-    if "accuracy" in m:
-        parts.append(f"acc {100 * m['accuracy']:.2f}% (FP32 {100 * (fp32_acc or 0):.2f}%)")
-    parts.append(f"top1 agr {100 * m['top1']:.1f}%")
-    if spec.name == "mobilenet_v2":  # top-5 of 1000 ImageNet classes (not of the demos' 4 or 10)
-        parts.append(f"top5 {100 * m['top5']:.1f}%")
-    parts.append(f"cos {m['cos_mean']:.4f} (min {m['cos_min']:.3f})")
-    for extra in spec.outputs[1:]:
-        parts.append(f"{extra} cos {m[f'{extra}_cos_mean']:.4f}")
-    return ", ".join(parts)
+def outputs(path: Path, feeds: list[dict[str, np.ndarray]], name: str) -> np.ndarray:
+    from trtrepo.evaluate import make_session
+
+    session = make_session(str(path), threads=THREADS, optimization="all")
+    return np.concatenate([session.run([name], feed)[0] for feed in feeds]).astype(np.float64)
 
 
-# --------------------------------------------------------------------------------------------
-# Tools
+def figures(name: str, ref: np.ndarray, cand: np.ndarray) -> dict[str, float]:
+    if name == "mpnet":
+        import text
+
+        return text.metrics(ref, cand)
+    from trtrepo.evaluate import confident_mask, expected_top1_drop
+
+    same = ref.argmax(1) == cand.argmax(1)
+    conf = confident_mask(ref)
+    drop = expected_top1_drop(ref, cand)
+    return {"top1": float(same.mean()), "confident_top1": float(same[conf].mean()), "confident": int(conf.sum()),
+            "expected_drop": drop.estimate, "expected_drop_upper": drop.upper}
 
 
-def _env() -> dict[str, str]:
-    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    env["PYTHONPATH"] = os.pathsep.join([str(HERE), str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
-def run_trtrepo(spec: ModelSpec, target: str, out: Path, report_dir: Path, n_calib: int, timeout: float) -> dict[str, Any]:
-    """``trtrepo quantize`` with default settings in a fresh subprocess; the row's quantize fields."""
-    args = ["quantize", str(spec.path), "--data", spec.calib_spec, "--limit", str(n_calib), "--target", target,
-            "-o", str(out), "--report", str(report_dir)]
-    row: dict[str, Any] = {"command": "trtrepo " + " ".join(args), "ok": False, "error": None}
+def quantize(tool: str, m: dict[str, Any], out: Path, work: Path, n_calib: int) -> dict[str, Any]:
+    """Run one tool; its row: ok, error, seconds (the tool's own), process seconds, peak RSS."""
     t = time.perf_counter()
-    try:
-        p = subprocess.run([sys.executable, "-c", CLI_WRAPPER, *args], capture_output=True, text=True,
-                           timeout=timeout, env=_env(), cwd=str(ROOT))
-    except subprocess.TimeoutExpired:
-        return {**row, "process_s": round(time.perf_counter() - t, 2), "error": f"timed out after {timeout:.0f}s"}
-    row["process_s"] = round(time.perf_counter() - t, 2)
-    rss = [ln for ln in p.stderr.splitlines() if ln.startswith(RSS_TAG)]
-    row["peak_rss_mb"] = round(int(rss[-1].split()[1]) / 1024, 1) if rss else None
-    warn = [ln.strip() for ln in p.stderr.splitlines() if "WARNING" in ln and "ACCURACY" in ln.upper()]
-    row["warned"] = bool(warn)
-    row["warning"] = warn[-1] if warn else None
-    took = re.search(r"^quantized .* in ([0-9.]+)s$", p.stdout, re.M)
-    row["seconds"] = float(took.group(1)) if took else None
-    if p.returncode != 0 or not out.is_file():
-        tail = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith(RSS_TAG)]
-        row["error"] = f"exit {p.returncode}: {tail[-1] if tail else 'no output'}"
-        row["stderr_tail"] = "\n".join(tail[-20:])
-        return row
-    row["ok"] = True
-    rpath = report_dir / "quantize.json"
-    if rpath.is_file():
-        rep = json.loads(rpath.read_text())
-        sq = rep.get("smooth_quant") or {}
+    if tool.startswith("trtrepo"):
+        target = tool.split()[1]
+        report = work / f"report-{target}"
+        args = ["quantize", str(m["model"]), "--data", m["spec"], "--target", target, "-o", str(out), "--report", str(report),
+                "--accept-accuracy-loss"]
+        args += ["--limit", str(m["limit"])] if m["limit"] else []
+        p = subprocess.run([sys.executable, "-c", VMHWM, *args], capture_output=True, text=True, env=env(), cwd=ROOT)
+        row: dict[str, Any] = {"command": "trtrepo " + " ".join(args)}
+        rss = [ln for ln in p.stderr.splitlines() if ln.startswith(TAG)]
+        row["peak_rss_mb"] = round(float(rss[-1][len(TAG):]), 1) if rss else None
+        if p.returncode or not out.is_file():
+            tail = [ln for ln in p.stderr.splitlines() if ln.strip() and not ln.startswith(TAG)]
+            return {**row, "ok": False, "error": f"exit {p.returncode}: {tail[-1] if tail else 'no output'}"}
+        rep = json.loads((report / "quantize.json").read_text())
+        took = [ln.rsplit(" in ", 1)[-1].rstrip("s") for ln in p.stdout.splitlines() if ln.startswith("quantized ")]
         check = rep.get("accuracy_check") or {}
-        row.update(method=rep.get("method"), smooth_quant_alpha=sq.get("alpha"),
-                   smooth_quant_groups=len(sq.get("groups") or []),
-                   accuracy_check_ok=check.get("ok"), accuracy_check_failures=check.get("failures") or [],
-                   accuracy_check_output=check.get("output"), trtrepo_calibration_samples=rep.get("calibration_samples"),
-                   trtrepo_holdout_samples=(rep.get("evaluation_data") or {}).get("samples"),
-                   kept_float=len(rep.get("kept_float") or []),
-                   calibration_s=(rep.get("seconds") or {}).get("calibration"))
-    else:
-        row["error"] = f"no report {rpath}"
-    return row
+        gate = "pass" if check.get("ok") else "undecided" if (check.get("verdict") or {}).get("inconclusive") else "fail"
+        return {**row, "ok": True, "seconds": float(took[-1]) if took else None, "method": rep.get("method"),
+                "kept_float": len(rep.get("kept_float") or []), "gate": gate if check.get("measured") else "not measured",
+                "front": (rep.get("front") or {}).get("reason"), "process_s": round(time.perf_counter() - t, 1)}
+    job = work / f"{tool}.npz"
+    np.savez(job, **{f"{i}:{k}": v for i, s in enumerate(m["calib"]) for k, v in s.items()})
+    res = child(["--peer", tool, str(m["model"]), str(job), str(out)])
+    return {**res, "process_s": round(time.perf_counter() - t, 1)} if isinstance(res, dict) else {"ok": False, "error": res}
 
 
-def run_peer(spec: ModelSpec, tool: str, setting: str, calib: Path, out: Path, timeout: float) -> dict[str, Any]:
-    from peers import quantize_peer
-
-    t = time.perf_counter()
-    res = quantize_peer(tool, spec.path, calib, out, kind=spec.kind, setting=setting, timeout=timeout)
-    res.pop("tool", None)  # the row's own name and family stay
-    res["process_s"] = round(time.perf_counter() - t, 2)
-    res["ok"] = bool(res.get("ok")) and out.is_file()
-    return res
+def child(args: list[str]) -> dict[str, Any] | str:
+    """This script in a fresh process (``--peer`` or ``--time``): its result line, or why there is none."""
+    p = subprocess.run([sys.executable, __file__, *args], capture_output=True, text=True, env=env(), cwd=ROOT)
+    lines = [ln for ln in p.stdout.splitlines() if ln.startswith(TAG)]
+    return json.loads(lines[-1][len(TAG):]) if lines else f"exit {p.returncode}: {(p.stderr.strip().splitlines() or ['no output'])[-1]}"
 
 
-def time_in_subprocess(paths: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], rounds: tuple[int, int],
-                       work: Path, timeout: float) -> dict[str, Any]:
-    """peers.time_models at batch 1 and batch 32 for every model, in one fresh process."""
-    fpath = work / "feeds.npz"
-    np.savez(fpath, **{f"{b}:{k}": v for b, feed in feeds.items() for k, v in feed.items()})
-    job = {"paths": {k: str(v) for k, v in paths.items()}, "feeds": str(fpath), "rounds": list(rounds)}
-    p = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--time-worker", json.dumps(job)],
-                       capture_output=True, text=True, timeout=timeout, env=_env())
-    for line in reversed(p.stdout.splitlines()):
-        if line.startswith(TIMING_TAG):
-            return json.loads(line[len(TIMING_TAG):])
-    tail = (p.stderr.strip().splitlines() or ["no output"])[-1]
-    raise RuntimeError(f"timing worker exit {p.returncode}: {tail}")
-
-
-def _time_worker(job: dict[str, Any]) -> dict[str, Any]:
-    from peers import time_models
-
-    with np.load(job["feeds"]) as f:
-        feeds: dict[str, dict[str, np.ndarray]] = {}
+def peer(tool: str, model: str, job: str, out: str) -> dict[str, Any]:
+    """Inside the peer's own process: load the samples, quantize, report."""
+    with np.load(job) as f:
+        samples: dict[int, dict[str, np.ndarray]] = {}
         for key in f.files:
-            b, name = key.split(":", 1)
-            feeds.setdefault(b, {})[name] = f[key]
-    out = {}
-    for (b, feed), runs in zip(sorted(feeds.items(), key=lambda kv: int(kv[0][1:])), job["rounds"], strict=True):
-        out[b] = time_models(job["paths"], feed, runs=runs, threads=THREADS, warmup=2)
-    return out
-
-
-# --------------------------------------------------------------------------------------------
-# One model
-
-
-def tools_for(spec: ModelSpec) -> list[tuple[str, str, str]]:
-    """(row name, tool, setting/target)."""
-    from peers import settings_for
-
-    rows = [("trtrepo (onnxruntime)", "trtrepo", "onnxruntime"), ("trtrepo (tensorrt)", "trtrepo", "tensorrt")]
-    for tool in ("ort", "nncf"):
-        rows += [(s, tool, s) for s in settings_for(tool, spec.kind)]
-    return rows
-
-
-def bench_model(name: str, args: argparse.Namespace, out_dir: Path) -> dict[str, Any]:
-    t_model = time.perf_counter()
-    log(f"{name}: preparing")
-    spec = prepare(name, args.cache, args.quick)
-    n_calib = 64 if args.quick else args.calib
-    n_eval = args.eval or EVAL_SAMPLES[name][1 if args.quick else 0]
-    work = out_dir / "work" / name
-    if work.exists():
-        shutil.rmtree(work)
-    (work / "reports").mkdir(parents=True)
-    result: dict[str, Any] = {"model": name, "describe": spec.describe, "trained": spec.trained, "kind": spec.kind,
-                              "onnx": str(spec.path), "calib_spec": spec.calib_spec, "eval_spec": spec.eval_spec,
-                              "primary_metric": spec.primary, "rows": []}
-
-    calib_samples = load_samples(spec.calib_spec, spec.path, n_calib, 0)
-    calib_path = work / "calib.npz"
-    result["calibration"] = {"samples": len(calib_samples), **write_calib(calib_path, calib_samples)}
-    eval_samples = load_samples(spec.eval_spec, spec.path, n_eval, spec.eval_seed)
-    eval_batches = batches_of(eval_samples)
-    labels = np.asarray([s.label for s in eval_samples]) if spec.labels else None
-    result["evaluation"] = {"samples": len(eval_samples), "spec": spec.eval_spec}
-    log(f"{name}: {len(calib_samples)} calibration samples ({result['calibration']['layout']}), "
-        f"{len(eval_samples)} evaluation samples; FP32 reference")
-    ref = run_outputs(spec.path, eval_batches, spec.outputs)
-    fp32_acc = float(np.mean(ref["logits"].argmax(1) == labels)) if labels is not None else None
-    result["fp32"] = {"accuracy": fp32_acc}
-
-    timed: dict[str, Path] = {"FP32": spec.path}
-    for row_name, tool, setting in tools_for(spec):
-        t = time.perf_counter()
-        log(f"{name}: {row_name} ...")
-        safe = re.sub(r"[^A-Za-z0-9_.-]+", "_", row_name).strip("_")
-        out = work / f"{safe}.onnx"
-        row: dict[str, Any] = {"model": name, "tool": row_name, "family": tool,
-                               "target": setting if tool == "trtrepo" else "onnxruntime"}
-        stage = "runner"
-        try:
-            if tool == "trtrepo":
-                row.update(run_trtrepo(spec, setting, out, work / "reports" / safe, n_calib, args.timeout))
-            else:
-                row.update(run_peer(spec, tool, setting, calib_path, out, args.timeout))
-            if row["ok"]:
-                stage = "the INT8 model fails on the evaluation data"
-                cand = run_outputs(out, eval_batches, spec.outputs)
-                row["metrics"] = compute_metrics(spec, ref, cand, labels)
-                from peers import integer_kernels
-
-                row["integer_kernels"] = integer_kernels(out, threads=THREADS)
-                if row["target"] == "onnxruntime":
-                    timed[row_name] = out
-        except Exception as exc:  # one tool failing is a result; the run goes on
-            row["quantized"], row["ok"] = row.get("ok", False), False
-            row["error"] = f"{stage}: {type(exc).__name__}: {' '.join(str(exc).split())[:400]}"
-        row["path"] = str(out)
-        status = "ok" if row["ok"] else f"FAILED: {row.get('error')}"
-        m = (row.get("metrics") or {}).get(spec.primary)
-        log(f"{name}: {row_name} {status}" + (f", {spec.primary} {m:.4f}" if m is not None else "")
-            + (" (CLI WARNED: accuracy loss)" if row.get("warned") else "") + f" [{time.perf_counter() - t:.1f}s]")
-        result["rows"].append(row)
-
-    log(f"{name}: timing FP32 + {len(timed) - 1} INT8 models (batch 1, {spec.rounds[0]} rounds; batch 32, "
-        f"{spec.rounds[1]} rounds; round-robin, {THREADS} threads)")
+            i, name = key.split(":", 1)
+            samples.setdefault(int(i), {})[name] = f[key]
+    calib = [samples[i] for i in sorted(samples)]
+    row: dict[str, Any] = {"ok": False, "samples": len(calib)}
     t = time.perf_counter()
     try:
-        feeds = latency_feeds(spec, eval_samples)
-        lat = time_in_subprocess(timed, feeds, spec.rounds, work, args.timeout)
-        result["fp32"]["latency_ms"] = {b: lat[b]["FP32"]["median_ms"] for b in lat}
-        result["latency_feed"] = {b: {k: list(v.shape) for k, v in f.items()} for b, f in feeds.items()}
-        for row in result["rows"]:
-            if row["tool"] in timed:
-                row["latency_ms"] = {b: lat[b][row["tool"]]["median_ms"] for b in lat}
-                row["speedup"] = {b: lat[b]["FP32"]["median_ms"] / lat[b][row["tool"]]["median_ms"] for b in lat}
-        result["timing_s"] = round(time.perf_counter() - t, 1)
-    except Exception as exc:
-        result["timing_error"] = f"{type(exc).__name__}: {exc}"
-        log(f"{name}: timing FAILED: {result['timing_error']}")
-    fp = result["fp32"].get("latency_ms") or {}
-    log(f"{name}: FP32 latency b1 {fp.get('b1', float('nan')):.2f} ms, b32 {fp.get('b32', float('nan')):.1f} ms "
-        f"[{time.perf_counter() - t:.1f}s]")
-    for row in result["rows"]:
-        row["primary"] = (row.get("metrics") or {}).get(spec.primary)
-        row["metric_text"] = metric_text(spec, row.get("metrics"), fp32_acc)
-        row["notes"] = notes(row)
-    result["seconds"] = round(time.perf_counter() - t_model, 1)
-    if not args.keep_models:
-        for p in work.glob("*.onnx*"):
-            p.unlink()
-    log(f"{name}: done in {result['seconds']:.0f}s")
-    return result
+        if tool == "nncf":
+            import nncf
+            import onnx
 
-
-def notes(row: dict[str, Any]) -> str:
-    parts = []
-    if not row.get("ok"):
-        err = re.sub(r"\[ONNXRuntimeError\] : \d+ : \w+ : (Non-zero status code returned while running )?", "",
-                     str(row.get("error") or "?"))
-        return "FAILED: " + err[:240]
-    if row["family"] == "trtrepo":
-        alpha = row.get("smooth_quant_alpha")
-        parts.append(f"method {row.get('method')}, SmoothQuant {'alpha ' + str(alpha) if alpha is not None else 'off'}")
-        if row.get("calibration_s") is not None:
-            parts.append(f"calibration {row['calibration_s']:.1f} s of it")
-        ok = row.get("accuracy_check_ok")
-        if ok is True:
-            parts.append("held-out check ok")
-        elif ok is False:
-            parts.append("held-out check FAILED: " + "; ".join(row.get("accuracy_check_failures") or []))
+            proto = onnx.load(model)
+            kind = nncf.ModelType.TRANSFORMER if "input_ids" in calib[0] else None
+            q = nncf.quantize(proto, nncf.Dataset([{k: v[None] for k, v in s.items()} for s in calib]),
+                              subset_size=len(calib), model_type=kind)
+            big = q.ByteSize() > 2**31 - 2**26
+            onnx.save(q, out, save_as_external_data=big, location=Path(out).name + ".data" if big else None)
         else:
-            parts.append("held-out check not measured")
-        if row.get("warned"):
-            parts.append("CLI WARNED")
-        if row["target"] == "tensorrt":
-            parts.append("speed n/a (TensorRT target)")
-    elif row.get("preprocess", "ok") != "ok":
-        parts.append(f"quant_pre_process {row['preprocess']}")
-    return "; ".join(p for p in parts if p)
+            from onnxruntime.quantization import CalibrationMethod, QuantFormat, QuantType, quantize_static
+            from onnxruntime.quantization.shape_inference import quant_pre_process
+
+            from trtrepo.cpu import cpu_int8
+
+            feeds = iter(batches(calib))
+
+            class Reader:
+                def get_next(self) -> dict[str, np.ndarray] | None:
+                    return next(feeds, None)
+
+            with tempfile.TemporaryDirectory() as tmp:
+                pre = str(Path(tmp) / "pre.onnx")
+                quant_pre_process(model, pre)
+                quantize_static(pre, out, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,  # type: ignore[arg-type]
+                                reduce_range=cpu_int8().saturates, activation_type=QuantType.QUInt8,
+                                weight_type=QuantType.QInt8,
+                                calibrate_method=CalibrationMethod.Percentile if tool == "ort-percentile" else CalibrationMethod.MinMax,
+                                op_types_to_quantize=["MatMul"] if tool == "ort-matmul-only" else None)
+        row["ok"] = True
+    except Exception as exc:  # a peer failing is a result
+        row["error"] = f"{type(exc).__name__}: {' '.join(str(exc).split())[:300]}"
+    return {**row, "seconds": round(time.perf_counter() - t, 2), "peak_rss_mb": round(status_mb("VmHWM"), 1)}
 
 
-# --------------------------------------------------------------------------------------------
-# Outputs
+def timing(paths: dict[str, Path], feeds: dict[str, dict[str, np.ndarray]], rounds: int) -> dict[str, dict[str, float]]:
+    """Inside a fresh process: each round runs every model once per feed, round-robin; median ms."""
+    from trtrepo.evaluate import make_session
+
+    sessions = {k: make_session(str(p), threads=THREADS, optimization="all") for k, p in paths.items()}
+    times: dict[str, dict[str, list[float]]] = {k: {b: [] for b in feeds} for k in sessions}
+    for r in range(rounds + 2):
+        for b, feed in feeds.items():
+            for k, s in sessions.items():
+                t = time.perf_counter()
+                s.run(None, feed)
+                if r >= 2:
+                    times[k][b].append(time.perf_counter() - t)
+    return {k: {b: float(np.median(v) * 1e3) for b, v in per.items()} for k, per in times.items()}
 
 
-def machine_info() -> dict[str, Any]:
-    cpu, flags = "unknown", set()
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name") and cpu == "unknown":
-                cpu = line.split(":", 1)[1].strip()
-            elif line.startswith("flags") and not flags:
-                flags = set(line.split(":", 1)[1].split())
-    except OSError:
-        pass
-    versions = {}
-    for pkg in ("onnxruntime", "nncf", "torch", "onnx", "transformers", "numpy"):
-        try:
-            versions[pkg] = importlib.metadata.version(pkg)
-        except importlib.metadata.PackageNotFoundError:
-            versions[pkg] = None
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--", "trtrepo"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
-    if commit and dirty:
-        commit += " + uncommitted changes in trtrepo/"
-    return {"cpu": cpu, "avx512_vnni": "avx512_vnni" in flags, "avx_vnni": "avx_vnni" in flags,
-            "cpu_count": os.cpu_count(), "threads": THREADS, "versions": versions, "trtrepo_commit": commit or None,
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")}
+def speeds(paths: dict[str, Path], m: dict[str, Any], work: Path, rounds: int) -> dict[str, dict[str, float]]:
+    """FP32 median / model median at batch 32 and 1, from one fresh timing process."""
+    pool = [{k: v[i] for k, v in b.items()} for b in m["eval"] for i in range(len(next(iter(b.values()))))]
+    if "input_ids" in pool[0]:
+        pool = [s for s in pool if len(s["input_ids"]) == TEXT_SEQ]
+    pool = [pool[i % len(pool)] for i in range(32)]
+    feeds = {"b32": batches(pool)[0], "b1": batches(pool[:1])[0]}
+    job = work / "timing.npz"
+    np.savez(job, **{f"{b}:{k}": v for b, f in feeds.items() for k, v in f.items()})
+    ms = child(["--time", json.dumps({k: str(v) for k, v in paths.items()}), str(job), str(rounds)])
+    if isinstance(ms, str):
+        raise RuntimeError(f"timing process: {ms}")
+    return {k: {b: ms["FP32"][b] / v[b] for b in v} | {f"{b}_ms": v[b] for b in v} for k, v in ms.items()}
 
 
-def _f(v: Any, fmt: str, na: str = "-") -> str:
-    return na if v is None else format(v, fmt)
+def bench(name: str, n_calib: int, work: Path, rounds: int) -> dict[str, Any]:
+    from trtrepo.fp16 import convert_to_fp16
+    from trtrepo.qdq import load_model, save_model
+
+    work.mkdir(parents=True, exist_ok=True)
+    m = prepare(name, n_calib, work)
+    log(f"{name}: {len(m['calib'])} calibration samples, {sum(len(next(iter(b.values()))) for b in m['eval'])} evaluation samples")
+    ref = outputs(m["model"], m["eval"], m["output"])
+    rows: dict[str, dict[str, Any]] = {}
+    timed = {"FP32": m["model"]}
+    fp16 = work / "fp16.onnx"
+    save_model(convert_to_fp16(load_model(m["model"])), fp16)
+    rows["fp16"] = {"ok": True, "figures": figures(name, ref, outputs(fp16, m["eval"], m["output"]))}
+    for tool in [f"trtrepo {t}" for t in m["targets"]] + list(m["peers"]):
+        log(f"{name}: {tool} ...")
+        out = work / f"{tool.replace(' ', '_')}.onnx"
+        row = quantize(tool, m, out, work, n_calib)
+        if row["ok"]:
+            try:
+                row["figures"] = figures(name, ref, outputs(out, m["eval"], m["output"]))
+                if tool != "trtrepo tensorrt":
+                    timed[tool] = out
+            except Exception as exc:  # a model that does not run is a result
+                row.update(ok=False, error=f"does not run: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
+        log(f"{name}: {tool}: {row.get('figures') or row.get('error')}")
+        rows[tool] = row
+    log(f"{name}: timing {len(timed)} models, {rounds} rounds")
+    for tool, s in speeds(timed, m, work, rounds).items():
+        rows.setdefault(tool, {"ok": True})["speed"] = s
+    return {"model": name, "calibration_samples": len(m["calib"]), "rows": rows}
+
+
+def cell(name: str, r: dict[str, Any]) -> str:
+    f = r.get("figures")
+    if not f:
+        return f"failed: {str(r.get('error', '?'))[:160]}"
+    if name == "mpnet":
+        return f"cosine {f['cosine_mean']:.4f} (min {f['cosine_min']:.3f})"
+    return (f"{100 * f['top1']:.1f} % / {100 * f['confident_top1']:.1f} % of {f['confident']}; "
+            f"expected drop {100 * f['expected_drop']:.2f} (upper {100 * f['expected_drop_upper']:.2f}) points")
 
 
 def markdown(results: dict[str, Any]) -> str:
     meta = results["meta"]
-    lines = []
+    lines = [HEADING, "", f"`{meta['command']}` on {meta['cpu']}, 2 cores, {meta['date']} (tree {meta['commit']}); what "
+             "each column measures: the script's docstring. MobileNetV2: top-1 agreement on all 500 crops / on the "
+             "confident ones, and the expected top-1 drop; mpnet: embedding cosine over 256 sentences.", ""]
     for res in results["models"]:
-        fp = res.get("fp32", {}).get("latency_ms") or {}
-        cal = res.get("calibration", {})
-        lines += [f"### {res['model']}", "",
-                  f"{res['describe']}. Calibration: {cal.get('samples')} samples (`{res['calib_spec']}`; trtrepo "
-                  f"holds 20 % of them out for its method choice and check), evaluation: "
-                  f"{res.get('evaluation', {}).get('samples')} samples (`{res['eval_spec']}`). FP32 on ONNX Runtime CPU "
-                  f"({meta['threads']} threads): batch 1 {_f(fp.get('b1'), '.2f')} ms, batch 32 {_f(fp.get('b32'), '.1f')} ms"
-                  + (f"; FP32 accuracy {100 * res['fp32']['accuracy']:.2f}%" if res.get("fp32", {}).get("accuracy") is not None else "")
-                  + (f". Timing failed: {res['timing_error']}" if res.get("timing_error") else "") + ".", "",
-                  "| tool | accuracy (INT8 vs FP32) | speedup b1 | speedup b32 | integer kernels | quantize s (process) "
-                  "| peak RSS MB | notes |",
-                  "|---|---|---:|---:|---:|---:|---:|---|"]
-        for r in res["rows"]:
-            sp = r.get("speedup") or {}
-            na = "n/a (TensorRT target)" if r["target"] == "tensorrt" and r.get("ok") else "-"
-            secs = f"{_f(r.get('seconds'), '.1f')} ({_f(r.get('process_s'), '.1f')})"
-            lines.append(f"| {r['tool']} | {r.get('metric_text', '-')} | {_f(sp.get('b1'), '.2f', na)} | "
-                         f"{_f(sp.get('b32'), '.2f', na)} | {_f((r.get('integer_kernels') or {}).get('total'), 'd')} | "
-                         f"{secs} | {_f(r.get('peak_rss_mb'), '.0f')} | {r.get('notes', '').replace('|', '/')} |")
-        lines.append("")
-    return "\n".join(lines)
-
-
-def header(results: dict[str, Any]) -> str:
-    meta = results["meta"]
-    v = meta["versions"]
-    return "\n".join([
-        f"Command: `{meta['command']}` ({'quick smoke configuration' if meta['quick'] else 'full configuration'}; "
-        f"{meta['calibration_samples']} calibration samples for every tool).",
-        f"CPU: {meta['cpu']} ({meta['cpu_count']} cores visible, avx512_vnni: {'yes' if meta['avx512_vnni'] else 'no'}), "
-        f"{meta['date']}; onnxruntime {v['onnxruntime']}, nncf {v['nncf']}, torch {v['torch']}, "
-        f"transformers {v['transformers']}; trtrepo at {meta['trtrepo_commit']}.",
-        "",
-        "trtrepo runs with its default settings (`trtrepo quantize MODEL --data SPEC --limit N --target "
-        "onnxruntime|tensorrt`: method auto, SmoothQuant auto, held-out check vs FP32). Peers: ONNX Runtime "
-        "`quantize_static` (QDQ, per-channel, after `quant_pre_process`) with each calibration method, NNCF 3.4 "
-        "(ONNX backend); see bench/gauntlet/peers.py. Accuracy: INT8 vs FP32 on held-out evaluation data "
-        "(top-1/top-5 agreement with FP32's predictions, logit cosine; sentence-embedding cosine and nearest-"
-        "neighbour agreement for mpnet; accuracy vs labels for the demos). Speedup: FP32 median / INT8 median "
-        "latency on ONNX Runtime CPU, all models of a row's table timed round-robin in one process; text models "
-        "at sequence length 32. Quantize s: the tool's own time (trtrepo's 'in X s'; peers.py's 'seconds'), the "
-        "whole subprocess (interpreter, imports) in parentheses; peak RSS: that subprocess's VmHWM. Integer "
-        "kernels: QLinear*/MatMulInteger*/QGemm... nodes in ONNX Runtime's optimized graph. "
-        "trtrepo's tensorrt-target model is a Q/DQ model meant for TensorRT: on the CPU only its "
-        "accuracy is meaningful. ORT's Entropy calibrator at its defaults (num_bins = num_quantized_bins = 128) "
-        "searches a single threshold, the full range, so ort-qdq-entropy normally matches ort-qdq-minmax.",
-        "", "",
-    ])
-
-
-def write_outputs(results: dict[str, Any], out_dir: Path) -> None:
-    from trtrepo.fsutil import atomic_write_text
-
-    atomic_write_text(out_dir / "results.json", json.dumps(results, indent=1, default=str) + "\n")
-    atomic_write_text(out_dir / "results.md", "# Trained-model gauntlet\n\n" + header(results) + markdown(results))
-    metric_keys = sorted({k for res in results["models"] for r in res["rows"] for k in (r.get("metrics") or {})})
-    cols = ["model", "tool", "family", "target", "ok", "error", "primary", *[f"metric_{k}" for k in metric_keys],
-            "fp32_ms_b1", "fp32_ms_b32", "int8_ms_b1", "int8_ms_b32", "speedup_b1", "speedup_b32", "integer_kernels",
-            "seconds", "process_s", "peak_rss_mb", "method", "smooth_quant_alpha", "accuracy_check_ok", "warned", "notes"]
-    tmp = out_dir / "results.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.writer(f)
-        w.writerow(cols)
-        for res in results["models"]:
-            fp = res.get("fp32", {}).get("latency_ms") or {}
-            for r in res["rows"]:
-                lat, sp, m = r.get("latency_ms") or {}, r.get("speedup") or {}, r.get("metrics") or {}
-                vals = {**{k: r.get(k) for k in cols}, **{f"metric_{k}": m.get(k) for k in metric_keys},
-                        "fp32_ms_b1": fp.get("b1"), "fp32_ms_b32": fp.get("b32"), "int8_ms_b1": lat.get("b1"),
-                        "int8_ms_b32": lat.get("b32"), "speedup_b1": sp.get("b1"), "speedup_b32": sp.get("b32"),
-                        "integer_kernels": (r.get("integer_kernels") or {}).get("total")}
-                w.writerow(["" if vals[c] is None else vals[c] for c in cols])
-    os.replace(tmp, out_dir / "results.csv")
-    try:
-        plot(results, out_dir / "results.png")
-    except Exception as exc:  # the plot is a nicety
-        log(f"plot failed: {type(exc).__name__}: {exc}")
-
-
-def plot(results: dict[str, Any], path: Path) -> None:
-    """Accuracy metric vs batch-32 speedup, one panel per model, one colour per tool (shared legend);
-    trtrepo's tensorrt-target model (no CPU speed) as a dashed line at its accuracy."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    models = [m for m in results["models"] if m.get("rows")]
-    if not models:
-        return
-    tools = list(dict.fromkeys(r["tool"] for m in models for r in m["rows"]))
-    colors = {t: plt.get_cmap("tab10")(i % 10) for i, t in enumerate(tools)}
-    markers = {"trtrepo": "o", "ort": "s", "nncf": "^"}
-    cols = min(3, len(models))
-    rows = -(-len(models) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.8 * cols, 3.9 * rows + 0.9), squeeze=False)
-    handles: dict[str, Any] = {}
-    for ax, res in zip(axes.flat, models, strict=False):
-        for r in res["rows"]:
-            sp, y = (r.get("speedup") or {}).get("b32"), r.get("primary")
-            if y is None:
+        lines += [f"**{res['model']}** ({res['calibration_samples']} calibration samples):", "",
+                  "| tool | accuracy vs FP32 | speed b32 / b1 | quantize s | peak RSS MB | notes |", "|---|---|---|---|---|---|"]
+        for tool, r in res["rows"].items():
+            if tool == "FP32":
                 continue
-            if sp is None and r["target"] == "tensorrt":
-                handles[r["tool"]] = ax.axhline(y, color=colors[r["tool"]], ls="--", lw=1)
-            elif sp is not None:
-                handles[r["tool"]] = ax.scatter(sp, y, marker=markers.get(r["family"], "x"), color=colors[r["tool"]],
-                                                s=45, alpha=0.85, edgecolors="black", linewidths=0.4)
-        ax.axvline(1.0, color="gray", lw=0.6, ls=":")
-        ax.set_title(f"{res['model']}{'' if res['trained'] else ' (RANDOM weights)'}", fontsize=10)
-        ax.set_xlabel("speedup vs FP32, batch 32 (ORT CPU)", fontsize=8)
-        ax.set_ylabel(f"{res['primary_metric']} (INT8 vs FP32)", fontsize=8)
-        ax.tick_params(labelsize=8)
-        ax.grid(alpha=0.3)
-    for ax in list(axes.flat)[len(models):]:
-        ax.axis("off")
-    labels = [t + (" (accuracy only)" if t == "trtrepo (tensorrt)" else "") for t in handles]
-    fig.legend(list(handles.values()), labels, loc="lower center", ncol=min(4, len(handles)), fontsize=8, frameon=False)
-    meta = results["meta"]
-    fig.suptitle(f"Gauntlet: accuracy vs speedup ({meta['cpu']}, {meta['threads']} threads"
-                 f"{', quick' if meta['quick'] else ''})", fontsize=10)
-    fig.tight_layout(rect=(0, 0.75 / (3.9 * rows + 0.9), 1, 1))
-    tmp = path.with_name(path.stem + ".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    os.replace(tmp, path)
+            s = r.get("speed")
+            sp = f"{s['b32']:.2f}x / {s['b1']:.2f}x" if s else "-"
+            secs = f"{r['seconds']:.1f}" if r.get("seconds") is not None else "-"
+            rss = f"{r['peak_rss_mb']:.0f}" if r.get("peak_rss_mb") else "-"
+            note = (f"method {r['method']}, {r['kept_float']} nodes kept float, held-out gate: {r['gate']}"
+                    if tool.startswith("trtrepo") and r.get("ok") else "")
+            lines.append(f"| {tool} | {cell(res['model'], r)} | {sp} | {secs} | {rss} | {note} |")
+        fp = res["rows"]["FP32"]["speed"]
+        lines += ["", f"FP32: {fp['b32_ms']:.1f} ms at batch 32, {fp['b1_ms']:.2f} ms at batch 1.", ""]
+    lines.append("Results: [`gauntlet/gauntlet.json`](gauntlet/gauntlet.json).")
+    return "\n".join(lines) + "\n"
 
 
-# --------------------------------------------------------------------------------------------
-
-
-def set_mem_limit(gb: float | None) -> float | None:
-    """RLIMIT_DATA (inherited by the subprocesses): ``gb`` GiB, default 75 % of MemTotal; None when off."""
-    import resource
-
-    if gb is None:
-        with open("/proc/meminfo") as f:
-            total_kb = next(int(line.split()[1]) for line in f if line.startswith("MemTotal:"))
-        gb = round(0.75 * total_kb / 2**20, 1)
-    if gb <= 0:
-        return None
-    limit = int(gb * 2**30)
-    hard = resource.getrlimit(resource.RLIMIT_DATA)[1]
-    if hard != resource.RLIM_INFINITY:
-        limit = min(limit, hard)
-    resource.setrlimit(resource.RLIMIT_DATA, (limit, hard))
-    return round(limit / 2**30, 1)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv[:1] == ["--time-worker"]:
-        print(TIMING_TAG + json.dumps(_time_worker(json.loads(argv[1]))), flush=True)
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv[:1] == ["--peer"]:
+        print(TAG + json.dumps(peer(*argv[1:5])), flush=True)
         return 0
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", nargs="+", choices=MODEL_NAMES, default=list(MODEL_NAMES))
-    ap.add_argument("--quick", action="store_true", help="smoke configuration: 64 calibration samples, 100 evaluation "
-                                                         "images / 64 sentences, few timing rounds")
-    ap.add_argument("--calib", type=int, default=512, help="calibration samples for every tool (default 512; --quick: 64)")
-    ap.add_argument("--eval", type=int, default=None, help="evaluation samples (default: 500 images, 256 sentences, the demos' whole "
-                                                               "validation splits; --quick: 100 images, 64 sentences)")
-    ap.add_argument("--cache", type=Path, default=DEFAULT_CACHE, help=f"models and data (default {DEFAULT_CACHE})")
-    ap.add_argument("--out", type=Path, default=None, help="results folder (default CACHE/results)")
-    ap.add_argument("--timeout", type=float, default=7200, help="seconds per quantization / timing subprocess")
-    ap.add_argument("--mem-limit-gb", type=float, default=None,
-                    help="RLIMIT_DATA for this process and every quantizer/timing subprocess, so that a tool that "
-                         "runs out of memory fails with MemoryError (a result) instead of waking the OOM killer "
-                         "(default 75%% of MemTotal; 0: none)")
-    ap.add_argument("--keep-models", action="store_true", help="keep the INT8 models in OUT/work/MODEL")
-    ap.add_argument("--update-docs", type=Path, default=None, metavar="MD",
-                    help=f"replace/append the section '{DOCS_HEADING}' of MD (e.g. docs/benchmarks.md)")
+    if argv[:1] == ["--time"]:
+        with np.load(argv[2]) as f:
+            feeds: dict[str, dict[str, np.ndarray]] = {}
+            for key in f.files:
+                b, name = key.split(":", 1)
+                feeds.setdefault(b, {})[name] = f[key]
+        print(TAG + json.dumps(timing({k: Path(v) for k, v in json.loads(argv[1]).items()}, feeds, int(argv[3]))))
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", nargs="+", default=["mobilenet_v2", "mpnet"], choices=["mobilenet_v2", "mpnet"])
+    ap.add_argument("--calib", type=int, default=256)
+    ap.add_argument("--rounds", type=int, default=20, help="timing rounds (default 20)")
+    ap.add_argument("--out", type=Path, default=CACHE / "results")
+    ap.add_argument("--update-docs", type=Path, default=None, metavar="MARKDOWN")
+    ap.add_argument("--from-json", type=Path, default=None, help="only rewrite the report from a results JSON")
     a = ap.parse_args(argv)
-    a.cache = a.cache.resolve()
-    os.environ["TRTREPO_GAUNTLET_CACHE"] = str(a.cache)  # text.py reads it at import (here and in the CLI)
-    out_dir = (a.out or a.cache / "results").resolve()
-    out_dir.mkdir(parents=True, exist_ok=True)
-    mem_limit = set_mem_limit(a.mem_limit_gb)
-    cmd = "python bench/gauntlet/run.py " + " ".join(argv) if argv else "python bench/gauntlet/run.py"
-    results: dict[str, Any] = {"meta": {**machine_info(), "command": cmd, "quick": a.quick,
-                                        "calibration_samples": 64 if a.quick else a.calib,
-                                        "mem_limit_gb": mem_limit}, "models": []}
-    log(f"gauntlet: {', '.join(a.models)}{' (quick)' if a.quick else ''}; CPU {results['meta']['cpu']} "
-        f"(avx512_vnni {results['meta']['avx512_vnni']}); memory limit per process "
-        f"{mem_limit or 'none'} GiB; results in {out_dir}")
-    for name in a.models:
-        try:
-            res = bench_model(name, a, out_dir)
-        except Exception as exc:
-            log(f"{name}: FAILED before any tool ran: {type(exc).__name__}: {exc}")
-            res = {"model": name, "describe": name, "trained": True,
-                   "calib_spec": "-", "eval_spec": "-", "primary_metric": "-", "rows": [],
-                   "error": f"{type(exc).__name__}: {exc}"}
-        results["models"].append(res)
-        write_outputs(results, out_dir)
-    print(markdown(results))
-    log(f"wrote {out_dir}/results.json, results.md, results.csv, results.png")
-    if a.update_docs is not None:
-        from _common import update_docs
-
-        section = f"{DOCS_HEADING}\n\n" + header(results) + markdown(results).rstrip("\n") + "\n"
-        update_docs(a.update_docs, DOCS_HEADING, section)
-        log(f"updated {a.update_docs}")
+    if a.from_json:
+        publish(markdown(json.loads(a.from_json.read_text())), HEADING, a.update_docs)
+        return 0
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout.strip()
+    meta = {"command": "python bench/gauntlet/run.py " + " ".join(argv), "cpu": cpu_name(), "commit": commit,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
+    results = {"meta": meta, "models": [bench(n, a.calib, a.out / "work" / n, a.rounds) for n in a.models]}
+    a.out.mkdir(parents=True, exist_ok=True)
+    (a.out / "gauntlet.json").write_text(json.dumps(results, indent=1, default=str) + "\n")
+    section = markdown(results)
+    (a.out / "gauntlet.md").write_text(section)
+    publish(section, HEADING, a.update_docs)
     return 0
 
 

@@ -8,7 +8,7 @@ once, as the session's (packed MatMul and Gemm) weights, never in Python nor ser
 is then about the model's weights, the interpreter and libraries, and the budget-bounded
 activations with ONNX Runtime's scratch memory, whatever the batch size, instead of several copies
 of the weights held by Python (figures: docs/benchmarks.md, "Calibration memory at any batch size
-(issue 13)"; ``bench/calib_memory.py``). The temporary folder takes the model's size on disk for
+(issue 13)"; its script left with issue 42: ``git show fe27e6f:bench/calib_memory.py``). The temporary folder takes the model's size on disk for
 the calibrator's lifetime. Prepacking stays on: without it (``session.disable_prepacking``) the
 mapped weights are resident instead of the packed ones (no saving) and the MatMul kernels compute
 other last bits.
