@@ -140,3 +140,72 @@ def test_the_decode_head_is_found_from_the_graph_and_stays_float(tmp_path, head,
 
 def test_classifiers_and_encoders_have_no_decode_head(demo_onnx):
     assert find_decode_heads(GraphView(onnx.load(str(demo_onnx)))) == []
+
+
+class Classifier(nn.Module):
+    """The same backbone under a classification head: no decode head."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.backbone = Backbone()
+        self.fc = nn.Linear(16, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.fc(self.backbone(x)[-1].mean((2, 3)))
+
+
+def _representable_max(model: onnx.ModelProto, tensor: str) -> float:
+    """The largest value the Q/DQ pair on ``tensor`` represents (uint8: (255 - zero point) * scale)."""
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (q,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor]
+    scale, zero = float(init[q.input[1]]), int(init[q.input[2]])
+    return (255 - zero) * scale
+
+
+@pytest.mark.parametrize("head", [AnchorFree, Classifier])
+def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(tmp_path, head):
+    """Issue 43: in a detector (its decode head found) the activations that no weighted op produces
+    (here the SiLU outputs) take their min/max range, so that the strongest responses are not
+    clipped; a convolution's output keeps the method's clipped range. A classifier with the same
+    backbone keeps the method's range everywhere. Checked on the written model's Q/DQ parameters
+    against the activations ONNX Runtime computes on the calibration images. On the tensorrt target
+    (symmetric int8) the rule stays off."""
+    import onnxruntime as ort
+
+    from trtrepo.data import ArraySource, collect
+    from trtrepo.quantize import run_quantize
+    from trtrepo.quantize.ranges import split_holdout
+
+    src = tmp_path / "m.onnx"
+    torch.manual_seed(0)
+    model = _export(head(), src)
+    images = np.random.default_rng(0).random((60, 3, SIZE, SIZE), dtype=np.float32)
+    images[:, :, 8:24, 8:24] *= 4  # a bright object: the tails a clipping range cuts
+    np.savez(tmp_path / "calib.npz", images=images)
+    res = run_quantize(src, tmp_path / "q.onnx", data=str(tmp_path / "calib.npz"), method="percentile",
+                       options=QuantizeOptions(target="onnxruntime"), weight_rounding="nearest", smooth_quant=None)
+    assert ("range_rule" in res.report.to_dict()) is (head is AnchorFree)  # the report says so for a detector
+    quantized = onnx.load(str(tmp_path / "q.onnx"))
+    producers = {o: n for n in model.graph.node for o in n.output}
+    silu = [n.output[0] for n in model.graph.node if n.op_type == "Mul" and producers.get(n.input[1]) is not None
+            and producers[n.input[1]].op_type == "Sigmoid" and n.name.startswith("/backbone")]
+    conv = [n.output[0] for n in model.graph.node if n.op_type == "Conv" and n.name.startswith("/backbone")]
+    probe = onnx.load(str(src))
+    probe.graph.output.extend(onnx.helper.make_empty_tensor_value_info(t) for t in silu + conv)
+    calibrated, _ = split_holdout(ArraySource("calib", {"images": images}))  # what quantize calibrated on
+    values = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"]).run(
+        silu + conv, collect(calibrated))
+    seen = dict(zip(silu + conv, (float(v.max()) for v in values), strict=True))
+    kept = {t: _representable_max(quantized, t) / seen[t] for t in silu + conv if any(
+        n.op_type == "QuantizeLinear" and n.input[0] == t for n in quantized.graph.node)}
+    assert len([t for t in kept if t in silu]) >= 3 and len([t for t in kept if t in conv]) >= 3, kept
+    clipped_convs = [t for t in conv if t in kept and kept[t] < 0.999]
+    assert clipped_convs, kept  # percentile clips the convolutions' outputs in both
+    silu_ratios = [kept[t] for t in silu if t in kept]
+    if head is AnchorFree:
+        assert min(silu_ratios) >= 0.98, kept  # the whole range seen in calibration
+        symmetric = run_quantize(src, tmp_path / "t.onnx", data=str(tmp_path / "calib.npz"), method="percentile",
+                                 options=QuantizeOptions(target="tensorrt"), weight_rounding="nearest", smooth_quant=None)
+        assert "range_rule" not in symmetric.report.to_dict()  # symmetric int8: the rule stays off (measured worse)
+    else:
+        assert min(silu_ratios) < 0.999, kept  # a classifier: the method's clipped range there too

@@ -125,6 +125,7 @@ class QuantizeReport:
     # the shipped model's warnings that repeat per layer, by cause (trtrepo.warngroups), with their details
     warnings: tuple[WarningGroup, ...] = ()
     front: QualityFront | None = None  # all-INT8 failed the check: the front searched (absent from the JSON otherwise)
+    range_rule: str | None = None  # a detector's ranges by producer (absent from the JSON otherwise)
     report_dir: Path | None = field(default=None, compare=False)  # where quantize.json/.md went; not in the JSON
 
     def to_dict(self) -> dict[str, Any]:
@@ -153,6 +154,8 @@ class QuantizeReport:
         d["warnings"] = [g.to_dict() for g in self.warnings]
         if self.front is not None:
             d["front"] = self.front.to_dict()
+        if self.range_rule is not None:
+            d["range_rule"] = self.range_rule
         return d
 
     def accuracy_summary(self, shipped: str = "int8") -> QuantizeSummary:
@@ -309,6 +312,7 @@ class CalibrationFacts:
     input_methods: Mapping[str, str] | None
     equalization: Mapping[str, Any]
     smooth_quant: SmoothQuantReport
+    range_rule: str | None = None  # a detector's ranges (trtrepo.quantize.ranges.detector_ranges)
 
 
 def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection: Selection, held_out: HeldOutFigures,
@@ -336,7 +340,7 @@ def build_report(onnx_path: Path, out: Path, options: QuantizeOptions, selection
         speed=held_out.speed, weight_rounding=selection.rounding.to_dict(), equalization=calibration.equalization,
         quantize_attention=options.quantize_attention, reduce_range=options.reduce_range,
         smooth_quant=calibration.smooth_quant, accuracy_check=held_out.check,
-        integer_kernels=integer_kernels, input_methods=calibration.input_methods,
+        integer_kernels=integer_kernels, input_methods=calibration.input_methods, range_rule=calibration.range_rule,
         warnings=group(chosen.warnings))
 
 
@@ -368,7 +372,8 @@ def report_markdown(report: QuantizeReport) -> str:
 def _header_markdown(report: QuantizeReport) -> list[str]:
     lines = [f"# Quantization report: {Path(report.output).name}", "",
              f"- model: `{report.model}`, target `{report.target}`",
-             f"- method: {report.method} (requested {report.method_requested})"]
+             f"- method: {report.method} (requested {report.method_requested})"
+             + (f"; {report.range_rule}" if report.range_rule else "")]
     if report.evaluation_data:
         ev = report.evaluation_data
         lines.append(f"- evaluated on `{ev['name']}` ({ev['samples']} held-out samples; "

@@ -45,7 +45,14 @@ from .fallback import check_reachable, fallback
 from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
 from .gate import DETECTION_RULE, EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, fp16_floor, with_fp16_floor
-from .ranges import AUTO_MIN_SAMPLES, activation_ranges, calibration_tensors, split_holdout
+from .ranges import (
+    AUTO_MIN_SAMPLES,
+    DETECTOR_RANGE_RULE,
+    activation_ranges,
+    calibration_tensors,
+    detector_ranges,
+    split_holdout,
+)
 from .report import (
     CalibrationFacts,
     HeldOutCheck,
@@ -185,12 +192,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     detectors = detector_outputs(model, req.int8.task)  # said to be a detector without a YOLO output: refused here
     outputs = [o.name for o in model.graph.output]
     metric_output = req.int8.metric_output
-    if metric_output is not None and metric_output not in outputs:
-        raise OptionError("metric_output", f"'{metric_output}': {onnx_path.name} has no such output (outputs: "
-                          f"{', '.join(outputs)})")
+    _check_outputs(req, onnx_path, outputs)
     accuracy_target = None if req.int8.accuracy_target is None else req.int8.accuracy_target.on_output(metric_output)
-    if Path(req.output).exists() and not req.force:
-        raise OptionError("", f"{req.output}: already exists (use {{force}} to overwrite)", others={"force": "force=True"})
 
     t_start = time.perf_counter()
     timings: dict[str, float] = {}
@@ -211,7 +214,10 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     if accuracy_target is not None and evaluator is not None:
         check_reachable(accuracy_target, evaluator)  # before calibrating: fail fast
 
-    model, per_method, stats, equalization = _ranges(req, model, onnx_path, calib_src, evaluator, sq_request, timings)
+    # a detector's ranges by producer: on uint8 activations over [lo, hi] (measured there; symmetric int8 halves a SiLU's grid)
+    by_producer = bool(detectors) and options.target.activations == "asymmetric"
+    model, per_method, stats, equalization = _ranges(req, model, onnx_path, calib_src, evaluator, sq_request, timings,
+                                                     by_producer)
     if sq_request is not None and stats is None and sq_request != "auto":
         raise OptionError("smooth_quant", "needs calibration data ({data_spec}): ranges and caches carry no per-channel "
                           "statistics", concept="SmoothQuant", others={"data_spec": "data"})
@@ -237,7 +243,8 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
         HeldOutFigures(eval_src, accuracy_target, gated, metrics, held_out, speed),
         CalibrationFacts(method, calib_src,
                          None if stats is None else {t.name: c.best.label for t in io.inputs if t.name in stats},
-                         equalization, SmoothQuantReport.of(sq_request, c.smooth)),
+                         equalization, SmoothQuantReport.of(sq_request, c.smooth),
+                         DETECTOR_RANGE_RULE if by_producer and stats is not None else None),
         seconds=timings,
         integer_kernels=(kernel_report(c.base_model, c.per_method[c.best.label], options, c.chosen)
                          if options.target.integer_kernels else None))
@@ -284,12 +291,24 @@ def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
     return calib_src, eval_src
 
 
+def _check_outputs(req: QuantizeRequest, onnx_path: Path, outputs: list[str]) -> None:
+    """Refuse a metric output the model does not have, and an existing output file without force."""
+    metric_output = req.int8.metric_output
+    if metric_output is not None and metric_output not in outputs:
+        raise OptionError("metric_output", f"'{metric_output}': {onnx_path.name} has no such output (outputs: "
+                          f"{', '.join(outputs)})")
+    if Path(req.output).exists() and not req.force:
+        raise OptionError("", f"{req.output}: already exists (use {{force}} to overwrite)", others={"force": "force=True"})
+
+
 def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSource | None,
             evaluator: Evaluator | None, sq_request: float | str | None,
-            timings: dict[str, float]) -> tuple[Any, dict[str, dict[str, ActivationRange]], Any, dict[str, Any]]:
+            timings: dict[str, float], by_producer: bool = False) -> tuple[Any, dict[str, dict[str, ActivationRange]], Any, dict[str, Any]]:
     """(model, ranges per method, statistics, equalization entry of the report): read from
     ``--ranges`` / ``--cache``, or collected on ``calib_src`` after activation equalization (one
-    calibration pass serves every method tried)."""
+    calibration pass serves every method tried). ``by_producer`` (a detector on a target with
+    asymmetric activations): the collected ranges keep each method's range only where a weighted
+    op produces the tensor, min/max elsewhere (:func:`~trtrepo.quantize.ranges.detector_ranges`)."""
     if req.int8.ranges is not None:
         return model, {"ranges": dict(req.int8.ranges.ranges)}, None, dict(_NOT_EQUALIZED)
     if req.int8.cache is not None:
@@ -316,7 +335,11 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
     del cal  # its ONNX Runtime session holds the model with every tensor as an output
     gc.collect()
     methods = tuple(H.METHODS) if req.resolved_method == "auto" else (req.resolved_method,)
-    return model, {m: activation_ranges(stats.compute(m), stats) for m in methods}, stats, equalization
+    per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
+    if by_producer:
+        minmax = per_method.get("minmax") or activation_ranges(stats.compute("minmax"), stats)
+        per_method = {m: detector_ranges(model, r, minmax) for m, r in per_method.items()}
+    return model, per_method, stats, equalization
 
 
 _NOT_EQUALIZED = {"applied": False, "note": "ranges or a cache were given (computed on the original model)"}
