@@ -32,8 +32,11 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import os
 import shutil
+import subprocess
+import sys
 import time
 import zipfile
 from pathlib import Path
@@ -42,10 +45,15 @@ from typing import Any
 import numpy as np
 from _common import update_docs
 
+from trtrepo.detect.judge import CANDIDATE_CONF, IOU
+from trtrepo.detect.metrics import COCO_IOU_THRESHOLDS, COCO_MAX_DETS, _class_aps, _match_images
+from trtrepo.detect.nms import postprocess
+
 FP32_FAST = "FP32, DFL softmax on the last axis"
 CALIB_PHOTOS = ("china", "flower", "coffee", "rocket", "camera", "moto_l")
 EVAL_PHOTOS = ("bus", "zidane", "astronaut", "chelsea", "quokka", "moto_r")
 SIZE = 640
+BIG = 10  # classes with at least this many FP32 boxes: the figure that classes of one box do not sway
 
 
 def photographs(wheels: Path) -> dict[str, np.ndarray]:
@@ -115,8 +123,6 @@ def run_model(path: Path | Any, x: np.ndarray, batch: int = 8) -> np.ndarray:
 
 def speeds(models: dict[str, Any], x: np.ndarray, rounds: int = 9) -> dict[str, float]:
     """Median seconds per batch of 8 of each model, round-robin in one process (2 threads each)."""
-    import time
-
     from trtrepo.evaluate import make_session
 
     sessions = {k: make_session(v if not isinstance(v, Path) else str(v), threads=2) for k, v in models.items()}
@@ -134,10 +140,6 @@ def speeds(models: dict[str, Any], x: np.ndarray, rounds: int = 9) -> dict[str, 
 
 def trtrepo_cli(args: list[str], log: Path) -> dict[str, Any]:
     """Run ``python -m trtrepo.cli ARGS --json``: the JSON summary, the seconds, the peak RSS."""
-    import json
-    import subprocess
-    import sys
-    import time
 
     t0 = time.perf_counter()
     proc = subprocess.run([sys.executable, "-c", "import resource, runpy, sys; sys.argv = ['trtrepo', *sys.argv[1:]];"
@@ -154,8 +156,6 @@ def trtrepo_cli(args: list[str], log: Path) -> dict[str, Any]:
 def nncf_quantize(src: Path, out: Path, calib: np.ndarray, ignored: bool) -> float:
     """NNCF 3.4 (ONNX backend) defaults; with ``ignored``, the published YOLOv8 recipe: the Detect
     head's Add/Sub/Mul/Div/Sigmoid ops and the DFL convolution kept float (named, as the recipe does)."""
-    import time
-
     import nncf
     import onnx
 
@@ -173,20 +173,14 @@ def nncf_quantize(src: Path, out: Path, calib: np.ndarray, ignored: bool) -> flo
 def ort_quantize(src: Path, out: Path, calib: np.ndarray) -> float:
     """ONNX Runtime ``quantize_static``: QDQ, per-channel int8 weights, uint8 activations, MinMax,
     after ``quant_pre_process`` (its default op types: the head's concat and sigmoid included)."""
-    import time
-
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    class Reader(CalibrationDataReader):
-        def __init__(self) -> None:
-            self.i = 0
+    feeds = iter([{"images": calib[i:i + 1]} for i in range(len(calib))])
 
+    class Reader(CalibrationDataReader):
         def get_next(self) -> dict[str, np.ndarray] | None:
-            if self.i >= len(calib):
-                return None
-            self.i += 1
-            return {"images": calib[self.i - 1:self.i]}
+            return next(feeds, None)
 
     t0 = time.perf_counter()
     pre = out.with_suffix(".pre.onnx")
@@ -198,8 +192,6 @@ def ort_quantize(src: Path, out: Path, calib: np.ndarray) -> float:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Every model of the run, judged on the held-out crops and timed at batch 8."""
-    import subprocess
-
     from trtrepo.cpu import cpu_int8
     from trtrepo.evaluate import Detector, compare_outputs
     from trtrepo.quantize import AccuracyCheck
@@ -236,11 +228,22 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     models["ONNX Runtime quantize_static"] = out
     check = AccuracyCheck()
     rows: dict[str, Any] = {}
+    matched: dict[str, Any] = {}
+    big = {c for c, k in class_boxes.items() if k >= BIG}
     for name, model in models.items():
-        m = compare_outputs({"output0": fp32}, {"output0": run_model(model, held)}, detection=det)["output0"]
+        out = run_model(model, held)
+        m = compare_outputs({"output0": fp32}, {"output0": out}, detection=det)["output0"]
         v = check.judge(m)
+        matched[name] = _match_images(postprocess(out, det["output0"].layout, conf=CANDIDATE_CONF, iou=IOU),
+                                      det["output0"].reference, COCO_IOU_THRESHOLDS, COCO_MAX_DETS)
         rows[name] = {"detection": m.detection.to_dict(), "cosine": m.cosine_mean, "verdict": v["message"],
-                      "ok": v["ok"], "inconclusive": v["inconclusive"], **runs.get(name, {})}
+                      "ok": v["ok"], "inconclusive": v["inconclusive"], "big_classes": class_map(matched[name], range(len(held)), big),
+                      **runs.get(name, {})}
+    rng = np.random.default_rng(0)  # paired bootstrap over the crops: the deployed model against the best peer
+    draws = [rng.integers(0, len(held), len(held)).tolist() for _ in range(300)]
+    a, b = matched["trtrepo deploy (defaults)"], matched["NNCF 3.4 + published ignored scope"]
+    diff = np.array([[class_map(a, d, c) - class_map(b, d, c) for c in (None, big)] for d in draws])
+    rows["trtrepo deploy (defaults)"]["minus_nncf_ignored"] = np.percentile(diff, [2.5, 50, 97.5], axis=0).T.tolist()
     t = speeds(models, held)
     for name in rows:
         rows[name]["ms_batch8"] = 1000 * t[name]
@@ -251,6 +254,12 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_int8().describe(),
             "commit": commit, "calibration": len(calib), "held_out": len(held), "rows": rows, "class_boxes": class_boxes,
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
+
+
+def class_map(m: Any, images: Any, classes: set[int] | None = None) -> float:
+    """mAP50-95 of the matched detections over ``images`` (repeats count again), over ``classes`` or every class."""
+    aps = _class_aps(m, list(images))
+    return float(np.mean([v[m.main].mean() for c, v in aps.items() if classes is None or c in classes]))
 
 
 def float_baselines(src: Path) -> dict[str, Any]:
@@ -327,7 +336,7 @@ def main() -> None:
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TRTREPO_YOLO_CACHE", "/work/gauntlet-cache/yolo11n")))
     ap.add_argument("--wheels", type=Path, default=None, help="folder with the ultralytics and imgaug wheels")
     ap.add_argument("--calib", type=int, default=256)
-    ap.add_argument("--eval", type=int, default=320)
+    ap.add_argument("--eval", type=int, default=640)
     ap.add_argument("--work", type=Path, default=Path("/tmp/trtrepo-detector"))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "gauntlet" / "detector.json")
     ap.add_argument("--update-docs", type=Path, default=None)
@@ -338,7 +347,6 @@ def main() -> None:
     ap.add_argument("--fixed-batch", action="store_true",
                     help="only deploy the batch-1 export (yolo11n_b1.onnx) and add the result to --out")
     args = ap.parse_args()
-    import json
 
     if args.per_photograph or args.retime or args.fixed_batch:  # added to the results file of the run (--out)
         results = json.loads(args.out.read_text())
@@ -351,8 +359,8 @@ def main() -> None:
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     elif args.from_json is None:
         wheels = args.wheels or args.cache / "wheels"
-        if not (args.cache / "eval.npy").exists():
-            photos = photographs(wheels)
+        if not (args.cache / "eval.npy").exists() or len(np.load(args.cache / "eval.npy", mmap_mode="r")) != args.eval:
+            photos = photographs(wheels)  # crops 0..n-1 of a seed are the same for any larger n
             args.cache.mkdir(parents=True, exist_ok=True)
             np.save(args.cache / "calib.npy", crops(photos, CALIB_PHOTOS, args.calib, seed=1))
             np.save(args.cache / "eval.npy", crops(photos, EVAL_PHOTOS, args.eval, seed=2))
@@ -380,17 +388,22 @@ def markdown(r: dict[str, Any]) -> str:
              "against FP32's (conf 0.25, IoU 0.7) as pseudo ground truth, with its 95 % bootstrap interval over the images; box "
              "counts compared at conf 0.25; speed: FP32's time over the model's, ONNX Runtime CPU, batch 8, 2 threads, "
              "round-robin medians in one process. The gate: `AccuracyCheck` at its default limit.", "",
-             "| model | mAP50-95 vs FP32 (95 %) | mAP50 | box counts agree | gate | speed vs FP32 | vs FP32 last-axis softmax | quantize s | peak MB |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             f"| model | mAP50-95 vs FP32 (95 %) | classes with >= {BIG} boxes | mAP50 | box counts agree | gate | speed vs FP32 | vs FP32 last-axis softmax | quantize s | peak MB |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for name, row in rows.items():
         d = row["detection"]
         gate = "pass" if row["ok"] else ("cannot decide" if row["inconclusive"] else "**fail**")
         secs = f"{row['seconds']:.0f}" if row.get("seconds") else "-"
         peak = f"{row['peak_mb']:.0f}" if row.get("peak_mb") else "-"
-        lines.append(f"| {name} | {d['map50_95']:.3f} ({d['lower']:.3f}-{d['upper']:.3f}) | {d['map50']:.3f} | "
+        lines.append(f"| {name} | {d['map50_95']:.3f} ({d['lower']:.3f}-{d['upper']:.3f}) | {row.get('big_classes', float('nan')):.3f} | {d['map50']:.3f} | "
                      f"{100 * d['count_agreement']:.0f} % | {gate} | {row['speedup']:.2f}x | "
                      f"{row['speedup_fast']:.2f}x | {secs} | {peak} |" if "speedup_fast" in row else
                      f"{100 * d['count_agreement']:.0f} % | {gate} | {row['speedup']:.2f}x | - | {secs} | {peak} |")
+    pair = rows.get("trtrepo deploy (defaults)", {}).get("minus_nncf_ignored")
+    if pair:
+        lines += ["", "The deployed model minus NNCF with the published ignored scope, paired bootstrap over the crops (300 "
+                  f"draws; median, 95 %): every class {pair[0][1]:+.3f} ({pair[0][0]:+.3f}..{pair[0][2]:+.3f}), the classes "
+                  f"with >= {BIG} boxes {pair[1][1]:+.3f} ({pair[1][0]:+.3f}..{pair[1][2]:+.3f})."]
     dep = rows.get("trtrepo deploy (defaults)", {}).get("summary") or {}
     gate = ((dep.get("accuracy") or {}).get("gate") or {}).get("message")
     if gate:
@@ -415,11 +428,6 @@ def markdown(r: dict[str, Any]) -> str:
     if r.get("speed_retimed"):
         lines += ["", f"Speeds timed again on a quiet machine at {r['speed_retimed']} (`--retime`: the same model files, "
                   "the same round-robin)."]
-    later = r.get("speed_later")
-    if later:
-        rows = "; ".join(f"{k} {min(v):.2f}-{max(v):.2f}x" for k, v in later.items() if isinstance(v, list))
-        lines += ["", f"The same files timed {later['runs']} times more at {later['when']} (`--retime`, same machine): {rows}. "
-                  "The speed-ups move by about 0.1x from one quiet timing to another; the ranking does not."]
     fb = r.get("fixed_batch")
     if fb:
         lines += ["", f"The batch-1 export (`yolo11n_b1.onnx`, Ultralytics' default) through `trtrepo deploy` on the same "

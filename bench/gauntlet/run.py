@@ -23,12 +23,10 @@ Tools, each quantizing in a fresh process whose peak RSS (``VmHWM``) it reports:
   (``model_type=TRANSFORMER`` for mpnet), one sample per item as its documentation feeds it.
 * **fp16**: trtrepo's FP16 copy of the model, the noise floor of the accuracy figures.
 
-Figures per tool: accuracy against FP32 on the evaluation data (MobileNetV2: top-1 agreement over
-all crops and on the crops whose FP32 top-1 is confident, ``trtrepo.evaluate.confident_mask``, and
-the expected top-1 drop the gate uses; mpnet: cosine of the sentence embeddings, mean and min),
-ONNX Runtime CPU speed against FP32 at batch 32 and batch 1 (mpnet at 32 tokens), all models of a
-model timed round-robin in one fresh process with trtrepo's session settings (2 threads), and the
-seconds and peak RSS of the quantizing process.
+Figures per tool: accuracy against FP32 (MobileNetV2: top-1 agreement on all crops and on the
+confident ones, ``trtrepo.evaluate.confident_mask``, and the gate's expected top-1 drop; mpnet:
+embedding cosine), ONNX Runtime speed against FP32 at batch 32 and 1 (mpnet at 32 tokens; every
+model of a model round-robin in one fresh process, 2 threads), seconds and peak RSS to quantize.
 
     python bench/gauntlet/run.py [--models mobilenet_v2 mpnet] [--calib 256] [--out DIR]
         [--update-docs docs/benchmarks.md]

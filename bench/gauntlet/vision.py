@@ -390,14 +390,8 @@ def build_cache(cache: Path, n_calib: int, n_eval: int, seed: int = DEFAULT_SEED
     with np.load(eval_path) as f:
         x = f[INPUT_NAME]
     meta["ort_vs_torch_max_abs"], logits = ort_vs_torch(model_path, x)
-    meta.update(
-        want,
-        input=INPUT_NAME,
-        output=OUTPUT_NAME,
-        opset=OPSET,
-        split="calib: left/top half of each image, eval: right/bottom half (disjoint regions)",
-        torch=torch.__version__,
-    )
+    meta.update(want, input=INPUT_NAME, output=OUTPUT_NAME, opset=OPSET, torch=torch.__version__,
+                split="calib: left/top half of each image, eval: right/bottom half (disjoint regions)")
     meta_path.write_text(json.dumps(meta, indent=1) + "\n")
     return {**meta, "eval_logits": logits, "rebuilt": not fresh}
 
