@@ -15,6 +15,7 @@ from ..calibrate import select_tensors
 from ..errors import OptionError
 from ..onnxgraph import producer_map
 from ..qdq import (
+    WEIGHTED_OPS,
     ActivationRange,
     QuantizeOptions,
     plan_qdq,
@@ -64,7 +65,6 @@ def activation_ranges(amax: Mapping[str, float], statistics: Any = None) -> dict
     return out
 
 
-WEIGHTED_PRODUCERS = frozenset({"Conv", "ConvTranspose", "MatMul", "Gemm"})
 DETECTOR_RANGE_RULE = ("a detector: the method's range where a Conv, MatMul or Gemm produces the activation, "
                        "min/max elsewhere (SiLU, Concat, Add, pooling outputs and the image)")
 
@@ -91,7 +91,7 @@ def detector_ranges(model: Any, ranges: Mapping[str, ActivationRange],
     out = dict(ranges)
     for name in ranges:
         node = producers.get(name)
-        if (node is None or node.op_type not in WEIGHTED_PRODUCERS) and name in minmax:
+        if (node is None or node.op_type not in WEIGHTED_OPS) and name in minmax:
             out[name] = minmax[name]
     return out
 
