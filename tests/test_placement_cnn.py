@@ -3,8 +3,10 @@
 * the outputs of Split, MaxPool and nearest Resize take their input's scale and zero point
   (``QdqPlan.tied``), so that ONNX Runtime runs them on uint8 instead of a DQ/float/Q round trip
   (checked in ONNX Runtime's own optimized graph);
-* a Softmax over an inner axis (YOLO's DFL) becomes Transpose -> Softmax(last axis) -> Transpose in
-  the models written for ONNX Runtime, with the same values.
+* a Softmax over an inner axis (YOLO's DFL) becomes Exp(x - ReduceMax) / ReduceSum over that axis in
+  the models written for ONNX Runtime, with the same values;
+* a Shape reads the quantized tensor there (no DQ runs only for a dynamic export's shape arithmetic),
+  the DQ on TensorRT's.
 
 Real ONNX Runtime and the real CLI; the trained YOLO11n's figures are in docs/benchmarks.md."""
 
@@ -13,11 +15,12 @@ from __future__ import annotations
 import numpy as np
 import onnx
 import onnxruntime as ort
+import pytest
 import torch
 from test_detector_head import SIZE, AnchorFree, _export
 from torch import nn
 
-from trtrepo.qdq.graph import prepare_model, softmax_on_last_axis
+from trtrepo.qdq.graph import decompose_inner_softmax, prepare_model
 
 MOVERS = ("Split", "MaxPool", "Resize")
 
@@ -80,25 +83,60 @@ def test_data_movement_outputs_share_their_inputs_parameters_and_run_on_uint8(tm
         [(n.op_type, made_by.get(n.input[0])) for n in moving]
 
 
-def test_an_inner_axis_softmax_moves_to_the_last_axis_with_the_same_values(tmp_path, run_cli):
+def test_an_inner_axis_softmax_is_decomposed_with_the_same_values(tmp_path, run_cli):
     path = tmp_path / "det.onnx"
     fp32 = prepare_model(_export(AnchorFree(), path))
     rewritten = onnx.ModelProto()
     rewritten.CopyFrom(fp32)
-    assert softmax_on_last_axis(rewritten) == 1
-    (sm,) = [n for n in rewritten.graph.node if n.op_type == "Softmax"]
-    assert [a.i for a in sm.attribute if a.name == "axis"] == [-1]
+    assert decompose_inner_softmax(rewritten) == 1
+    assert not [n for n in rewritten.graph.node if n.op_type == "Softmax"]
     x = np.random.default_rng(1).random((2, 3, SIZE, SIZE), np.float32)
 
     def run(m):
         s = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
         return s.run(None, {"images": x})[0]
 
-    np.testing.assert_allclose(run(rewritten), run(fp32), rtol=1e-6, atol=1e-5)
-    assert softmax_on_last_axis(rewritten) == 0  # nothing left to move
+    np.testing.assert_allclose(run(rewritten), run(fp32), rtol=1e-6, atol=1e-4)
+    assert decompose_inner_softmax(rewritten) == 0  # nothing left to rewrite
     int8 = onnx.load(str(_quantize(run_cli, tmp_path, path)))
-    axes = [[a.i for a in n.attribute if a.name == "axis"] for n in int8.graph.node if n.op_type == "Softmax"]
-    assert axes == [[-1]]
+    assert not [n for n in int8.graph.node if n.op_type == "Softmax"]
+    assert {"ReduceMax", "Exp", "ReduceSum"} <= {n.op_type for n in int8.graph.node}
     trt = onnx.load(str(_quantize(run_cli, tmp_path, path, target="tensorrt")))  # TensorRT's own kernels: as exported
     axes = [[a.i for a in n.attribute if a.name == "axis"] for n in trt.graph.node if n.op_type == "Softmax"]
     assert axes == [[1]]
+
+
+class ShapeReader(nn.Module):
+    """A dynamic export's shape arithmetic on a quantized feature map (YOLO's anchors read three)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.c1, self.c2 = nn.Conv2d(3, 16, 3, 2, 1), nn.Conv2d(16, 8, 3, 2, 1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        f = nn.functional.silu(self.c1(x))
+        return self.c2(f).reshape(f.shape[0], 8, -1)
+
+
+# TensorRT: Q/DQ only on the weighted op's input, the Shape reads the SiLU's float output as exported
+@pytest.mark.parametrize("target,reads", [("onnxruntime", "QuantizeLinear"), ("tensorrt", "Mul")])
+def test_a_shape_reads_the_quantized_tensor_on_onnxruntime(tmp_path, run_cli, target, reads):
+    _export(ShapeReader(), tmp_path / "shape.onnx")
+    out = _quantize(run_cli, tmp_path, tmp_path / "shape.onnx", target=target)
+    model = onnx.load(str(out))
+    producer = {o: n for n in model.graph.node for o in n.output}
+    (shape,) = [n for n in model.graph.node if n.op_type == "Shape"]
+    assert producer[shape.input[0]].op_type == reads
+    so = ort.SessionOptions()
+    so.optimized_model_filepath = str(tmp_path / "optimized.onnx")
+    session = ort.InferenceSession(str(out), so, providers=["CPUExecutionProvider"])
+    x = np.random.default_rng(2).random((3, 3, SIZE, SIZE), np.float32)
+    assert session.run(None, {"images": x})[0].shape == (3, 8, (SIZE // 4) ** 2)
+    if target == "onnxruntime":  # no DQ left whose only reader is a Shape
+        opt = onnx.load(str(tmp_path / "optimized.onnx"))
+        readers: dict[str, list[str]] = {}
+        for n in opt.graph.node:
+            for i in n.input:
+                readers.setdefault(i, []).append(n.op_type)
+        dqs = [n for n in opt.graph.node if n.op_type == "DequantizeLinear"]
+        assert not [n.name for n in dqs if set(readers.get(n.output[0], [])) == {"Shape"}]

@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import TrtrepoError, UsageError
 from ..onnxgraph import GraphView
 from ..warngroups import Cause, Detail, in_run
-from .graph import drop_unused_initializers, prepare_model, softmax_on_last_axis, weights_as_inputs
+from .graph import decompose_inner_softmax, drop_unused_initializers, prepare_model, weights_as_inputs
 from .options import (
     CHECK_FULL_BYTES,
     INT8_MAX,
@@ -214,8 +214,6 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
 
     options = options or QuantizeOptions()
     work = prepare_model(model)
-    if options.target.integer_kernels:  # a model for ONNX Runtime's kernels (graph.softmax_on_last_axis)
-        softmax_on_last_axis(work)
     view = GraphView(work)
     plan, found = _covered_plan(work, view, ranges, options, source, warn)
     ranges = plan.tie(ranges)
@@ -231,6 +229,8 @@ def insert_qdq(model: Any, ranges: Mapping[str, RangeLike], options: QuantizeOpt
             log.warning("%s", detail.message)
     writer.biases(biases, weight_dq, act_q, qmax)
     writer.rebuild()
+    if options.target.integer_kernels:  # a model for ONNX Runtime's kernels; after the plan, which reads the Softmax
+        decompose_inner_softmax(work)
     # Weights now only read through Q/DQ (onnxruntime target: as int8) can be dropped when unused.
     drop_unused_initializers(work)
     try:
@@ -315,6 +315,7 @@ class _QdqWriter:
         """One Q -> DQ pair per activation tensor, shared by the consumers the plan names."""
         act_q: dict[str, QParams] = {}
         act_dq_out: dict[str, str] = {}
+        act_q_out: dict[str, str] = {}
         params: dict[str, tuple[str, str]] = {}  # tensor -> its scale and zero-point initializers
         tensors = plan.activation_tensors()
         for tensor in sorted(tensors, key=lambda t: t in plan.tied):  # a tied output after its source
@@ -334,8 +335,13 @@ class _QdqWriter:
                 self.node("QuantizeLinear", [tensor, s, z], q_out, tensor),
                 self.node("DequantizeLinear", [q_out, s, z], dq_out, tensor),
             ]
-            act_dq_out[tensor] = dq_out
+            act_dq_out[tensor], act_q_out[tensor] = dq_out, q_out
         excluded = set(plan.excluded)
+        # A Shape reads only the shape: on ONNX Runtime's kernels it reads the quantized tensor, so no
+        # DQ runs just for it (a dynamic YOLO export's anchors read the shapes of three feature maps;
+        # their DQs, whose only reader was a Shape, cost 4 ms of 155 at batch 8). TensorRT wants each
+        # Q read by DQs only: there the Shape reads the DQ.
+        shape_reads_q = options.target.integer_kernels
         for p in plan.points:
             if p.kind != "activation":
                 continue
@@ -344,7 +350,8 @@ class _QdqWriter:
             else:
                 for node, idx in self.view.consumers.get(p.tensor, []):
                     if node.name not in excluded:
-                        self.rewires[(node.name, idx)] = act_dq_out[p.tensor]
+                        reads_q = shape_reads_q and node.op_type == "Shape"
+                        self.rewires[(node.name, idx)] = (act_q_out if reads_q else act_dq_out)[p.tensor]
         return act_q
 
     def weights(self, plan: QdqPlan, floors: Mapping[tuple[str, int | None], Any], target: QdqTarget,
