@@ -247,3 +247,57 @@ def test_the_verdict_says_when_most_classes_rest_on_a_few_boxes() -> None:
     full = [_det(box, [i % 3]) for i in range(30)]
     fig = compare_detections(full, full)
     assert (fig.classes, fig.thin_classes) == (3, 0) and "boxes or fewer" not in fig.describe()
+
+
+def test_an_ignore_box_absorbs_one_prediction_per_threshold_and_is_never_a_reference() -> None:
+    """COCO's ignore flag, one to one: a false positive on an ignore box counts neither way (up to
+    that box's IoU), a second one on the same box and one elsewhere still count as false positives,
+    and a class with ignore boxes only is not evaluated."""
+    refs = [_det([[0, 0, 10, 10]], [0], [0.9])]
+    ignore = [_det([[20, 0, 30, 10], [40, 40, 60, 60]], [0, 1], [0.2, 0.2])]
+    on_it = [_det([[0, 0, 10, 10], [20, 0, 30, 10]], [0, 0], [0.5, 0.8])]  # the FP outranks the find
+    assert mean_ap(on_it, refs).map50_95 == pytest.approx(0.5)
+    assert mean_ap(on_it, refs, ignore=ignore).map50_95 == pytest.approx(1.0)
+    twice = [_det([[0, 0, 10, 10], [20, 0, 30, 10], [20, 0, 30, 10]], [0, 0, 0], [0.5, 0.8, 0.7])]
+    assert mean_ap(twice, refs, ignore=ignore).map50_95 == pytest.approx(0.5)   # one of the two ignored
+    elsewhere = [_det([[0, 0, 10, 10], [70, 70, 80, 80]], [0, 0], [0.5, 0.8])]
+    assert mean_ap(elsewhere, refs, ignore=ignore).map50_95 == pytest.approx(0.5)
+    shifted = [_det([[0, 0, 10, 10], [20, 0, 30, 16]], [0, 0], [0.5, 0.8])]    # IoU 0.625 with the ignore box
+    assert mean_ap(shifted, refs, ignore=ignore).map50_95 == pytest.approx((3 * 1.0 + 7 * 0.5) / 10)
+    other_class = [_det([[0, 0, 10, 10], [40, 40, 60, 60]], [0, 1], [0.5, 0.8])]
+    result = mean_ap(other_class, refs, ignore=ignore)
+    assert result.classes == 1 and result.per_class == {0: 1.0}
+    with pytest.raises(ValueError, match="2 images"):
+        mean_ap(on_it, refs, ignore=ignore * 2)
+
+
+def test_ignore_boxes_leave_identical_detections_at_one_and_an_ignored_lead_at_zero_precision() -> None:
+    """Ignored predictions ranked before any counted one give precision 0 there (COCO's eps), not NaN."""
+    refs = [_det([[0, 0, 10, 10]], [0], [0.9])]
+    ignore = [_det([[20, 0, 30, 10]], [0], [0.2])]
+    assert mean_ap(refs, refs, ignore=ignore).map50_95 == 1.0
+    lead = [_det([[20, 0, 30, 10], [0, 0, 10, 10]], [0, 0], [0.9, 0.5])]
+    assert mean_ap(lead, refs, ignore=ignore).map50_95 == pytest.approx(1.0)
+
+
+def test_the_judge_reports_the_figure_with_fp32s_borderline_boxes_ignored() -> None:
+    """From a raw YOLO head: FP32's boxes at 0.10-0.25 are the borderline ones; a candidate that
+    lifts one of them over the reference's own box loses on the strict figure only."""
+    from trtrepo.detect import YoloLayout, borderline_detections, detection_figures, reference_detections
+
+    layout = YoloLayout.from_shape((1, 6, 8), num_classes=2)
+    fp32 = np.zeros((1, 6, 8), np.float32)   # cx, cy, w, h, then the two classes' probabilities
+    fp32[0, :4] = [[100 + 50 * a for a in range(8)], [100] * 8, [40] * 8, [40] * 8]  # boxes apart
+    for anchor, score in ((0, 0.9), (1, 0.2), (2, 0.05)):
+        fp32[0, 4, anchor] = score
+    reference, borderline = reference_detections(fp32, layout), borderline_detections(fp32, layout)
+    assert len(reference[0]) == 1 and reference[0].scores[0] == pytest.approx(0.9)
+    assert len(borderline[0]) == 1 and borderline[0].scores[0] == pytest.approx(0.2)
+    cand = fp32.copy()
+    cand[0, 4, 1] = 0.95
+    fig = detection_figures(reference, cand, layout, borderline=borderline)
+    assert fig.map50_95 == pytest.approx(0.5) and fig.map_borderline_ignored == pytest.approx(1.0)
+    assert "1.000 with FP32's 0.10-0.25 boxes ignored" in fig.describe()
+    assert fig.to_dict()["map_borderline_ignored"] == pytest.approx(1.0)
+    assert math.isnan(detection_figures(reference, cand, layout).map_borderline_ignored)
+    assert "ignored" not in detection_figures(reference, cand, layout).describe()

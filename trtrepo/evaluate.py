@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 
 from .data import iter_batches
-from .detect import DetectionFigures, Detections, YoloLayout, detection_figures, reference_detections
+from .detect import DetectionFigures, Detections, YoloLayout, borderline_detections, detection_figures, reference_detections
 from .errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import report_json, temp_dir, write_report
 from .modelio import ModelIO
@@ -478,7 +478,7 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
             m.reference_accuracy = accuracy(reference, labels, 1)
             m.candidate_accuracy = accuracy(candidate, labels, 1)
     if detection is not None:
-        m.detection = detection_figures(detection.reference, candidate, detection.layout)
+        m.detection = detection_figures(detection.reference, candidate, detection.layout, borderline=detection.borderline)
     return m
 
 
@@ -488,11 +488,13 @@ class Detector:
 
     layout: YoloLayout
     reference: list[Detections]
+    borderline: list[Detections] | None = None  # FP32's boxes just under the reference's threshold
 
     @classmethod
     def of(cls, reference_output: np.ndarray, num_classes: int | None = None) -> Detector:
         layout = detection_layout(np.shape(reference_output), num_classes)
-        return cls(layout, reference_detections(np.asarray(reference_output), layout))
+        output = np.asarray(reference_output)
+        return cls(layout, reference_detections(output, layout), borderline_detections(output, layout))
 
 
 def detection_layout(shape: Sequence[int], num_classes: int | None = None) -> YoloLayout:

@@ -10,7 +10,7 @@ postprocessing model, which is why nothing here imports more than numpy.
 from __future__ import annotations
 
 from .decode import KINDS, Detections, YoloLayout, decode, xywh_to_xyxy
-from .judge import DetectionFigures, compare_detections, detection_figures, reference_detections
+from .judge import DetectionFigures, borderline_detections, compare_detections, detection_figures, reference_detections
 from .metrics import (
     COCO_IOU_THRESHOLDS,
     COCO_MAX_DETS,
@@ -37,6 +37,7 @@ __all__ = [
     "DetectionFigures",
     "compare_detections",
     "detection_figures",
+    "borderline_detections",
     "reference_detections",
     "COCO_IOU_THRESHOLDS",
     "COCO_MAX_DETS",
