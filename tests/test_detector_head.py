@@ -162,6 +162,13 @@ def _representable_max(model: onnx.ModelProto, tensor: str) -> float:
     return (255 - zero) * scale
 
 
+def _representable_min(model: onnx.ModelProto, tensor: str) -> float:
+    """The smallest value the Q/DQ pair on ``tensor`` represents (uint8: -zero point * scale)."""
+    init = {i.name: onnx.numpy_helper.to_array(i) for i in model.graph.initializer}
+    (q,) = [n for n in model.graph.node if n.op_type == "QuantizeLinear" and n.input[0] == tensor]
+    return -int(init[q.input[2]]) * float(init[q.input[1]])
+
+
 @pytest.mark.parametrize("head", [AnchorFree, Classifier])
 def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(tmp_path, head):
     """Issue 43: in a detector (its decode head found) the activations that no weighted op produces
@@ -200,12 +207,45 @@ def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(
         n.op_type == "QuantizeLinear" and n.input[0] == t for n in quantized.graph.node)}
     assert len([t for t in kept if t in silu]) >= 3 and len([t for t in kept if t in conv]) >= 3, kept
     clipped_convs = [t for t in conv if t in kept and kept[t] < 0.999]
-    assert clipped_convs, kept  # percentile clips the convolutions' outputs in both
     silu_ratios = [kept[t] for t in silu if t in kept]
     if head is AnchorFree:
         assert min(silu_ratios) >= 0.98, kept  # the whole range seen in calibration
+        # a SiLU's input (every backbone conv here): the calibration max above, max(min, -6) below
+        assert min(kept[t] for t in conv if t in kept) >= 0.98, kept
+        mins = dict(zip(silu + conv, (float(v.min()) for v in values), strict=True))
+        for t in (t for t in conv if t in kept):  # within one step of the grid (the zero point rounds)
+            step = (_representable_max(quantized, t) - _representable_min(quantized, t)) / 255
+            assert abs(_representable_min(quantized, t) - max(mins[t], -6.0)) <= step, (t, mins[t])
         symmetric = run_quantize(src, tmp_path / "t.onnx", data=str(tmp_path / "calib.npz"), method="percentile",
                                  options=QuantizeOptions(target="tensorrt"), weight_rounding="nearest", smooth_quant=None)
         assert "range_rule" not in symmetric.report.to_dict()  # symmetric int8: the rule stays off (measured worse)
     else:
+        assert clipped_convs, kept  # percentile clips the convolutions' outputs
         assert min(silu_ratios) < 0.999, kept  # a classifier: the method's clipped range there too
+
+
+def test_a_silu_input_takes_the_calibration_max_above_and_stops_at_minus_six_below() -> None:
+    """detector_ranges on a graph built by hand: the SiLU's input (x * Sigmoid(x), either operand
+    order) gets [max(min, -6), max]; a convolution's output no SiLU reads keeps the method's range;
+    the SiLU's output takes min/max; a SiLU input whose min is above -6 keeps its min."""
+    from onnx import TensorProto, helper
+
+    from trtrepo.qdq.options import ActivationRange
+    from trtrepo.quantize.ranges import detector_ranges, silu_inputs
+
+    w = onnx.numpy_helper.from_array(np.ones((1, 1, 1, 1), np.float32), "w")
+    nodes = [helper.make_node("Conv", ["x", "w"], ["a"]), helper.make_node("Sigmoid", ["a"], ["sa"]),
+             helper.make_node("Mul", ["a", "sa"], ["ya"]), helper.make_node("Conv", ["ya", "w"], ["b"]),
+             helper.make_node("Sigmoid", ["b"], ["sb"]), helper.make_node("Mul", ["sb", "b"], ["yb"]),
+             helper.make_node("Conv", ["yb", "w"], ["c"])]
+    vi = helper.make_tensor_value_info
+    model = helper.make_model(helper.make_graph(nodes, "g", [vi("x", TensorProto.FLOAT, [1, 1, 4, 4])],
+                                                [vi("c", TensorProto.FLOAT, [1, 1, 4, 4])], [w]))
+    assert silu_inputs(model) == {"a", "b"}
+    method = {t: ActivationRange(10.0, -30.0, 40.0) for t in ("a", "b", "c", "ya")}
+    minmax = {"a": ActivationRange(40.0, -30.0, 40.0), "b": ActivationRange(12.0, -2.5, 12.0),
+              "c": ActivationRange(40.0, -30.0, 40.0), "ya": ActivationRange(40.0, -0.28, 40.0)}
+    out = detector_ranges(model, method, minmax)
+    assert (out["a"].lo, out["a"].hi, out["a"].amax) == (-6.0, 40.0, 40.0)
+    assert (out["b"].lo, out["b"].hi) == (-2.5, 12.0)
+    assert out["c"] == method["c"] and out["ya"] == minmax["ya"]
