@@ -13,8 +13,8 @@ Beside it, as information: the same mAP with FP32's *borderline* boxes (scores i
 is not in the reference, so the candidate's 0.26 on it is a false positive that ranks above real
 finds; over crops of a few photographs one borderline object recurs in a hundred crops, and a class
 with one reference box then reads AP 0.1 for a shift of a hair in score. On the trained YOLO11n
-(docs/benchmarks.md, "Issue 43: what the every-class figure measures") the deployed INT8 reads
-0.767 strict and 0.917 with them ignored, FP16 0.999 both ways, NNCF's defaults 0.663 and 0.766:
+(docs/benchmarks.md, "Issue 43") the deployed INT8 reads 0.756 strict and 0.949 with them
+ignored, FP16 0.999 both ways, NNCF's defaults 0.663 and 0.766:
 real damage still shows. The verdict stays on the strict figure.
 
 The interval: the 2.5 and 97.5 percentiles of the data set's mAP50-95 over :data:`RESAMPLES`
