@@ -11,7 +11,7 @@ Beside it, as information: the same mAP with FP32's *borderline* boxes (scores i
 :data:`BORDERLINE_CONF` 0.10 .. 0.25) as ignore regions (:func:`~trtrepo.detect.metrics.mean_ap`'s
 ``ignore``): a candidate box on one of them counts neither way. Decision: a box FP32 scores 0.24
 is not in the reference, so the candidate's 0.26 on it is a false positive that ranks above real
-finds; over crops of a few photographs one borderline object recurs in a hundred crops, and a class
+finds; over crops of a few photographs one borderline object recurs in dozens of crops, and a class
 with one reference box then reads AP 0.1 for a shift of a hair in score. On the trained YOLO11n
 (docs/benchmarks.md, "Issue 43") the deployed INT8 reads 0.756 strict and 0.949 with them
 ignored, FP16 0.999 both ways, NNCF's defaults 0.663 and 0.766:
