@@ -103,6 +103,7 @@ from .rules import (
     REQUIRED_RULES,
     FloatReasons,
     Rule,
+    conv_silu_input,
     find_float_nodes,
     gating_product,
     keep_float_small_conv,
@@ -114,6 +115,7 @@ from .rules import (
 )
 
 __all__ = [
+    "conv_silu_input",
     "DETECTOR_TASKS",
     "decode_head_nodes",
     "detector_outputs",

@@ -268,16 +268,22 @@ def conv_silu(view: GraphView, node: Any) -> bool:
     """``x * sigmoid(x)`` where ``x`` is a convolution's output: a CNN's SiLU (YOLO, EfficientNet),
     which ONNX Runtime runs in integers (QLinearSigmoid, QLinearMul) when both are quantized units
     (:func:`rule_cnn_unit`); unlike a transformer's gating it stays quantized."""
+    return conv_silu_input(view, node) is not None
+
+
+def conv_silu_input(view: GraphView, node: Any) -> str | None:
+    """The convolution output ``x`` that ``node`` multiplies by ``sigmoid(x)`` (:func:`conv_silu`),
+    or None when ``node`` is no such SiLU."""
     if node.op_type != "Mul" or len(node.input) != 2:
-        return False
+        return None
     a, b = node.input
     for x, s in ((a, b), (b, a)):
         sig = view.producer.get(s)
         conv = view.producer.get(x)
         if sig is not None and sig.op_type == "Sigmoid" and sig.input[0] == x and conv is not None \
                 and conv.op_type in ("Conv", "ConvTranspose"):
-            return True
-    return False
+            return str(x)
+    return None
 
 
 def gating_product(view: GraphView, node: Any) -> bool:

@@ -17,7 +17,9 @@ from ..onnxgraph import producer_map
 from ..qdq import (
     WEIGHTED_OPS,
     ActivationRange,
+    GraphView,
     QuantizeOptions,
+    conv_silu_input,
     plan_qdq,
     prepare_model,
 )
@@ -72,15 +74,10 @@ SILU_FLAT = -6.0  # SiLU(-6) = -0.015 and flat below: a SiLU input's range need 
 
 
 def silu_inputs(model: Any) -> set[str]:
-    """The tensors read as ``x * Sigmoid(x)``: a Sigmoid reads the tensor and a Mul reads both it
-    and that Sigmoid's output (how PyTorch exports SiLU)."""
-    sigmoid_of = {n.output[0]: n.input[0] for n in model.graph.node if n.op_type == "Sigmoid"}
-    out: set[str] = set()
-    for n in model.graph.node:
-        if n.op_type == "Mul" and len(n.input) == 2:
-            a, b = n.input
-            out.update(x for x, gate in ((a, b), (b, a)) if sigmoid_of.get(gate) == x)
-    return out
+    """The convolution outputs read as ``x * Sigmoid(x)`` (how PyTorch exports SiLU), as the Q/DQ
+    placement recognises them (:func:`trtrepo.qdq.conv_silu_input`)."""
+    view = GraphView(model)
+    return {x for x in (conv_silu_input(view, n) for n in model.graph.node) if x is not None}
 
 
 def detector_ranges(model: Any, ranges: Mapping[str, ActivationRange],
