@@ -38,7 +38,9 @@ import numpy as np
 
 from . import plugins
 from .arrayfile import ArrayHeader, Pick, data_budget, npy_header, npz_headers, read_npy, read_npz, subset_rows
+from .boxlabels import BoxLabelSet, is_box_labels, read_box_labels
 from .contracts import builtin
+from .detect import BoxLabels
 from .errors import OptionError, UsageError, one_line
 from .modelio import ModelIO, TensorSpec
 from .plugins import Registry
@@ -126,6 +128,11 @@ class DataSource:
         if not self.has_labels:
             return None
         return np.asarray([s.label for s in self], dtype=np.int64)
+
+    def box_labels(self) -> list[BoxLabels] | None:
+        """A detector's ground-truth boxes per sample, in iteration order (``--labels`` a COCO JSON
+        file or a YOLO txt folder, :mod:`trtrepo.boxlabels`); None when the data has none."""
+        return None
 
     def sample_files(self) -> list[Path] | None:
         """The file each sample was read from, in iteration order; ``None`` when the samples do
@@ -298,6 +305,16 @@ class ImageFolderSource(DataSource):
         self.files = files
         self.preprocess = preprocess
         self._labels = labels
+        self.boxes: BoxLabelSet | None = None
+
+    def with_boxes(self, boxes: BoxLabelSet) -> ImageFolderSource:
+        """This folder with ground-truth boxes per file (in the folder's file order) instead of
+        class labels."""
+        self.boxes, self._labels, self.has_labels, self.class_names = boxes, None, False, []
+        return self
+
+    def box_labels(self) -> list[BoxLabels] | None:
+        return None if self.boxes is None else [self.boxes.labels[int(i)] for i in self._indices]
 
     def _load(self, i: int) -> Sample:
         from PIL import Image, UnidentifiedImageError
@@ -559,9 +576,13 @@ def _open_spec(spec: str, preprocess: Preprocess | None, labels: str | Path | No
     if not spec.strip():
         raise UsageError("an empty data spec (expected a folder, .npy, .npz, 'module:callable' or demo:SPLIT)")
     classes = _class_count(io)
-    label_array = _load_labels(labels, classes) if labels is not None else None
+    boxes = labels is not None and is_box_labels(labels)
+    label_array = _load_labels(labels, classes) if labels is not None and not boxes else None
     request = DataRequest(spec, Path(spec), preprocess, labels, label_array, io, classes, limit, seed, skip_non_images)
     kind = data_source_kind(request)
+    if boxes and kind is not IMAGE_FOLDER:
+        raise OptionError("labels", f"{labels}: boxes (a COCO JSON file or a YOLO txt folder) go with an image folder "
+                                    f"as the data, not '{spec}'")
     if kind is not None:
         return kind.open(request)
     if not request.path.exists():
@@ -626,7 +647,13 @@ def _open_image_folder(request: DataRequest) -> DataSource:
         if len(io.inputs) != 1:
             raise UsageError(f"{path}: the model has several inputs; set 'input_name' in the preprocessing spec")
         preprocess = Preprocess(**{**preprocess.__dict__, "input_name": io.inputs[0].name})
-    return ImageFolderSource(path, preprocess, request.label_array, request.skip_non_images)
+    source = ImageFolderSource(path, preprocess, request.label_array, request.skip_non_images)
+    if request.labels is not None and is_box_labels(request.labels):
+        boxes = read_box_labels(request.labels, path, source.files, preprocess,
+                                io.class_names if io is not None else ())
+        log.info("box labels: %s", boxes.describe())
+        return source.with_boxes(boxes)
+    return source
 
 
 def _open_array_file(request: DataRequest) -> DataSource:
@@ -751,6 +778,10 @@ class _BoundSource(DataSource):
     def sample_files(self) -> list[Path] | None:
         files = self.inner.sample_files()
         return None if files is None else [files[int(i)] for i in self._indices]
+
+    def box_labels(self) -> list[BoxLabels] | None:
+        boxes = self.inner.box_labels()
+        return None if boxes is None else [boxes[int(i)] for i in self._indices]
 
 
 def _bind_names(source: DataSource, io: ModelIO | None) -> DataSource:

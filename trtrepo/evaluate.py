@@ -34,7 +34,16 @@ from typing import Any
 import numpy as np
 
 from .data import iter_batches
-from .detect import DetectionFigures, Detections, YoloLayout, borderline_detections, detection_figures, reference_detections
+from .detect import (
+    BoxLabels,
+    DetectionFigures,
+    Detections,
+    YoloLayout,
+    borderline_detections,
+    candidate_detections,
+    detection_figures,
+    reference_detections,
+)
 from .errors import OptionError, TrtrepoError, UsageError, onnxruntime_run_error
 from .fsutil import report_json, temp_dir, write_report
 from .modelio import ModelIO
@@ -478,7 +487,8 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
             m.reference_accuracy = accuracy(reference, labels, 1)
             m.candidate_accuracy = accuracy(candidate, labels, 1)
     if detection is not None:
-        m.detection = detection_figures(detection.reference, candidate, detection.layout, borderline=detection.borderline)
+        m.detection = detection_figures(detection.reference, candidate, detection.layout, borderline=detection.borderline,
+                                        truth=detection.labelled)
     return m
 
 
@@ -489,12 +499,24 @@ class Detector:
     layout: YoloLayout
     reference: list[Detections]
     borderline: list[Detections] | None = None  # FP32's boxes just under the reference's threshold
+    truth: list[BoxLabels] | None = None  # ground-truth boxes of the same images, where the data has them
+    fp32: list[Detections] | None = None  # FP32's detections at validation settings, judged against ``truth``
 
     @classmethod
-    def of(cls, reference_output: np.ndarray, num_classes: int | None = None) -> Detector:
+    def of(cls, reference_output: np.ndarray, num_classes: int | None = None,
+           truth: Sequence[BoxLabels] | None = None) -> Detector:
         layout = detection_layout(np.shape(reference_output), num_classes)
         output = np.asarray(reference_output)
-        return cls(layout, reference_detections(output, layout), borderline_detections(output, layout))
+        if truth is not None and len(truth) != len(output):
+            raise UsageError(f"{len(truth)} images of box labels for {len(output)} detector outputs")
+        return cls(layout, reference_detections(output, layout), borderline_detections(output, layout),
+                   None if truth is None else list(truth),
+                   None if truth is None else candidate_detections(output, layout))
+
+    @property
+    def labelled(self) -> tuple[list[BoxLabels], list[Detections]] | None:
+        """(the labels, FP32's detections at validation settings) when the images have labels."""
+        return None if self.truth is None or self.fp32 is None else (self.truth, self.fp32)
 
 
 def detection_layout(shape: Sequence[int], num_classes: int | None = None) -> YoloLayout:
@@ -546,20 +568,26 @@ class AccuracyTarget:
     value: float
     output: str | None = None
 
-    KINDS = ("top1-drop", "top1", "cosine", "map")
+    KINDS = ("top1-drop", "top1", "cosine", "map", "map-drop")
+
+    @property
+    def lower_is_better(self) -> bool:
+        """Whether the target bounds a drop (``top1-drop``, ``map-drop``) rather than a figure."""
+        return self.kind in ("top1-drop", "map-drop")
 
     @classmethod
     def parse(cls, text: str) -> AccuracyTarget:
         kind, sep, value = text.partition("=")
         kind = kind.strip()
         if not sep or kind not in cls.KINDS:
-            raise OptionError("accuracy_target", f"'{text}': expected top1-drop=POINTS, top1=PERCENT, cosine=MIN or map=MIN")
+            raise OptionError("accuracy_target", f"'{text}': expected top1-drop=POINTS, top1=PERCENT, cosine=MIN, map=MIN "
+                                                 "or map-drop=POINTS")
         try:
             v = float(value)
         except ValueError:
             raise OptionError("accuracy_target", f"'{text}': '{value}' is not a number") from None
         if not math.isfinite(v) or (kind == "cosine" and not -1.0 <= v <= 1.0) or (kind == "top1" and not 0 <= v <= 100) \
-                or (kind == "map" and not 0 <= v <= 1):
+                or (kind == "map" and not 0 <= v <= 1) or (kind == "map-drop" and v < 0):
             raise OptionError("accuracy_target", f"'{text}': value out of range")
         return cls(kind, v)
 
@@ -582,10 +610,16 @@ class AccuracyTarget:
         m = self._metrics(metrics)
         if self.kind == "cosine":
             return m.cosine_mean
-        if self.kind == "map":
+        if self.kind in ("map", "map-drop"):
             if m.detection is None:
                 raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a detector's output")
-            return m.detection.map50_95
+            if self.kind == "map":
+                return m.detection.map50_95
+            if m.detection.labels is None:
+                raise OptionError("accuracy_target", f"{self}: needs box labels of the evaluation images ({{labels}} a "
+                                  "COCO JSON file or a YOLO txt folder); without them use map=MIN",
+                                  others={"labels": "labels"})
+            return m.detection.labels.drop
         if self.kind == "top1-drop":
             if m.top1_drop_points is None:
                 raise OptionError("accuracy_target", f"{self}: output '{m.name}' is not a classification output; use cosine=MIN")
@@ -598,7 +632,7 @@ class AccuracyTarget:
     def met(self, metrics: Mapping[str, OutputMetrics]) -> bool:
         v = self.measure(metrics)
         # Tolerance for float rounding: an all-float model must meet cosine=1.0 / top1-drop=0.
-        return v <= self.value + 1e-9 if self.kind == "top1-drop" else v >= self.value - 1e-6
+        return v <= self.value + 1e-9 if self.lower_is_better else v >= self.value - 1e-6
 
 
 def pick_output(metrics: Mapping[str, OutputMetrics], output: str | None = None) -> OutputMetrics:

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .detect import class_names
 from .errors import UsageError, one_line
 
 # ONNX TensorProto element type -> numpy dtype name. Only what models actually use.
@@ -161,6 +162,9 @@ class ModelIO:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     source: str = field(default="", compare=False)
+    # the classes' names in index order, where the exporter wrote them (Ultralytics' ``names``
+    # metadata); they map a COCO labels file's categories by name (trtrepo.boxlabels)
+    class_names: tuple[str, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         names = [t.name for t in (*self.inputs, *self.outputs)]
@@ -299,7 +303,9 @@ class ModelIO:
                 for n, dt, s, dn in items
             )
 
-        return cls(inputs=make(ins), outputs=make(outs), source=source)
+        meta = {p.key: p.value for p in model.metadata_props}
+        names = class_names(meta["names"]) if "names" in meta else ()
+        return cls(inputs=make(ins), outputs=make(outs), source=source, class_names=names)
 
 
 def load_onnx(path: str | Path, *, load_weights: bool = True) -> Any:

@@ -33,8 +33,9 @@ def data_options(required: bool = True, batch_size: int = 32) -> Callable[[F], F
                          help="Data: demo:calib|demo:val, an image folder, .npy/.npz, or package.module:callable."),
             click.option("--preprocess", "preprocess", type=click.Path(dir_okay=False), default=None,
                          help="Preprocessing spec (JSON/YAML, see 'trtrepo preprocess'); required for image folders."),
-            click.option("--labels", type=click.Path(dir_okay=False), default=None,
-                         help="Integer labels (.npy or text, one per sample)."),
+            click.option("--labels", type=click.Path(), default=None,
+                         help="Integer labels (.npy or text, one per sample); for a detector's image folder, boxes: a "
+                              "COCO JSON file or a folder of YOLO txt files."),
             click.option("--limit", type=click.IntRange(min=1), default=None, help="Use N samples (a deterministic subset)."),
             click.option("--seed", type=click.IntRange(min=0), default=0, show_default=True, help="Seed of the --limit subset."),
             click.option("--batch-size", type=click.IntRange(min=1), default=batch_size, show_default=True),
@@ -102,12 +103,14 @@ def quantize_options(f: F) -> F:
                      help="TensorRT calibration cache from 'trtrepo calibrate --cache', used like --ranges; refused when "
                           "made for another model."),
         click.option("--accuracy-target", type=ACCURACY_TARGET, default=None,
-                     help="top1-drop=POINTS, top1=PERCENT or cosine=MIN: leave the fewest, most sensitive layers in float "
-                          "that meet it."),
+                     help="top1-drop=POINTS, top1=PERCENT, cosine=MIN, map=MIN (a detector's mAP50-95 vs FP32) or "
+                          "map-drop=POINTS (vs box labels): leave the fewest, most sensitive layers in float that meet it."),
         click.option("--accept-accuracy-loss", is_flag=True,
                      help="Ship the INT8 model even when the held-out check against FP32 fails or cannot decide (label "
                           "accuracy drop <= 1 point with labels; else the expected top-1 drop under FP32's softmax, the "
-                          "upper end of its 95 % interval < 1 point; cosine >= 0.99 for embeddings). Without it quantize "
+                          "upper end of its 95 % interval < 1 point; a detector: mAP50-95 drop vs box labels <= 1 point, "
+                          "else mAP50-95 vs FP32's boxes >= 0.9, at the interval's end; cosine >= 0.99 for "
+                          "embeddings). Without it quantize "
                           "writes nothing and exits 1, deploy ships FP32."),
         click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
                      help="Held-out evaluation data for the INT8 choices and the check against FP32, opened like --data "

@@ -1,8 +1,9 @@
 """Detection postprocessing and metrics for YOLO-style heads, as pure numpy (no I/O, numpy only).
 
 The raw head output decoded into boxes (:mod:`.decode`), greedy and class-aware NMS, the full
-postprocessing and the letterbox geometry (:mod:`.nms`), and COCO mAP plus box-count agreement
-of one model's detections against another's (:mod:`.metrics`). The same functions judge an INT8
+postprocessing and the letterbox geometry (:mod:`.nms`), COCO mAP plus box-count agreement
+of one model's detections against another's (:mod:`.metrics`), and ground-truth boxes from COCO
+JSON or YOLO txt (:mod:`.labels`). The same functions judge an INT8
 detector against its FP32 twin, check served detections, and run inside the Triton ensemble's
 postprocessing model, which is why nothing here imports more than numpy.
 """
@@ -10,7 +11,26 @@ postprocessing model, which is why nothing here imports more than numpy.
 from __future__ import annotations
 
 from .decode import KINDS, Detections, YoloLayout, decode, xywh_to_xyxy
-from .judge import DetectionFigures, borderline_detections, compare_detections, detection_figures, reference_detections
+from .judge import (
+    DetectionFigures,
+    LabelFigures,
+    borderline_detections,
+    candidate_detections,
+    compare_detections,
+    detection_figures,
+    labelled_figures,
+    reference_detections,
+)
+from .labels import (
+    BoxLabels,
+    CocoImage,
+    CocoIndex,
+    class_names,
+    coco_index,
+    image_region,
+    in_input_frame,
+    yolo_txt_boxes,
+)
 from .metrics import (
     COCO_IOU_THRESHOLDS,
     COCO_MAX_DETS,
@@ -20,6 +40,7 @@ from .metrics import (
     count_agreement,
     count_difference,
     mean_ap,
+    paired_map_bootstrap,
 )
 from .nms import (
     DEFAULT_CONF,
@@ -34,6 +55,18 @@ from .nms import (
 )
 
 __all__ = [
+    "BoxLabels",
+    "CocoImage",
+    "CocoIndex",
+    "LabelFigures",
+    "candidate_detections",
+    "class_names",
+    "coco_index",
+    "image_region",
+    "in_input_frame",
+    "labelled_figures",
+    "paired_map_bootstrap",
+    "yolo_txt_boxes",
     "DetectionFigures",
     "compare_detections",
     "detection_figures",

@@ -17,6 +17,13 @@ with one reference box then reads AP 0.1 for a shift of a hair in score. On the 
 ignored, FP16 0.999 both ways, NNCF's defaults 0.663 and 0.766:
 real damage still shows. The verdict stays on the strict figure.
 
+With ground-truth labels (:class:`~trtrepo.detect.labels.BoxLabels`, from COCO JSON or YOLO txt),
+:func:`labelled_figures` measures what the user's own metric loses: FP32's and the candidate's
+mAP50-95 against the labels on the same images, both at validation settings, and the drop in
+points with a *paired* bootstrap interval (the same image draws for both, so what the images
+share cancels). Where labels exist, that drop is the figure the gate judges
+(:class:`trtrepo.quantize.AccuracyCheck`); the figure against FP32 stays beside it.
+
 The interval: the 2.5 and 97.5 percentiles of the data set's mAP50-95 over :data:`RESAMPLES`
 bootstrap samples of the images (:func:`~trtrepo.detect.metrics.bootstrap_map`, seeded:
 deterministic). Decision: mAP averages over classes, and a class with one FP32 box in the whole
@@ -34,13 +41,14 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from .decode import Detections, YoloLayout
-from .metrics import count_agreement, mean_ap, mean_ap_with_bootstrap
+from .labels import BoxLabels
+from .metrics import count_agreement, mean_ap, mean_ap_with_bootstrap, paired_map_bootstrap
 from .nms import postprocess
 
 REFERENCE_CONF = 0.25  # FP32's boxes at Ultralytics' predict settings are the reference
@@ -66,6 +74,85 @@ def borderline_detections(output: np.ndarray, layout: YoloLayout) -> list[Detect
 
 
 @dataclass(frozen=True)
+class LabelFigures:
+    """mAP50-95 and mAP50 against ground-truth labels of FP32 (``fp32_*``) and of the candidate on
+    the same ``images`` (``decided`` of them hold labelled objects: ``boxes`` in ``classes``;
+    ``crowd`` ignore regions), and ``drop`` = FP32 minus candidate mAP50-95 in points, with its
+    paired 95 % bootstrap interval ``lower``..``upper`` (points) and ``sd``, the bootstrap spread
+    scaled to one image."""
+
+    images: int
+    decided: int
+    boxes: int
+    classes: int
+    fp32_map50_95: float
+    map50_95: float
+    fp32_map50: float
+    map50: float
+    drop: float
+    lower: float
+    upper: float
+    sd: float
+    crowd: int = 0
+
+    def verdict(self, limit: float) -> str:
+        """``pass`` when the interval's upper end is at or under ``limit`` points, ``fail`` when
+        the drop itself is over it (or nothing could be measured), else ``undecided``."""
+        if not self.decided or not math.isfinite(self.drop):
+            return "fail"
+        if self.upper <= limit + 1e-9:
+            return "pass"
+        return "fail" if self.drop > limit + 1e-9 else "undecided"
+
+    def images_to_decide(self, limit: float) -> int | None:
+        """The labelled images at which this drop and spread would pass."""
+        gap = limit - self.drop
+        if gap <= 0 or not math.isfinite(gap) or self.sd <= 0:
+            return None
+        n = math.ceil((Z * self.sd / gap) ** 2)
+        return n if n <= MAX_IMAGES_TO_DECIDE else None
+
+    def describe(self) -> str:
+        """``mAP50-95 vs labels 0.372 against FP32's 0.381: drop 0.90 points (95% interval ...)``."""
+        crowd = f", {self.crowd} crowd regions ignored" if self.crowd else ""
+        return (f"mAP50-95 vs labels {self.map50_95:.3f} against FP32's {self.fp32_map50_95:.3f}: drop "
+                f"{self.drop:.2f} points (95% interval {self.lower:.2f} to {self.upper:.2f}), mAP50 {self.map50:.3f} "
+                f"against {self.fp32_map50:.3f} ({self.boxes} labelled boxes in {self.classes} classes on "
+                f"{self.decided} of {self.images} images{crowd})")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in asdict(self).items()}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> LabelFigures:
+        values: dict[str, Any] = {k: (math.nan if d[k] is None else d[k]) for k in cls.__dataclass_fields__ if k in d}
+        return cls(**values)
+
+
+def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], candidate: Sequence[Detections],
+                     seed: int = 0) -> LabelFigures:
+    """FP32's detections and the candidate's (both at validation settings) against the labels,
+    image by image in the same order (module doc)."""
+    references = [t.objects for t in truth]
+    crowd = sum(len(t.crowd) for t in truth)
+    ignore = [t.crowd for t in truth] if crowd else None
+    fp32 = [t.clip(d) for t, d in zip(truth, fp32, strict=True)]
+    candidate = [t.clip(d) for t, d in zip(truth, candidate, strict=True)]
+    ra, rb, diff = paired_map_bootstrap(fp32, candidate, references, RESAMPLES, seed, ignore)
+    decided = sum(1 for r in references if len(r))
+    drop = 100.0 * (ra.map50_95 - rb.map50_95) if decided else math.nan
+    boot = 100.0 * diff if decided > 1 else np.zeros(0)
+    lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (drop, drop)
+    if math.isfinite(drop):
+        lower, upper = min(lower, drop), max(upper, drop)
+    sd = float(np.std(boot, ddof=1)) * math.sqrt(decided) if len(boot) > 1 else 0.0
+    return LabelFigures(images=len(truth), decided=decided, boxes=int(sum(len(r) for r in references)),
+                        classes=ra.classes, fp32_map50_95=float(ra.map50_95), map50_95=float(rb.map50_95),
+                        fp32_map50=float(ra.map50), map50=float(rb.map50), drop=drop, lower=lower, upper=upper,
+                        sd=sd, crowd=crowd)
+
+
+@dataclass(frozen=True)
 class DetectionFigures:
     """mAP50-95 of a candidate's detections against the reference's (``map50_95``, with its 95 %
     bootstrap interval ``lower``..``upper``; ``sd``: the bootstrap spread scaled to one image,
@@ -86,6 +173,7 @@ class DetectionFigures:
     classes: int = 0  # classes among the reference boxes: each weighs the same in mAP
     thin_classes: int = 0  # of those, the classes with at most THIN_CLASS_BOXES reference boxes
     map_borderline_ignored: float = math.nan  # mAP50-95 with FP32's borderline boxes ignored (module doc)
+    labels: LabelFigures | None = None  # against ground-truth labels, where the images have them
 
     def verdict(self, limit: float) -> str:
         """``pass`` when the interval's lower end is at or above ``limit``, ``fail`` when the
@@ -119,6 +207,7 @@ class DetectionFigures:
         d = asdict(self)
         d["worst"] = [list(w) for w in self.worst]
         d["map_borderline_ignored"] = self.map_borderline_ignored if math.isfinite(self.map_borderline_ignored) else None
+        d["labels"] = None if self.labels is None else self.labels.to_dict()
         return d
 
     @classmethod
@@ -127,16 +216,29 @@ class DetectionFigures:
         values["worst"] = tuple(tuple(w) for w in d.get("worst", ()))
         if values.get("map_borderline_ignored") is None:
             values.pop("map_borderline_ignored", None)
+        labels = d.get("labels")
+        values["labels"] = LabelFigures.from_dict(labels) if isinstance(labels, Mapping) else None
         return cls(**values)
 
 
+def candidate_detections(output: np.ndarray, layout: YoloLayout) -> list[Detections]:
+    """A raw head output's detections at validation settings (:data:`CANDIDATE_CONF`)."""
+    return postprocess(output, layout, conf=CANDIDATE_CONF, iou=IOU)
+
+
 def detection_figures(reference: Sequence[Detections], candidate_output: np.ndarray, layout: YoloLayout,
-                      worst: int = 5, borderline: Sequence[Detections] | None = None) -> DetectionFigures:
+                      worst: int = 5, borderline: Sequence[Detections] | None = None,
+                      truth: tuple[Sequence[BoxLabels], Sequence[Detections]] | None = None) -> DetectionFigures:
     """The candidate's raw head output judged against the reference detections (see the module
-    doc); with ``borderline`` (:func:`borderline_detections`), the second figure too."""
-    candidate = postprocess(candidate_output, layout, conf=CANDIDATE_CONF, iou=IOU)
+    doc); with ``borderline`` (:func:`borderline_detections`), the second figure too; with
+    ``truth`` (the labels and FP32's :func:`candidate_detections` on the same images), the
+    figures against the labels (:func:`labelled_figures`)."""
+    candidate = candidate_detections(candidate_output, layout)
     at_reference = [d.take(np.flatnonzero(d.scores > REFERENCE_CONF)) for d in candidate]
-    return compare_detections(reference, candidate, at_reference, worst, borderline)
+    figures = compare_detections(reference, candidate, at_reference, worst, borderline)
+    if truth is None:
+        return figures
+    return replace(figures, labels=labelled_figures(truth[0], truth[1], candidate))
 
 
 def _thin_classes(reference: Sequence[Detections]) -> int:

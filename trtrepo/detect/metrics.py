@@ -7,6 +7,7 @@ Stable API::
     mean_ap(predictions, references, iou_thresholds=COCO_IOU_THRESHOLDS, max_dets=100, ignore=None) -> MapResult
     bootstrap_map(predictions, references, resamples=400, seed=0) -> [resamples] mAP50-95
     mean_ap_with_bootstrap(predictions, references, resamples=400, seed=0) -> (MapResult, [resamples])
+    paired_map_bootstrap(first, second, references, resamples=400, seed=0, ignore=None) -> (MapResult, MapResult, [resamples])
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
 
@@ -306,6 +307,26 @@ def mean_ap_with_bootstrap(predictions: Sequence[Detections], references: Sequen
         if aps:
             boot.append(float(np.stack(list(aps.values()))[:, m.main].mean()))
     return _map_result(m, predictions, references), np.asarray(boot, np.float64)
+
+
+def paired_map_bootstrap(first: Sequence[Detections], second: Sequence[Detections], references: Sequence[Detections],
+                         resamples: int = 400, seed: int = 0,
+                         ignore: Sequence[Detections] | None = None) -> tuple[MapResult, MapResult, np.ndarray]:
+    """:func:`mean_ap` of two prediction sets against the same ``references`` (and ``ignore``
+    regions), and the first's mAP50-95 minus the second's over ``resamples`` bootstrap samples of
+    the images, the same draws for both (a paired interval: what the images share cancels)."""
+    a = _match_images(first, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
+    b = _match_images(second, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
+    rng = np.random.default_rng(seed)
+    n = len(references)
+    diff = []
+    for _ in range(resamples if n else 0):
+        draw = rng.integers(0, n, n).tolist()
+        aps_a, aps_b = _class_aps(a, draw), _class_aps(b, draw)
+        if aps_a:
+            diff.append(float(np.stack(list(aps_a.values()))[:, a.main].mean() -
+                              np.stack(list(aps_b.values()))[:, b.main].mean()))
+    return _map_result(a, first, references), _map_result(b, second, references), np.asarray(diff, np.float64)
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:

@@ -52,7 +52,7 @@ class FallbackResult:
 
 def _goodness(target: AccuracyTarget, metrics: Mapping[str, OutputMetrics]) -> tuple[float, float]:
     v = target.measure(metrics)
-    return (-v if target.kind == "top1-drop" else v, pick_output(metrics, target.output).cosine_mean)
+    return (-v if target.lower_is_better else v, pick_output(metrics, target.output).cosine_mean)
 
 
 def check_reachable(target: AccuracyTarget, evaluator: Evaluator) -> None:
@@ -211,7 +211,7 @@ class _Search:
         return time.perf_counter() > self.deadline
 
     def _score(self, value: float) -> float:
-        return -value if self.target.kind == "top1-drop" else value
+        return -value if self.target.lower_is_better else value
 
     def measure(self, in_float: Sequence[str], label: str) -> FallbackStep | None:
         key = frozenset(in_float)

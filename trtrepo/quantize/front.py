@@ -58,7 +58,7 @@ from ..pngplot import png_figure
 from ..progress import phase, update
 from ..qdq import ActivationRange, QuantizedModel, QuantizeOptions, insert_qdq, prepare_model
 from .fallback import layer_roles
-from .gate import AccuracyCheck
+from .gate import DETECTION_RULE, AccuracyCheck
 from .select import Evaluator
 
 log = logging.getLogger(__name__)
@@ -212,8 +212,9 @@ def _sensitivity_key(row: FrontRow, cosine: float) -> tuple[float, float]:
     layer whose float copy removes most of the error), then the drop left. The cosine is measured
     on every sample and class; the expected drop on a 51-sample hold-out rests on a few flips
     and ranked the trained MobileNetV2's layers worse (k = 4 dropped more than k = 2)."""
-    value = row.drop if row.drop is not None else math.inf
-    return (-cosine, -value if row.rule == "mean cosine" else value)
+    higher_better = row.rule in ("mean cosine", DETECTION_RULE)  # the other rules' values are drops
+    value = row.drop if row.drop is not None else (-math.inf if higher_better else math.inf)
+    return (-cosine, -value if higher_better else value)
 
 
 @dataclass

@@ -44,7 +44,15 @@ from ..warngroups import collecting
 from .fallback import check_reachable, fallback
 from .front import RANK_SAMPLES, FrontOptions, QualityFront, search_front
 from .front import write_plot as write_front_plot
-from .gate import DETECTION_RULE, EXPECTED_DROP_RULE, AccuracyCheck, AccuracyLoss, fp16_floor, with_fp16_floor
+from .gate import (
+    DETECTION_RULE,
+    EXPECTED_DROP_RULE,
+    LABELLED_DETECTION_RULE,
+    AccuracyCheck,
+    AccuracyLoss,
+    fp16_floor,
+    with_fp16_floor,
+)
 from .ranges import (
     AUTO_MIN_SAMPLES,
     DETECTOR_RANGE_RULE,
@@ -391,7 +399,7 @@ def _held_out_check(req: QuantizeRequest, metrics: Mapping[str, OutputMetrics] |
         if metrics is None:
             return metrics, HeldOutCheck.of(check, gated, None, [], None)
         verdict = check.judge(metrics[gated])
-        if evaluator is not None and verdict["rule"] in (EXPECTED_DROP_RULE, DETECTION_RULE):
+        if evaluator is not None and verdict["rule"] in (EXPECTED_DROP_RULE, DETECTION_RULE, LABELLED_DETECTION_RULE):
             ph.set_note(f"output '{gated}', FP16 noise floor")
             verdict = with_fp16_floor(verdict, fp16_floor(model, evaluator, gated))
     failures = [] if verdict["ok"] else [verdict["message"]]  # the gated output's, with the FP16 figures

@@ -96,7 +96,8 @@ class Evaluator:
         self.classification = tuple(dict.fromkeys(classification_outputs(self.reference.outputs) +
                                                   classification_outputs(self.reference.outputs, label_output or ())))
         # a detector's outputs (name -> class count, trtrepo.qdq.detector_outputs) are judged in boxes
-        self.detection = {name: Detector.of(self.reference.outputs[name], classes)
+        truth = source.box_labels() if hasattr(source, "box_labels") else None
+        self.detection = {name: Detector.of(self.reference.outputs[name], classes, truth)
                           for name, classes in (detectors or {}).items() if name in self.reference.outputs}
         self.count = 0
 
