@@ -181,6 +181,51 @@ def test_an_ultralytics_export_needs_no_preprocessing_spec(served, run_cli):
     assert bare.exit_code == 2 and "an image folder needs a preprocessing spec (--preprocess FILE)" in bare.stderr
 
 
+def _coco_labels(served, path: Path) -> Path:
+    """The reference's own boxes on each photo, written as a COCO instances file in the files'
+    pixels (category ids 0..NC-1: by sorted id they are the classes themselves)."""
+    images, anns = [], []
+    for i, (f, (h, w)) in enumerate(served["photos"].items()):
+        det, boxes, _, _ = _local(served, (served["folder"] / f).read_bytes())
+        images.append({"id": i, "file_name": f, "width": int(w), "height": int(h)})
+        anns += [{"image_id": i, "category_id": int(c), "bbox": [float(b[0]), float(b[1]), float(b[2] - b[0]),
+                                                                 float(b[3] - b[1])]}
+                 for b, c in zip(boxes, det.classes, strict=True)]
+    path.write_text(json.dumps({"images": images, "annotations": anns,
+                                "categories": [{"id": k, "name": f"c{k}"} for k in range(NC)]}))
+    return path
+
+
+@pytest.mark.triton
+def test_with_box_labels_validate_judges_the_served_map_drop(served, run_cli):
+    """--labels on the image folder: the served detections and the reference's are both judged
+    against the labels; --max-map-drop judges the drop (the gate's labelled rule). The labels are
+    the reference's own boxes, so the reference scores 1.0 and the perturbed model loses."""
+    labels = _coco_labels(served, served["tmp"] / "labels.json")
+    r, data, report = _validate(run_cli, served, "det_ensemble", "--labels", labels, "--max-map-drop", "0.5",
+                                "--no-latency")
+    assert r.exit_code == 0, r.output + r.stderr
+    lab = data["detection"]["figures"]["labels"]
+    assert lab["fp32_map50_95"] == pytest.approx(1.0) and lab["map50_95"] == pytest.approx(1.0) and lab["drop"] == 0
+    assert lab["images"] == 4 and lab["boxes"] == data["detection"]["figures"]["reference_boxes"]
+    (t,) = [t for t in data["thresholds"] if t["name"].startswith("map_drop[")]
+    assert t["name"] == "map_drop[det_ensemble]" and t["passed"] and t["value"] == 0
+    assert "against the box labels: mAP50-95 vs labels 1.000 against the reference's 1.000" in r.output
+    r, data, _ = _validate(run_cli, served, "other_ensemble", "--labels", labels, "--max-map-drop", "0.5",
+                           "--no-latency")
+    lab = data["detection"]["figures"]["labels"]
+    assert r.exit_code == 1 and lab["drop"] > 0.5 and data["failures"] == ["map_drop[other_ensemble]"], r.output
+    assert lab["drop"] == pytest.approx(100 * (lab["fp32_map50_95"] - lab["map50_95"]))
+    # the raw model on tensors: its head output judged against the same labels, in the input's frame
+    r, data, _ = _validate(run_cli, served, "det", "--labels", labels, "--max-map-drop", "0.5", "--no-latency")
+    assert r.exit_code == 0, r.output + r.stderr
+    raw = data["accuracy"]["outputs"]["output0"]["detection"]["labels"]
+    assert raw["drop"] == 0 and raw["images"] == 4 and "output0: in boxes" in r.output
+    # no labels: --max-map-drop has nothing to judge
+    r, _, _ = _validate(run_cli, served, "det_ensemble", "--max-map-drop", "0.5", "--no-latency")
+    assert r.exit_code == 2 and "no detector was judged against box labels (give --labels" in r.stderr, r.stderr
+
+
 # --------------------------------------------------------------------------------------------
 # Pure parts: the verdict and the endpoint's recognition
 

@@ -72,6 +72,11 @@ from ._types import CONCURRENCY, SPEED_BATCH_SIZES
               help="A detector (a detection ensemble, or a model with a YOLO-style head output): fail when the "
                    "mAP50-95 of the served detections against the reference's is lower; the lower end of its 95 % "
                    "interval over the images is judged (the gate's map=MIN rule; 0.9 is the gate's default).")
+@click.option("--max-map-drop", type=float, default=None, metavar="POINTS",
+              help="A detector with box labels (--labels: COCO JSON or a YOLO txt folder): fail when the served "
+                   "detections' mAP50-95 against the labels is lower than the reference's by more than this; the "
+                   "upper end of the drop's paired 95 % interval is judged (the gate's rule with labels; 1 is its "
+                   "default).")
 @click.option("--max-p99-ms", type=float, default=None, help="Fail when the client p99 latency exceeds this at any level.")
 @click.option("--timeout", type=click.FloatRange(min=0, min_open=True), default=10.0, show_default=True,
               help="Seconds each request (and each server call) may take.")
@@ -121,7 +126,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
             requests: int | None, stability_percentage: float, max_trials: int, percentiles: str,
             stability_percentile: int | None, warmup: int, shared_memory: str,
             max_top1_drop: float | None, min_cosine: float | None, min_embedding_cosine: float, min_map: float | None,
-            max_p99_ms: float | None, timeout: float,
+            max_map_drop: float | None, max_p99_ms: float | None, timeout: float,
             ready_timeout: float | None, label_output: str | None, worst: int, accuracy: bool, latency: bool, reference_speed: bool,
             speed_batch_sizes: tuple[int, ...], speed_iterations: int, speed_warmup: int, reference_device: str,
             reference_threads: int | None, time_budget: float, thorough: bool, progress: bool | None,
@@ -156,7 +161,7 @@ def command(as_json: bool, csv_path: str | None, url: str, max_server_diff: floa
                               time_budget=None if thorough else time_budget)
     thresholds = Thresholds(max_top1_drop=max_top1_drop, max_p99_ms=max_p99_ms, min_cosine=min_cosine,
                             min_embedding_cosine=None if min_embedding_cosine <= -1 else min_embedding_cosine,
-                            min_map=min_map)
+                            min_map=min_map, max_map_drop=max_map_drop)
     with summary_output(as_json) as emit:
         data = DataOptions(spec=data_spec, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                            skip_non_images=skip_non_images)

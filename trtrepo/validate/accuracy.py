@@ -13,6 +13,7 @@ import numpy as np
 from ..contracts import builtin
 from ..contracts.payload import Payload
 from ..data import iter_batches
+from ..detect import BoxLabels
 from ..errors import OptionError, UsageError
 from ..evaluate import Detector, OutputMetrics, compare_output, cosine_similarity, looks_like_embedding
 from ..export import resolve_inputs
@@ -85,7 +86,8 @@ def make_reference(reference: str, io: ModelIO, *, weights: str | None = None, d
 
 
 def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], labels: np.ndarray | None,
-                   classification: bool = False, classes: int | None | bool = False) -> Any:
+                   classification: bool = False, classes: int | None | bool = False,
+                   truth: Sequence[BoxLabels] | None = None) -> Any:
     """Metrics of one output with :mod:`trtrepo.evaluate` (top-k only when ``classification``;
     judged in boxes too when ``classes`` is not False: a detector's head, with its class count or
     None, :class:`trtrepo.evaluate.Detector`); batches whose trailing shapes differ (sequence
@@ -93,7 +95,7 @@ def _merge_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], 
 
     if len({r.shape[1:] for r in refs}) <= 1:
         ref = np.concatenate(refs)
-        detector = None if classes is False else Detector.of(ref, None if classes is True else classes)
+        detector = None if classes is False else Detector.of(ref, None if classes is True else classes, truth)
         return compare_output(name, ref, np.concatenate(served), labels, classification=classification,
                               detection=detector), cosine_similarity(ref, np.concatenate(served))
     cos = np.concatenate([cosine_similarity(r, s) for r, s in zip(refs, served, strict=True)])
@@ -124,7 +126,8 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
                  reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
                  labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
                  label_output: str | None = None, progress: Callable[[int], None] | None = None,
-                 names: Sequence[str] | None = None, detectors: Mapping[str, int | None] | None = None) -> dict[str, Any]:
+                 names: Sequence[str] | None = None, detectors: Mapping[str, int | None] | None = None,
+                 box_labels: Sequence[BoxLabels] | None = None) -> dict[str, Any]:
     """Send every payload once and compare its outputs with the reference's (a callable run on
     the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
     shapes are set to the reference's (the latency phase checks responses against them).
@@ -133,12 +136,14 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     per-sample rows (``per_sample``: cosine of every output, and top-1 of both sides with their
     agreement for the label output) carry it as ``file``. ``detectors``: the outputs that are a
     YOLO-style head's, with their class counts (:func:`~trtrepo.validate.detection.detector_output_classes`),
-    also judged in boxes (the gate's rule; ``detection`` in their metrics)."""
+    also judged in boxes (the gate's rule; ``detection`` in their metrics), and against
+    ``box_labels`` (one per sample position, in the input's pixels) where given."""
     ref_parts = _reference_parts(payloads, reference)
     res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
     served_parts = [res.outputs[i] for i in range(len(payloads))]
     y = _label_array(labels)
     index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
+    truth = None if box_labels is None else [box_labels[int(i)] for i in index]
     outputs = list(ref_parts[0])
     if label_output is not None and label_output not in outputs:
         raise OptionError("label_output", f"{label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
@@ -152,7 +157,7 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
         is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
         metrics[name], cosines[name] = _output_metrics(name, refs, served, (y if is_label else None, is_label),
-                                                       (detectors or {}).get(name, False))
+                                                       (detectors or {}).get(name, False), truth)
         worst_rows[name] = _worst(cosines[name], refs, served, index, y, worst, names)
     top1 = _top1_pair(ref_parts, served_parts, primary) if primary is not None and primary in classifiers else None
     return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,
@@ -199,12 +204,13 @@ def _classifier_outputs(outputs: list[str], ref_parts: list[dict[str, np.ndarray
 
 
 def _output_metrics(name: str, refs: list[np.ndarray], served: list[np.ndarray], label: tuple[np.ndarray | None, bool],
-                    classes: int | None | bool) -> tuple[dict[str, Any], np.ndarray]:
+                    classes: int | None | bool,
+                    truth: Sequence[BoxLabels] | None = None) -> tuple[dict[str, Any], np.ndarray]:
     """One output's metrics as the report keeps them (``label``: (labels, whether it is judged as
     the label output, top-k); ``classes``: a detector head's class count, judged in boxes too) and
     its per-sample cosines."""
     y, is_label = label
-    m, cos = _merge_metrics(name, refs, served, y, classification=is_label, classes=classes)
+    m, cos = _merge_metrics(name, refs, served, y, classification=is_label, classes=classes, truth=truth)
     d = m.to_dict()
     d["top1_drop_points"] = m.top1_drop_points
     if m.detection is not None:

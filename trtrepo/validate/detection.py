@@ -23,7 +23,10 @@ Two servings are recognised, from what the server says of the model:
 Figures (:func:`trtrepo.detect.compare_detections`): COCO mAP50-95 and mAP50 of the served
 detections with the reference's as ground truth, its 95 % interval (the gate's, over the images),
 the box-count agreement (images whose served and reference box counts are equal), and the worst
-images by name. Served detections come at the served ``conf`` (no candidates below it to rank,
+images by name. With box labels (``--labels``, :mod:`trtrepo.boxlabels`), the served detections
+and the reference's are both judged against the labels on the same images
+(:func:`trtrepo.detect.labelled_figures`: the drop in points with its paired interval), and
+``--max-map-drop`` judges that drop with the gate's labelled rule. Served detections come at the served ``conf`` (no candidates below it to rank,
 unlike the gate's): a box that scores just under the threshold on one side and just over it on
 the other counts as missed. ``--min-map`` judges the figure with the gate's verdict
 (:meth:`~trtrepo.detect.DetectionFigures.verdict`): the interval's lower end must clear the limit.
@@ -37,14 +40,24 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..contracts.payload import Payload
-from ..detect import DetectionFigures, Detections, YoloLayout, compare_detections, postprocess, unletterbox
+from ..detect import (
+    BoxLabels,
+    DetectionFigures,
+    Detections,
+    LabelFigures,
+    YoloLayout,
+    compare_detections,
+    labelled_figures,
+    postprocess,
+    unletterbox,
+)
 from ..errors import OptionError, UsageError
 from ..modelio import ModelIO, TensorSpec, load_onnx
 from ..qdq import detector_outputs
@@ -203,14 +216,31 @@ def reference_detections(rows: Sequence[Mapping[str, np.ndarray]], files: Sequen
     return out
 
 
+def labels_on_images(truth: Sequence[BoxLabels], files: Sequence[str | Path], preprocess: Any) -> list[BoxLabels]:
+    """Box labels in the letterboxed input's pixels (as the data source reads them) mapped back to
+    each file's own pixels, where a detector ensemble's boxes are; the image is the region."""
+    out = []
+    for t, f in zip(truth, files, strict=True):
+        hw = image_hw(Path(f))
+        g = preprocess.letterbox_geometry(hw)
+        objects, crowd = (Detections(unletterbox(d.boxes, g, hw), d.scores, d.classes) for d in (t.objects, t.crowd))
+        out.append(BoxLabels(objects, crowd, region=(0.0, 0.0, float(hw[1]), float(hw[0]))))
+    return out
+
+
 def run_detection(target: TritonTarget, endpoint: DetectorEndpoint, payloads: Sequence[Payload],
                   reference: Sequence[Detections], names: Sequence[str], *, concurrency: int = 4, worst: int = 5,
-                  progress: Callable[[int], None] | None = None) -> dict[str, Any]:
+                  progress: Callable[[int], None] | None = None,
+                  truth: Sequence[BoxLabels] | None = None) -> dict[str, Any]:
     """Every request once (``concurrency`` in flight), the served detections judged against
-    ``reference`` (one per payload, in order): the ``detection`` section of validate.json."""
+    ``reference`` (one per payload, in order), and with ``truth`` (box labels in the images'
+    pixels, :func:`labels_on_images`) both against the labels: the ``detection`` section of
+    validate.json."""
     res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
     served = [Detections(o["boxes"], o["scores"], o["classes"]) for o in (res.outputs[i] for i in range(len(payloads)))]
     figures = compare_detections(reference, served, worst=max(worst, 0))
+    if truth is not None:
+        figures = replace(figures, labels=labelled_figures(truth, reference, served))
     counts = [(len(r), len(s)) for r, s in zip(reference, served, strict=True)]
     rows = [{"sample": i, "file": names[i], "reference_boxes": r, "served_boxes": s} for i, (r, s) in enumerate(counts)]
     worst_rows = [{**rows[i], "map50_95": v} for i, v in figures.worst]
@@ -255,6 +285,44 @@ def detection_thresholds(report: Mapping[str, Any], min_map: float | None) -> li
     detector output of the accuracy phase; an OptionError when nothing in it is a detector's."""
     if min_map is None:
         return []
+    found = _detector_figures(report)
+    if not found:
+        raise OptionError("min_map", ": the served model is not a detector (no detection ensemble and no "
+                                     "YOLO-style head output), or the accuracy phase is off",
+                          concept="the mAP floor")
+    return [map_threshold(f, name, min_map) for name, f in found]
+
+
+def map_drop_threshold(labels: LabelFigures, name: str, limit: float) -> ThresholdResult:
+    """The gate's labelled rule on ``labels`` (:meth:`LabelFigures.verdict`): the value is the drop
+    in points, which passes when its paired interval's upper end is at or under ``limit``."""
+    verdict = labels.verdict(limit)
+    detail = (f"mAP50-95 vs labels, the reference's {labels.fp32_map50_95:.3f} minus the served {labels.map50_95:.3f}, "
+              f"points; 95% interval {labels.lower:.2f} to {labels.upper:.2f} ({labels.decided} of {labels.images} "
+              "images hold labelled boxes); the upper end is judged")
+    if verdict == "undecided":
+        need = labels.images_to_decide(limit)
+        detail += (f": cannot decide on {labels.decided} images, about {need} would decide" if need is not None
+                   else f": cannot decide on {labels.decided} images")
+    value = labels.drop if math.isfinite(labels.drop) else None
+    return ThresholdResult(f"map_drop[{name}]", limit, value, verdict == "pass", detail)
+
+
+def map_drop_thresholds(report: Mapping[str, Any], limit: float | None) -> list[ThresholdResult]:
+    """``--max-map-drop`` on a report dict, like :func:`detection_thresholds`; an OptionError when
+    no detector figure in it was measured against box labels."""
+    if limit is None:
+        return []
+    found = [(name, f.labels) for name, f in _detector_figures(report) if f.labels is not None]
+    if not found:
+        raise OptionError("max_map_drop", ": no detector was judged against box labels (give {labels}: a COCO JSON "
+                                          "file or a YOLO txt folder for the image folder)",
+                          concept="the mAP drop limit", others={"labels": "labels"})
+    return [map_drop_threshold(lab, name, limit) for name, lab in found]
+
+
+def _detector_figures(report: Mapping[str, Any]) -> list[tuple[str, DetectionFigures]]:
+    """The ensemble's figures and every raw detector output's of a report dict."""
     found = []
     det = report.get("detection")
     if det:
@@ -262,11 +330,13 @@ def detection_thresholds(report: Mapping[str, Any], min_map: float | None) -> li
     for name, m in ((report.get("accuracy") or {}).get("outputs") or {}).items():
         if m.get("detection"):
             found.append((name, figures_from(m["detection"])))
-    if not found:
-        raise OptionError("min_map", ": the served model is not a detector (no detection ensemble and no "
-                                     "YOLO-style head output), or the accuracy phase is off",
-                          concept="the mAP floor")
-    return [map_threshold(f, name, min_map) for name, f in found]
+    return found
+
+
+def _labels_line(f: Mapping[str, Any]) -> str | None:
+    lab = f.get("labels")
+    return None if not lab else "against the box labels: " + LabelFigures.from_dict(lab).describe().replace(
+        "against FP32's", "against the reference's")
 
 
 def _describe(f: Mapping[str, Any]) -> str:
@@ -287,6 +357,9 @@ def detection_console_lines(det: Mapping[str, Any], worst: int = 3) -> list[str]
     lines = [f"detections of {det['model']} vs the reference run locally (same letterbox, decode + class-aware NMS "
              f"at conf {s['conf']:g}, IoU {s['iou']:g}, max {s['max_det']}, as '{s['postprocess']}' serves): "
              + _describe(det["figures"])]
+    labelled = _labels_line(det["figures"])
+    if labelled:
+        lines.append(labelled)
     below = [r for r in det.get("worst_images") or () if r["map50_95"] < 1.0 - 1e-9]
     if below and worst > 0:
         lines.append("worst images: " + "; ".join(
@@ -302,7 +375,11 @@ def detection_console_lines(det: Mapping[str, Any], worst: int = 3) -> list[str]
 def output_detection_line(name: str, m: Mapping[str, Any]) -> str | None:
     """A raw detector output's figures judged in boxes (the gate's rule), or None."""
     f = m.get("detection")
-    return None if not f else f"{name}: in boxes (reference at predict settings, served at validation ones): {_describe(f)}"
+    if not f:
+        return None
+    labelled = _labels_line(f)
+    return (f"{name}: in boxes (reference at predict settings, served at validation ones): {_describe(f)}"
+            + (f"; {labelled}" if labelled else ""))
 
 
 def detection_markdown(det: Mapping[str, Any]) -> list[str]:
@@ -318,6 +395,9 @@ def detection_markdown(det: Mapping[str, Any]) -> list[str]:
              "|---|---|---|---|---|---|",
              f"| {_num(f.get('map50_95'))} | {_num(f.get('lower'))}-{_num(f.get('upper'))} | {_num(f.get('map50'))} | "
              f"{100 * float(f.get('count_agreement') or 0):.0f}% | {f.get('reference_boxes')} | {f.get('candidate_boxes')} |"]
+    labelled = _labels_line(f)
+    if labelled:
+        lines += ["", labelled[0].upper() + labelled[1:] + "."]
     if det.get("worst_images"):
         lines += ["", "Worst images (lowest mAP50-95):", "", "| file | mAP50-95 | reference boxes | served boxes |",
                   "|---|---|---|---|"]

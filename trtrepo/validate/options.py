@@ -181,6 +181,9 @@ class Thresholds:
     # mAP50-95 of a detector's served detections against the reference's, the gate's rule
     # (trtrepo.validate.detection): its 95 % interval's lower end must clear it
     min_map: float | None = None
+    # with box labels (--labels): the served detections' mAP50-95 drop against the labels, the
+    # reference's minus the served, in points; the upper end of its paired 95 % interval is judged
+    max_map_drop: float | None = None
 
     def __post_init__(self) -> None:
         if self.max_top1_drop is not None and not (0 <= self.max_top1_drop <= 100):
@@ -194,6 +197,8 @@ class Thresholds:
                               concept="the embedding cosine floor")
         if self.min_map is not None and not 0 <= self.min_map <= 1:
             raise OptionError("min_map", f"{self.min_map}: between 0 and 1", concept="the mAP floor")
+        if self.max_map_drop is not None and not 0 <= self.max_map_drop <= 100:
+            raise OptionError("max_map_drop", f"{self.max_map_drop}: points between 0 and 100", concept="the mAP drop limit")
 
 
 def parse_url(url: str, protocol: str) -> str:

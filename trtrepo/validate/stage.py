@@ -41,6 +41,8 @@ from .detection import (
     detection_thresholds,
     detector_endpoint,
     detector_output_classes,
+    labels_on_images,
+    map_drop_thresholds,
     reference_detections,
     run_detection,
     served_config,
@@ -165,8 +167,9 @@ def validate(options: ValidateOptions, *, reference: ReferenceSource, data: Data
                 report.latency = run_latency(target, req.payloads, options, version, config, fleet=fleet)
         _speed_phase(report, target, req, options, speed=(speed, speed_device), timed=(timed, call_s),
                      served=(server, config), onnx=reference.onnx, clock=(started, load_start))
-        report.thresholds = check_thresholds(report.to_dict(), thresholds) \
-            + detection_thresholds(report.to_dict(), thresholds.min_map)
+        summary = report.to_dict()
+        report.thresholds = (check_thresholds(summary, thresholds) + detection_thresholds(summary, thresholds.min_map)
+                             + map_drop_thresholds(summary, thresholds.max_map_drop))
     if report_dir is not None:
         report.write(report_dir)
     return report
@@ -318,18 +321,22 @@ def _accuracy_phase(report: ValidationReport, target: TritonTarget, req: _Reques
     bar = _progress(len(req.payloads), "accuracy", options.progress)
     try:
         with phase("accuracy served", len(req.payloads), "requests") as ph:
+            truth = source.box_labels()
             if req.endpoint is not None:
-                refs = reference_detections(rows, req.files, getattr(source, "preprocess", None), req.endpoint)
+                preprocess = getattr(source, "preprocess", None)
+                refs = reference_detections(rows, req.files, preprocess, req.endpoint)
                 report.detection = run_detection(target, req.endpoint, req.payloads, refs,
                                                  source.sample_names() or [Path(f).name for f in req.files],
                                                  concurrency=max(options.concurrency), worst=options.worst,
-                                                 progress=_counting(ph, bar.update))
+                                                 progress=_counting(ph, bar.update),
+                                                 truth=None if truth is None else labels_on_images(truth, req.files,
+                                                                                                   preprocess))
             else:
                 report.accuracy = run_accuracy(target, req.payloads, rows, req.batch_labels,
                                                concurrency=max(options.concurrency), worst=options.worst,
                                                label_output=options.label_output,
                                                progress=_counting(ph, bar.update), names=source.sample_names(),
-                                               detectors=detector_output_classes(req.io))
+                                               detectors=detector_output_classes(req.io), box_labels=truth)
     finally:
         bar.close()
     if report.accuracy is not None:
