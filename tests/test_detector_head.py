@@ -132,10 +132,37 @@ def test_the_decode_head_is_found_from_the_graph_and_stays_float(tmp_path, head,
                                                         "Softmax", "Pow", "MatMul")}
     quantized_in_head = {p.node for p in plan.points} & set(found.nodes)
     assert quantized_in_head == set()
-    naive = plan_qdq(model, QuantizeOptions(target="tensorrt", quantize_detector_head=True))
-    quantized = {p.node for p in naive.points} & set(found.nodes)
-    # the naive placement: TensorRT's rules put Q/DQ on the DFL's expectation conv (its softmax input)
-    assert quantized == {n.name for n in head_convs}
+    for target in ("tensorrt", "onnxruntime"):
+        naive = plan_qdq(model, QuantizeOptions(target=target, quantize_detector_head=True))
+        quantized = {p.node for p in naive.points} & set(found.nodes)
+        # the naive placement: the box/score concat's output (a graph output) gets Q/DQ, as ONNX Runtime's
+        # quantize_static places it, and TensorRT's rules put Q/DQ on the DFL's expectation conv too
+        assert found.concat in quantized and ("output0", None) in {(p.tensor, p.consumer) for p in naive.points}
+        assert {n.name for n in head_convs} <= quantized
+
+
+def test_the_naive_placement_quantizes_the_detector_output_and_erases_the_scores(tmp_path):
+    """--quantize-detector-head: one INT8 scale over box pixels and class probabilities (the issue's
+    naive INT8); the output keeps its name and the class scores round to nothing."""
+    from trtrepo.evaluate import make_session
+    from trtrepo.qdq import ActivationRange, insert_qdq
+
+    model = _export(AnchorFree(), tmp_path / "m.onnx")
+    x = np.random.default_rng(0).random((2, 3, SIZE, SIZE), np.float32)
+    ref = make_session(model).run(None, {"images": x})[0]
+    tensors = {p.tensor for p in plan_qdq(prepare_model(model), QuantizeOptions(target="onnxruntime",
+                                                                                 quantize_detector_head=True)).points
+               if p.kind == "activation"}
+    ranges = {t: ActivationRange(amax=float(SIZE), lo=0.0, hi=float(SIZE)) if t == "output0"
+              else ActivationRange(amax=8.0) for t in tensors}
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime", quantize_detector_head=True))
+    producer = {o: n for n in qm.model.graph.node for o in n.output}
+    assert producer["output0"].op_type == "DequantizeLinear" and [o.name for o in qm.model.graph.output] == ["output0"]
+    out = make_session(qm.model).run(None, {"images": x})[0]
+    scores, step = out[:, 4:], SIZE / 255
+    # a probability on a grid of 0.25 (one step of the box pixels' scale): at most 5 values, no ranking left
+    np.testing.assert_allclose(scores / step, np.round(scores / step), atol=1e-3)
+    assert len(np.unique(np.round(scores / step))) <= 5 < len(np.unique(ref[:, 4:]))
 
 
 def test_classifiers_and_encoders_have_no_decode_head(demo_onnx):

@@ -331,8 +331,13 @@ class _QdqWriter:
                 z = self.add_init(f"{tensor}_zero_point", qp.zero_point)
             params[tensor] = (s, z)
             q_out, dq_out = self.fresh(f"{tensor}_quantized"), self.fresh(f"{tensor}_dequantized")
+            q_in = tensor
+            if tensor in self.view.graph_outputs:  # the naive detector placement: the output keeps its name
+                q_in, dq_out = self.fresh(f"{tensor}_float"), tensor
+                producer = self.view.producer[tensor]
+                producer.output[list(producer.output).index(tensor)] = q_in
             self.inserted_after[self.anchor(tensor)] += [
-                self.node("QuantizeLinear", [tensor, s, z], q_out, tensor),
+                self.node("QuantizeLinear", [q_in, s, z], q_out, tensor),
                 self.node("DequantizeLinear", [q_out, s, z], dq_out, tensor),
             ]
             act_dq_out[tensor], act_q_out[tensor] = dq_out, q_out

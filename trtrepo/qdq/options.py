@@ -150,7 +150,8 @@ class QuantizeOptions:
     # being requantized. False restores full node units everywhere.
     transformer_safe: bool = True
     # Both targets: the decode head of a YOLO-style detector stays float (trtrepo.qdq.detector);
-    # True quantizes it too (the naive placement, measured in docs/benchmarks.md "Issue 43").
+    # True quantizes it too, with Q/DQ on the box/score concat's output although it is a graph output
+    # (the naive placement, measured in docs/benchmarks.md "Issue 43").
     quantize_detector_head: bool = False
 
     def __post_init__(self) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 from ..errors import UsageError
 from ..onnxgraph import GraphView
-from .detector import decode_head_nodes
+from .detector import decode_head_nodes, find_decode_heads
 from .options import ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike
 from .rules import FloatReasons, find_float_nodes, keep_float_small_conv
 
@@ -62,6 +62,10 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     reasons = find_float_nodes(view, options, ranges)
     if not options.quantize_detector_head:
         reasons = FloatReasons({**decode_head_nodes(view), **reasons.nodes}, reasons.tensors)
+        head_outputs: list[QuantPoint] = []
+    else:  # the naive placement quantizes the box/score concat too, although it is a graph output
+        head_outputs = [QuantPoint(h.output, None, None, "activation", NAIVE_HEAD_OUTPUT, node=h.concat)
+                        for h in find_decode_heads(view)]
     auto_float: dict[str, str] = {}
     for node in view.nodes:
         if options.excludes(node.name, node.op_type):
@@ -76,8 +80,9 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
             continue
         node_points = [replace(p, node=node.name) for rule in target.rules for p in rule(view, node, options)]
         points.extend(node_points)
-    # No Q/DQ on network outputs (the graph output tensor keeps its name and float value) and
-    # nothing produced by an excluded node is quantized on its output.
+    # No Q/DQ on network outputs (the graph output tensor keeps its name and float value; the naive
+    # detector placement's output excepted) and nothing produced by an excluded node is quantized on
+    # its output.
     excluded_set = set(excluded) | set(kept_float) | set(auto_float)
     kept = []
     for p in points:
@@ -98,11 +103,16 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     tied: dict[str, str] = {}
     if target.integer_kernels:
         kept, tied = _tie_outputs(view, kept)
+    kept += [p for p in head_outputs if not options.excludes(p.node, "Concat")]
     for p in kept:
         if p.node not in layers:
             layers.append(p.node)
     return QdqPlan(kept, layers, excluded, target.name, kept_float, auto_float, dict(reasons.tensors), tied)
 
+
+# The naive detector placement (QuantizeOptions.quantize_detector_head): Q/DQ on the decode head's
+# output, the box/score concat, as a generic quantizer places it (ONNX Runtime's quantize_static).
+NAIVE_HEAD_OUTPUT = "detector_output_naive"
 
 # Ops that only move or select values (nearest Resize included): ONNX Runtime runs ``DQ -> op -> Q``
 # on the integers when Q has the DQ's scale and zero point (its QDQ "drop" and Split rules).
