@@ -291,6 +291,9 @@ def test_with_labels_the_gate_judges_the_map_drop_and_catches_a_worse_model() ->
 
     assert DetectionFigures.from_dict(worse.detection.to_dict()).labels == lab  # the reports read it back
     assert figures_from(json.loads(json.dumps(figures_dict(worse.detection)))).labels == lab
+    from trtrepo.evaluate import score
+
+    assert score({"output0": worse})[:2] == (lab.map50_95, worse.detection.map50_95)  # candidates rank by labels
     # without labels the same outputs are judged against FP32's boxes
     plain = compare_outputs({"output0": ref}, {"output0": shifted}, detection={"output0": Detector.of(ref, 3)})
     assert check.judge(plain["output0"])["rule"] == DETECTION_RULE

@@ -648,10 +648,13 @@ def score(metrics: Mapping[str, OutputMetrics], output: str | None = None, kind:
     """Sort key (higher is better) for choosing between candidates: accuracy vs labels, else
     top-1 agreement, then mean cosine, then lower mean abs error; on the first output (or
     ``output``). With ``kind="cosine"`` (a cosine target, or an output that is an embedding)
-    the mean cosine comes first."""
+    the mean cosine comes first. A detector's: mAP50-95 against the box labels where the images have
+    them (the gate's figure then), else against FP32's detections."""
     m = pick_output(metrics, output)
     if m.detection is not None and kind != "cosine":
-        return (m.detection.map50_95, m.cosine_mean, -m.mean_abs_error)
+        labels = m.detection.labels
+        return ((labels.map50_95 if labels is not None else m.detection.map50_95), m.detection.map50_95,
+                m.cosine_mean, -m.mean_abs_error)
     primary = m.candidate_accuracy if m.candidate_accuracy is not None else m.top1_agreement
     if kind == "cosine":
         return (m.cosine_mean, m.cosine_min, -m.mean_abs_error)
