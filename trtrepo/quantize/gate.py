@@ -128,11 +128,8 @@ class AccuracyCheck:
         v["message"] = (f"output '{m.name}': {ed.describe()} under FP32's softmax (limit {self.max_top1_drop:g}; "
                         f"{ed.samples} samples{info})")
         if verdict == "undecided":
-            need = ed.samples_to_decide(self.max_top1_drop)
-            v["samples_to_decide"] = need
-            v["message"] += (f"; cannot decide on {ed.samples} samples: about {need} would decide (give more "
-                             "evaluation data)" if need is not None else
-                             f"; cannot decide on {ed.samples} samples: the estimate is at the limit")
+            _cannot_decide(v, ed.samples_to_decide(self.max_top1_drop), f"{ed.samples} samples", "evaluation data",
+                           ": the estimate is at the limit")
         return v
 
     def _judge_labelled(self, m: OutputMetrics, d: DetectionFigures, lab: LabelFigures,
@@ -145,11 +142,8 @@ class AccuracyCheck:
         v["message"] = (f"output '{m.name}': {lab.describe()} (limit {self.max_map_drop:g} {unit}); against FP32's "
                         f"detections: mAP50-95 {d.map50_95:.3f} (95% interval {d.lower:.3f}-{d.upper:.3f})")
         if verdict == "undecided":
-            need = lab.images_to_decide(self.max_map_drop)
-            v["samples_to_decide"] = need
-            v["message"] += (f"; cannot decide on {lab.decided} labelled images: about {need} would decide (give more "
-                             "labelled evaluation data)" if need is not None else
-                             f"; cannot decide on {lab.decided} labelled images")
+            _cannot_decide(v, lab.images_to_decide(self.max_map_drop), f"{lab.decided} labelled images",
+                           "labelled evaluation data")
         return v
 
     def _judge_detection(self, m: OutputMetrics, d: DetectionFigures, v: dict[str, Any]) -> dict[str, Any]:
@@ -162,15 +156,19 @@ class AccuracyCheck:
         v["message"] = (f"output '{m.name}': {d.describe()} (limit {self.min_map:g}; {d.decided} of {d.images} "
                         "images hold FP32 boxes)")
         if verdict == "undecided":
-            need = d.images_to_decide(self.min_map)
-            v["samples_to_decide"] = need
-            v["message"] += (f"; cannot decide on {d.decided} images: about {need} would decide (give more evaluation "
-                             "data)" if need is not None else f"; cannot decide on {d.decided} images")
+            _cannot_decide(v, d.images_to_decide(self.min_map), f"{d.decided} images", "evaluation data")
         return v
 
     def failures(self, metrics: Mapping[str, OutputMetrics], output: str | None = None) -> list[str]:
         names = [output] if output else list(metrics)
         return [v["message"] for v in (self.judge(metrics[n]) for n in names) if not v["ok"]]
+
+
+def _cannot_decide(v: dict[str, Any], need: int | None, on: str, more: str, at_limit: str = "") -> None:
+    """An undecided verdict's ``samples_to_decide`` and the end of its message."""
+    v["samples_to_decide"] = need
+    v["message"] += (f"; cannot decide on {on}: about {need} would decide (give more {more})" if need is not None
+                     else f"; cannot decide on {on}{at_limit}")
 
 
 def _points(ed: ExpectedDrop) -> dict[str, Any]:

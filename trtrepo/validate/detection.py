@@ -265,6 +265,10 @@ def figures_from(d: Mapping[str, Any]) -> DetectionFigures:
     return DetectionFigures.from_dict({k: math.nan if v is None else v for k, v in d.items()})
 
 
+def _undecided(need: int | None, decided: int) -> str:
+    return f": cannot decide on {decided} images" + (f", about {need} would decide" if need is not None else "")
+
+
 def map_threshold(figures: DetectionFigures, name: str, limit: float) -> ThresholdResult:
     """The gate's rule on ``figures`` (:meth:`DetectionFigures.verdict`): the value is mAP50-95,
     which passes when its interval's lower end clears ``limit``; an undecided one fails, naming
@@ -273,9 +277,7 @@ def map_threshold(figures: DetectionFigures, name: str, limit: float) -> Thresho
     detail = (f"mAP50-95 vs the reference's detections, 95% interval {figures.lower:.3f}-{figures.upper:.3f} "
               f"({figures.decided} of {figures.images} images hold reference boxes); the lower end is judged")
     if verdict == "undecided":
-        need = figures.images_to_decide(limit)
-        detail += (f": cannot decide on {figures.decided} images, about {need} would decide" if need is not None
-                   else f": cannot decide on {figures.decided} images")
+        detail += _undecided(figures.images_to_decide(limit), figures.decided)
     value = figures.map50_95 if math.isfinite(figures.map50_95) else None
     return ThresholdResult(f"map[{name}]", limit, value, verdict == "pass", detail)
 
@@ -301,9 +303,7 @@ def map_drop_threshold(labels: LabelFigures, name: str, limit: float) -> Thresho
               f"points; 95% interval {labels.lower:.2f} to {labels.upper:.2f} ({labels.decided} of {labels.images} "
               "images hold labelled boxes); the upper end is judged")
     if verdict == "undecided":
-        need = labels.images_to_decide(limit)
-        detail += (f": cannot decide on {labels.decided} images, about {need} would decide" if need is not None
-                   else f": cannot decide on {labels.decided} images")
+        detail += _undecided(labels.images_to_decide(limit), labels.decided)
     value = labels.drop if math.isfinite(labels.drop) else None
     return ThresholdResult(f"map_drop[{name}]", limit, value, verdict == "pass", detail)
 
