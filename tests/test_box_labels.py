@@ -342,9 +342,28 @@ def test_quantize_with_coco_labels_through_the_cli(tmp_path: Path, run_cli) -> N
     report = json.loads((tmp_path / "report" / "quantize.json").read_text())
     verdict = report["accuracy_check"]["verdict"]
     assert verdict["rule"] == LABELLED_DETECTION_RULE and verdict["detection"]["labels"]["images"] == 4
+    # evaluate reports the same figures
+    res = run_cli("evaluate", model, tmp_path / "q.onnx", "--data", photos, "--preprocess", tmp_path / "pre.json",
+                  "--labels", tmp_path / "coco.json")
+    assert res.exit_code == 0 and "`output0` against the box labels: mAP50-95 vs labels" in res.output, res.output
     # a label file at fault: one line naming it, exit 2, nothing written
     (tmp_path / "bad.json").write_text(json.dumps({"images": images[:3], "annotations": [], "categories": cats}))
     res = run_cli("quantize", model, "-o", tmp_path / "q2.onnx", "--labels", tmp_path / "bad.json", *common)
     lines = res.stderr.strip().splitlines()
     assert res.exit_code == 2 and len(lines) == 1 and "bad.json: no entry for image '03.jpg'" in lines[0], lines
     assert not (tmp_path / "q2.onnx").exists()
+
+
+def test_box_labels_for_a_model_without_a_detector_output_are_refused(tmp_path: Path, demo_onnx, run_cli) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    Image.new("RGB", (40, 30), (9, 9, 9)).save(photos / "a.png")
+    Preprocess(letterbox=(32, 32), color="gray", input_name="input").save(tmp_path / "pre.json")
+    (tmp_path / "l.json").write_text(json.dumps(_coco([{"id": 1, "name": "x"}], [],
+                                                      images=[{"id": 1, "file_name": "a.png", "width": 40,
+                                                               "height": 30}])))
+    res = run_cli("evaluate", demo_onnx, demo_onnx, "--data", photos, "--preprocess", tmp_path / "pre.json",
+                  "--labels", tmp_path / "l.json")
+    assert res.exit_code == 2 and res.stderr.strip().splitlines() == [
+        "error: --labels: boxes (a COCO JSON file or a YOLO txt folder), but the model has no detector output "
+        "(a YOLO-style head)"], res.stderr

@@ -519,6 +519,20 @@ class Detector:
         return None if self.truth is None or self.fp32 is None else (self.truth, self.fp32)
 
 
+def detectors_for(reference_outputs: Mapping[str, np.ndarray], detectors: Mapping[str, int | None] | None,
+                  source: Any) -> dict[str, Detector]:
+    """The :class:`Detector` of each detector output (name -> class count) on the reference's
+    outputs, with the data's box labels where it has them. Box labels for a model with no detector
+    output are refused (one line), not ignored."""
+    truth = source.box_labels() if hasattr(source, "box_labels") else None
+    found = {name: Detector.of(reference_outputs[name], classes, truth)
+             for name, classes in (detectors or {}).items() if name in reference_outputs}
+    if truth is not None and not found:
+        raise OptionError("labels", ": boxes (a COCO JSON file or a YOLO txt folder), but the model has no detector "
+                                    "output (a YOLO-style head)")
+    return found
+
+
 def detection_layout(shape: Sequence[int], num_classes: int | None = None) -> YoloLayout:
     """The YOLO layout of a head output of ``shape``: the exporter's class count when known, else
     no mask coefficients (channels first: ``4 + classes`` rows; channels last, anchor-based: ``5 +
@@ -816,6 +830,12 @@ class EvaluationReport:
     def to_markdown(self) -> str:
         lines = [f"# Evaluation: {Path(self.candidate).name} vs {Path(self.reference).name}", "",
                  f"Data: `{self.data}` ({self.samples} samples).", "", metrics_table(self.outputs)]
+        for m in self.outputs.values():
+            if m.detection is not None:
+                lines += ["", f"`{m.name}` in boxes (the reference's at predict settings as ground truth): "
+                          f"{m.detection.describe()}"]
+                if m.detection.labels is not None:
+                    lines += ["", f"`{m.name}` against the box labels: {m.detection.labels.describe()}"]
         return "\n".join(lines) + "\n"
 
     def write(self, folder: str | Path, stem: str = "evaluation") -> tuple[Path, Path]:
@@ -843,15 +863,19 @@ def metrics_table(outputs: Mapping[str, OutputMetrics]) -> str:
 
 def evaluate(reference_model: Any, candidate_model: Any, source: Any, *, batch_size: int = 32,
              threads: int | None = None, reference_outputs: RunOutputs | None = None,
-             names: Sequence[str] = ("", ""), label_output: str | None = None) -> EvaluationReport:
+             names: Sequence[str] = ("", ""), label_output: str | None = None,
+             detectors: Mapping[str, int | None] | None = None) -> EvaluationReport:
     """Run both models with ONNX Runtime on ``source`` and compare every output (top-k metrics on
-    ``label_output``, default the first ``[N, C]`` output)."""
+    ``label_output``, default the first ``[N, C]`` output; ``detectors``: the outputs of a
+    detector's head with their class counts, judged in boxes too, and against the data's box labels
+    where it has them)."""
     ref = reference_outputs or run_onnx(reference_model, source, batch_size=batch_size, threads=threads)
     cand = run_onnx(candidate_model, source, batch_size=batch_size, threads=threads)
     labels = ref.labels
     if label_output is not None and label_output not in ref.outputs:
         raise OptionError("label_output", f"'{label_output}': no such output (outputs: {', '.join(ref.outputs)})")
-    metrics = compare_outputs(ref.outputs, cand.outputs, labels, classification=label_output)
+    detection = detectors_for(ref.outputs, detectors, source)
+    metrics = compare_outputs(ref.outputs, cand.outputs, labels, classification=label_output, detection=detection)
     return EvaluationReport(
         reference=names[0] or (str(reference_model) if isinstance(reference_model, (str, Path)) else "reference"),
         candidate=names[1] or (str(candidate_model) if isinstance(candidate_model, (str, Path)) else "candidate"),

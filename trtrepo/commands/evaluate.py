@@ -55,7 +55,11 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
     # bad limits fail before any work; no default gate: evaluate reports, its thresholds are opt-in
     thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine, min_embedding_cosine=None)
     with summary_output(as_json) as emit:
-        report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output)
+        from ..qdq import detector_outputs  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+
+        detectors = detector_outputs(load_onnx(reference, load_weights=False))
+        report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output,
+                          detectors=detectors)
         click.echo(report.to_markdown().rstrip())
         if report_dir is not None:
             j, m = report.write(report_dir)

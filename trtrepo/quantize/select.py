@@ -18,12 +18,12 @@ from .. import weightsteps as WS
 from ..data import iter_batches
 from ..errors import UsageError
 from ..evaluate import (
-    Detector,
     OutputMetrics,
     RunOutputs,
     better,
     classification_outputs,
     compare_outputs,
+    detectors_for,
     pick_output,
     run_onnx,
 )
@@ -96,9 +96,7 @@ class Evaluator:
         self.classification = tuple(dict.fromkeys(classification_outputs(self.reference.outputs) +
                                                   classification_outputs(self.reference.outputs, label_output or ())))
         # a detector's outputs (name -> class count, trtrepo.qdq.detector_outputs) are judged in boxes
-        truth = source.box_labels() if hasattr(source, "box_labels") else None
-        self.detection = {name: Detector.of(self.reference.outputs[name], classes, truth)
-                          for name, classes in (detectors or {}).items() if name in self.reference.outputs}
+        self.detection = detectors_for(self.reference.outputs, detectors, source)
         self.count = 0
 
     def _run(self, model: Any) -> RunOutputs:
