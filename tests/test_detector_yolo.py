@@ -115,3 +115,18 @@ def test_the_batch_1_export_quantizes_at_its_batch(yolo, tmp_path, run_cli):
     assert "mAP50-95 vs FP32" in res.output and "decode head" in res.output
     q = onnx.load(str(out))
     assert [d.dim_value for d in q.graph.input[0].type.tensor_type.shape.dim] == [1, 3, 640, 640]
+
+
+def test_trtrepos_own_naive_placement_is_refused_by_its_gate(yolo, tmp_path, run_cli):
+    """--quantize-detector-head on the real export: Q/DQ on the box/score concat too (one INT8 scale over
+    box pixels and class probabilities); the gate measures it and quantize writes nothing (exit 1)."""
+    calib, held = _photos(yolo)
+    np.save(tmp_path / "calib.npy", calib)
+    np.save(tmp_path / "held.npy", held)
+    out = tmp_path / "naive.onnx"
+    res = run_cli("quantize", yolo / "yolo11n_dyn.onnx", "-o", out, "--data", tmp_path / "calib.npy", "--eval-data",
+                  tmp_path / "held.npy", "--target", "onnxruntime", "--method", "minmax", "--weight-rounding", "nearest",
+                  "--quantize-detector-head", "--no-progress")
+    assert res.exit_code == 1, res.output + res.stderr
+    assert "INT8 fails the held-out check vs FP32: output 'output0': mAP50-95 vs FP32 0.000" in res.stderr, res.stderr
+    assert not out.exists()
