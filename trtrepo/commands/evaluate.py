@@ -43,23 +43,20 @@ def command(as_json: bool, max_top1_drop: float | None, min_cosine: float | None
     for p in (reference, candidate):
         if not Path(p).is_file():
             raise UsageError(f"{p}: model file not found")
-    io_ref = ModelIO.from_onnx(load_onnx(reference, load_weights=False))
+    io_ref = ModelIO.from_onnx(load_onnx(reference, load_weights=False), source=reference)
     io_cand = ModelIO.from_onnx(load_onnx(candidate, load_weights=False))
     if io_ref.input_names != io_cand.input_names or io_ref.output_names != io_cand.output_names:
         raise UsageError(f"{candidate}: inputs/outputs {io_cand.input_names}/{io_cand.output_names} differ from "
                          f"{reference}'s {io_ref.input_names}/{io_ref.output_names}")
     source = open_data(data_spec, io=io_ref, preprocess=preprocess, labels=labels, limit=limit, seed=seed,
                        skip_non_images=skip_non_images)
-    from ..validate import Thresholds, check_thresholds  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
+    from ..validate import Thresholds, check_thresholds, detector_output_classes  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
 
     # bad limits fail before any work; no default gate: evaluate reports, its thresholds are opt-in
     thresholds = Thresholds(max_top1_drop=max_top1_drop, min_cosine=min_cosine, min_embedding_cosine=None)
     with summary_output(as_json) as emit:
-        from ..qdq import detector_outputs  # noqa: PLC0415  # deferred: --help imports every command module; the stage loads only when the command runs
-
-        detectors = detector_outputs(load_onnx(reference, load_weights=False))
         report = evaluate(reference, candidate, source, batch_size=batch_size, threads=threads, label_output=label_output,
-                          detectors=detectors)
+                          detectors=detector_output_classes(io_ref))
         click.echo(report.to_markdown().rstrip())
         if report_dir is not None:
             j, m = report.write(report_dir)

@@ -53,6 +53,7 @@ from .contract import (
     compare_contract,
     stats_diff,
 )
+from .detection import detector_output_classes
 from .load import (
     Arrivals,
     AsyncioTransport,
@@ -90,6 +91,7 @@ from .stage import (
 )
 
 __all__ = [
+    "detector_output_classes",
     "Arrivals",
     "AsyncioTransport",
     "CallbackTransport",

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -122,12 +123,21 @@ def reference_rows(reference: Callable[[dict[str, np.ndarray]], dict[str, np.nda
     return rows
 
 
+@dataclass(frozen=True)
+class BoxChecks:
+    """What :func:`run_accuracy` judges in boxes: the outputs that are a YOLO-style head's, with
+    their class counts (:func:`~trtrepo.validate.detection.detector_output_classes`), and the data's
+    box labels per sample position (in the input's pixels), where it has them."""
+
+    classes: Mapping[str, int | None]
+    labels: Sequence[BoxLabels] | None = None
+
+
 def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
                  reference: Callable[[dict[str, np.ndarray]], dict[str, np.ndarray]] | Sequence[dict[str, np.ndarray]],
                  labels: Sequence[np.ndarray | None], *, concurrency: int = 4, worst: int = 5,
                  label_output: str | None = None, progress: Callable[[int], None] | None = None,
-                 names: Sequence[str] | None = None, detectors: Mapping[str, int | None] | None = None,
-                 box_labels: Sequence[BoxLabels] | None = None) -> dict[str, Any]:
+                 names: Sequence[str] | None = None, detectors: BoxChecks | None = None) -> dict[str, Any]:
     """Send every payload once and compare its outputs with the reference's (a callable run on
     the same batches, or :func:`reference_rows`), per output. Each payload's ``expected``
     shapes are set to the reference's (the latency phase checks responses against them).
@@ -135,15 +145,15 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
     ``names``: one name per sample position (the data's file names): the worst samples and the
     per-sample rows (``per_sample``: cosine of every output, and top-1 of both sides with their
     agreement for the label output) carry it as ``file``. ``detectors``: the outputs that are a
-    YOLO-style head's, with their class counts (:func:`~trtrepo.validate.detection.detector_output_classes`),
-    also judged in boxes (the gate's rule; ``detection`` in their metrics), and against
-    ``box_labels`` (one per sample position, in the input's pixels) where given."""
+    YOLO-style head's, also judged in boxes (the gate's rule; ``detection`` in their metrics), and
+    against the data's box labels where it has them (:class:`BoxChecks`)."""
     ref_parts = _reference_parts(payloads, reference)
     res = target.load(payloads, min(concurrency, len(payloads)), requests=len(payloads), keep=True, progress=progress)
     served_parts = [res.outputs[i] for i in range(len(payloads))]
     y = _label_array(labels)
     index = np.concatenate([p.indices if p.indices is not None else np.arange(p.batch) for p in payloads])
-    truth = None if box_labels is None else [box_labels[int(i)] for i in index]
+    classes = {} if detectors is None else detectors.classes
+    truth = None if detectors is None or detectors.labels is None else [detectors.labels[int(i)] for i in index]
     outputs = list(ref_parts[0])
     if label_output is not None and label_output not in outputs:
         raise OptionError("label_output", f"{label_output!r}: the model has no such output (outputs: {', '.join(outputs)})")
@@ -157,7 +167,7 @@ def run_accuracy(target: TritonTarget, payloads: Sequence[Payload],
         served = [s[name].astype(np.float32, copy=False) for s in served_parts]
         is_label = name == primary and name in classifiers  # top-1/top-5 only on the label output
         metrics[name], cosines[name] = _output_metrics(name, refs, served, (y if is_label else None, is_label),
-                                                       (detectors or {}).get(name, False), truth)
+                                                       classes.get(name, False), truth)
         worst_rows[name] = _worst(cosines[name], refs, served, index, y, worst, names)
     top1 = _top1_pair(ref_parts, served_parts, primary) if primary is not None and primary in classifiers else None
     return {"samples": int(len(index)), "requests": len(payloads), "label_output": primary, "outputs": metrics,

@@ -24,7 +24,7 @@ from ..modelio import ModelIO
 from ..modelsource import resolve_source
 from ..preprocessing import exporter_preprocess
 from ..progress import Phase, bar_disabled, phase, status, task
-from .accuracy import make_reference, reference_io, reference_rows, run_accuracy
+from .accuracy import BoxChecks, make_reference, reference_io, reference_rows, run_accuracy
 from .client import TritonTarget
 from .contract import (
     ContractError,
@@ -336,7 +336,7 @@ def _accuracy_phase(report: ValidationReport, target: TritonTarget, req: _Reques
                                                concurrency=max(options.concurrency), worst=options.worst,
                                                label_output=options.label_output,
                                                progress=_counting(ph, bar.update), names=source.sample_names(),
-                                               detectors=detector_output_classes(req.io), box_labels=truth)
+                                               detectors=BoxChecks(detector_output_classes(req.io), truth))
     finally:
         bar.close()
     if report.accuracy is not None:
