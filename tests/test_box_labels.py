@@ -367,3 +367,20 @@ def test_box_labels_for_a_model_without_a_detector_output_are_refused(tmp_path: 
     assert res.exit_code == 2 and res.stderr.strip().splitlines() == [
         "error: --labels: boxes (a COCO JSON file or a YOLO txt folder), but the model has no detector output "
         "(a YOLO-style head)"], res.stderr
+
+
+def test_quantize_reads_images_through_an_ultralytics_exports_letterbox(tmp_path: Path, run_cli) -> None:
+    """No --preprocess: --data and --eval-data folders are read through the export's own letterbox
+    (its task and imgsz metadata), as deploy and validate read them."""
+    import skimage.data as d
+    from test_deploy_detector import _ultralytics_like
+
+    model = _ultralytics_like(tmp_path)
+    for folder, names in (("calib", ["coffee", "rocket", "chelsea"] * 3), ("held", ["astronaut", "coffee"] * 2)):
+        (tmp_path / folder).mkdir()
+        for i, name in enumerate(names):
+            Image.fromarray(getattr(d, name)()[..., :3][i:, i:]).save(tmp_path / folder / f"{i}.jpg")
+    res = run_cli("quantize", model, "-o", tmp_path / "q.onnx", "--data", tmp_path / "calib", "--eval-data",
+                  tmp_path / "held", "--method", "minmax", "--weight-rounding", "nearest", "--accept-accuracy-loss")
+    assert res.exit_code == 0, res.output + res.stderr
+    assert "of 4 images hold FP32 boxes" in res.output and (tmp_path / "q.onnx").is_file(), res.output

@@ -114,8 +114,9 @@ def quantize_options(f: F) -> F:
                           "writes nothing and exits 1, deploy ships FP32."),
         click.option("--eval-data", default=None, metavar="SPEC", callback=not_empty,
                      help="Held-out evaluation data for the INT8 choices and the check against FP32, opened like --data "
-                          "(default: a --holdout part of --data that calibration does not use). A few hundred samples "
-                          "give a settled verdict."),
+                          "(an image folder through --preprocess, or an Ultralytics export's own letterbox; default: a "
+                          "--holdout part of --data that calibration does not use). A few hundred samples give a settled "
+                          "verdict."),
         click.option("--holdout", type=click.FloatRange(0, 1, min_open=True, max_open=True), default=0.2,
                      show_default=True, help="Fraction of --data held out when --eval-data is not given."),
         click.option("--metric-output", default=None, metavar="OUTPUT",

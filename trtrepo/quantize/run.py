@@ -28,6 +28,7 @@ from ..errors import OptionError, UsageError
 from ..evaluate import AccuracyTarget, OutputMetrics
 from ..fsutil import report_json, write_report
 from ..modelio import ModelIO
+from ..preprocessing import Preprocess, exporter_preprocess
 from ..progress import phase, task
 from ..qdq import (
     ActivationRange,
@@ -267,8 +268,13 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     return QuantizeRunResult(**{f.name: getattr(base, f.name) for f in fields(base)}, report=report)
 
 
-def _open(spec: DataOptions | DataSource | str, io: ModelIO) -> DataSource:
-    return spec.open(io) if isinstance(spec, DataOptions) else open_data(spec, io=io)
+def _open(spec: DataOptions | DataSource | str, io: ModelIO, preprocess: Preprocess | None = None) -> DataSource:
+    """``spec`` opened for the model; ``preprocess`` reads an image folder given without one (an
+    export's own letterbox, :func:`_data_for`)."""
+    if isinstance(spec, DataOptions):
+        return spec.open(io) if spec.preprocess is not None or preprocess is None else \
+            replace(spec, preprocess=preprocess).open(io)
+    return open_data(spec, io=io, preprocess=preprocess) if isinstance(spec, str) else open_data(spec, io=io)
 
 
 def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
@@ -277,14 +283,19 @@ def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
     part of ``data`` is held out when anything is evaluated; too few samples for that is an error
     when ``strict`` (auto or an accuracy target), else a warning that accuracy is not checked."""
     eval_data = req.int8.eval_data
+    # Decision (as deploy and validate): images given without a preprocessing spec, for a detector
+    # exported with its input size (Ultralytics' metadata), are read through that export's letterbox.
+    exported = exporter_preprocess(req.model)
+    given = req.data.preprocess if isinstance(req.data, DataOptions) else None
+    preprocess = exported if given is None else (Preprocess.load(given) if isinstance(given, (str, Path)) else given)
     if req.int8.given:  # the ranges are given: the data only serves evaluation
         if eval_data is not None:
-            return None, _open(eval_data, io)
-        return None, None if req.data is None else _open(req.data, io)
+            return None, _open(eval_data, io, preprocess)
+        return None, None if req.data is None else _open(req.data, io, exported)
     assert req.data is not None  # checked by the request
-    source = _open(req.data, io)
+    source = _open(req.data, io, exported)
     if eval_data is not None:
-        return source, _open(eval_data, io)
+        return source, _open(eval_data, io, preprocess)
     if not need_eval:
         return source, None
     try:
