@@ -297,6 +297,8 @@ def test_with_labels_the_gate_judges_the_map_drop_and_catches_a_worse_model() ->
     # without labels the same outputs are judged against FP32's boxes
     plain = compare_outputs({"output0": ref}, {"output0": shifted}, detection={"output0": Detector.of(ref, 3)})
     assert check.judge(plain["output0"])["rule"] == DETECTION_RULE
+    one = labelled_figures(truth[:1], [detector.fp32[0]], [detector.fp32[0]])  # one image: no spread to judge
+    assert one.drop == 0 and (one.lower, one.upper) == (-100.0, 100.0) and one.verdict(1.0) == "undecided"
     target = AccuracyTarget.parse("map-drop=20")
     assert target.lower_is_better and target.met({"output0": worse}) == (lab.drop <= 20)
     with pytest.raises(OptionError, match="needs box labels of the evaluation images"):

@@ -142,7 +142,8 @@ def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], can
     decided = sum(1 for r in references if len(r))
     drop = 100.0 * (ra.map50_95 - rb.map50_95) if decided else math.nan
     boot = 100.0 * diff if decided > 1 else np.zeros(0)
-    lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (drop, drop)
+    # one labelled image has no spread to measure: the interval is every drop there can be (undecided)
+    lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (-100.0, 100.0)
     if math.isfinite(drop):
         lower, upper = min(lower, drop), max(upper, drop)
     sd = float(np.std(boot, ddof=1)) * math.sqrt(decided) if len(boot) > 1 else 0.0
