@@ -386,3 +386,13 @@ def test_quantize_reads_images_through_an_ultralytics_exports_letterbox(tmp_path
                   tmp_path / "held", "--method", "minmax", "--weight-rounding", "nearest", "--accept-accuracy-loss")
     assert res.exit_code == 0, res.output + res.stderr
     assert "of 4 images hold FP32 boxes" in res.output and (tmp_path / "q.onnx").is_file(), res.output
+    # box labels describe the judged images: with --eval-data they go with it (the calibration images have none)
+    (tmp_path / "yolo").mkdir()
+    for i in range(4):
+        (tmp_path / "yolo" / f"{i}.txt").write_text(f"{i % 3} 0.5 0.5 0.4 0.6\n")
+    for command, target in (("quantize", ("-o", tmp_path / "q2.onnx")), ("deploy", ("--repo", tmp_path / "repo"))):
+        res = run_cli(command, model, *target, "--data", tmp_path / "calib", "--eval-data", tmp_path / "held",
+                      "--labels", tmp_path / "yolo", "--method", "minmax", "--weight-rounding", "nearest",
+                      "--accept-accuracy-loss", *(("--backend", "python") if command == "deploy" else ()))
+        assert res.exit_code == 0, res.output + res.stderr
+        assert "(4 labelled boxes in 3 classes on 4 of 4 images)" in res.output, res.output

@@ -30,7 +30,7 @@ import os
 import stat
 import sys
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -886,3 +886,12 @@ class DataOptions:
     def open(self, io: ModelIO | None = None) -> DataSource:
         return open_data(self.spec, io=io, preprocess=self.preprocess, labels=self.labels, limit=self.limit, seed=self.seed,
                          skip_non_images=self.skip_non_images)
+
+    def labels_beside(self, eval_data: Any) -> tuple[DataOptions, str | None]:
+        """(these options for the calibration data, the labels the evaluation data takes).
+        Decision: box labels (a COCO JSON file or a YOLO txt folder) describe the images that are
+        judged, so with separate evaluation data (a spec) they go with it; a classifier's integer
+        labels, one per sample of this data, stay here."""
+        if not isinstance(eval_data, str) or self.labels is None or not is_box_labels(self.labels):
+            return self, None
+        return replace(self, labels=None), str(self.labels)

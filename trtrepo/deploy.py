@@ -225,8 +225,8 @@ class CalibrationData:
 
     def __init__(self, opts: DeployOptions, io: ModelIO) -> None:
         self.spec = _default_data(opts)
-        self._how = opts.data or DataOptions(spec="")
         self._eval, self._io = opts.int8.eval_data, io
+        self._how, self._eval_labels = (opts.data or DataOptions(spec="")).labels_beside(self._eval)
         self._source: Any = None
 
     def source(self) -> Any:
@@ -237,10 +237,11 @@ class CalibrationData:
         return self._source
 
     def eval_source(self) -> Any:
-        """The evaluation data opened like the data (same preprocessing; its own labels), or None."""
+        """The evaluation data opened like the data (same preprocessing; box labels go with it,
+        :meth:`DataOptions.labels_beside`), or None."""
         if self._eval is None or isinstance(self._eval, DataSource):
             return self._eval
-        return DataOptions(spec=self._eval, preprocess=self._how.preprocess, seed=None,
+        return DataOptions(spec=self._eval, preprocess=self._how.preprocess, labels=self._eval_labels, seed=None,
                            skip_non_images=self._how.skip_non_images).open(self._io)
 
     def skipped(self) -> list[str]:

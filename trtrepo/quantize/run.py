@@ -268,13 +268,18 @@ def _quantize_request(req: QuantizeRequest) -> QuantizeRunResult:
     return QuantizeRunResult(**{f.name: getattr(base, f.name) for f in fields(base)}, report=report)
 
 
-def _open(spec: DataOptions | DataSource | str, io: ModelIO, preprocess: Preprocess | None = None) -> DataSource:
+def _open(spec: DataOptions | DataSource | str, io: ModelIO, preprocess: Preprocess | None = None,
+          labels: str | None = None) -> DataSource:
     """``spec`` opened for the model; ``preprocess`` reads an image folder given without one (an
-    export's own letterbox, :func:`_data_for`)."""
+    export's own letterbox); ``labels``: the box labels of a spec given as a string (``eval_data``)."""
     if isinstance(spec, DataOptions):
         return spec.open(io) if spec.preprocess is not None or preprocess is None else \
             replace(spec, preprocess=preprocess).open(io)
-    return open_data(spec, io=io, preprocess=preprocess) if isinstance(spec, str) else open_data(spec, io=io)
+    if isinstance(spec, str):
+        return open_data(spec, io=io, preprocess=preprocess, labels=labels)
+    return open_data(spec, io=io)
+
+
 
 
 def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
@@ -288,14 +293,15 @@ def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
     exported = exporter_preprocess(req.model)
     given = req.data.preprocess if isinstance(req.data, DataOptions) else None
     preprocess = exported if given is None else (Preprocess.load(given) if isinstance(given, (str, Path)) else given)
+    data, eval_labels = req.data.labels_beside(eval_data) if isinstance(req.data, DataOptions) else (req.data, None)
     if req.int8.given:  # the ranges are given: the data only serves evaluation
         if eval_data is not None:
-            return None, _open(eval_data, io, preprocess)
-        return None, None if req.data is None else _open(req.data, io, exported)
-    assert req.data is not None  # checked by the request
-    source = _open(req.data, io, exported)
+            return None, _open(eval_data, io, preprocess, eval_labels)
+        return None, None if data is None else _open(data, io, exported)
+    assert data is not None  # checked by the request
+    source = _open(data, io, exported)
     if eval_data is not None:
-        return source, _open(eval_data, io, preprocess)
+        return source, _open(eval_data, io, preprocess, eval_labels)
     if not need_eval:
         return source, None
     try:
