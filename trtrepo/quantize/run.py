@@ -280,8 +280,6 @@ def _open(spec: DataOptions | DataSource | str, io: ModelIO, preprocess: Preproc
     return open_data(spec, io=io)
 
 
-
-
 def _open_sources(req: QuantizeRequest, io: ModelIO, *, need_eval: bool,
                   strict: bool) -> tuple[DataSource | None, DataSource | None]:
     """(calibration data, held-out data). Calibrating here without ``eval_data``, a ``holdout``
