@@ -103,14 +103,19 @@ def test_the_gate_passes_the_fp16_copy_and_refuses_the_naive_placement(yolo, tmp
     assert verdicts["naive"]["value"] < 0.5, verdicts["naive"]["message"]
 
 
-def test_the_batch_1_export_quantizes_at_its_batch(yolo, tmp_path, run_cli):
+def _quantize(yolo, tmp_path, run_cli, model: str, out, *args):
+    """``trtrepo quantize`` of one of the exports on the photographs (:func:`_photos`) saved as .npy."""
     calib, held = _photos(yolo)
     np.save(tmp_path / "calib.npy", calib)
     np.save(tmp_path / "held.npy", held)
+    return run_cli("quantize", yolo / model, "-o", out, "--data", tmp_path / "calib.npy", "--eval-data",
+                   tmp_path / "held.npy", "--target", "onnxruntime", "--method", "minmax", "--weight-rounding", "nearest",
+                   "--no-progress", *args)
+
+
+def test_the_batch_1_export_quantizes_at_its_batch(yolo, tmp_path, run_cli):
     out = tmp_path / "q.onnx"
-    res = run_cli("quantize", yolo / "yolo11n_b1.onnx", "-o", out, "--data", tmp_path / "calib.npy", "--eval-data",
-                  tmp_path / "held.npy", "--target", "onnxruntime", "--method", "minmax", "--weight-rounding", "nearest",
-                  "--accept-accuracy-loss", "--no-progress")
+    res = _quantize(yolo, tmp_path, run_cli, "yolo11n_b1.onnx", out, "--accept-accuracy-loss")
     assert res.exit_code == 0, res.output + res.stderr
     assert "mAP50-95 vs FP32" in res.output and "decode head" in res.output
     q = onnx.load(str(out))
@@ -120,13 +125,8 @@ def test_the_batch_1_export_quantizes_at_its_batch(yolo, tmp_path, run_cli):
 def test_trtrepos_own_naive_placement_is_refused_by_its_gate(yolo, tmp_path, run_cli):
     """--quantize-detector-head on the real export: Q/DQ on the box/score concat too (one INT8 scale over
     box pixels and class probabilities); the gate measures it and quantize writes nothing (exit 1)."""
-    calib, held = _photos(yolo)
-    np.save(tmp_path / "calib.npy", calib)
-    np.save(tmp_path / "held.npy", held)
     out = tmp_path / "naive.onnx"
-    res = run_cli("quantize", yolo / "yolo11n_dyn.onnx", "-o", out, "--data", tmp_path / "calib.npy", "--eval-data",
-                  tmp_path / "held.npy", "--target", "onnxruntime", "--method", "minmax", "--weight-rounding", "nearest",
-                  "--quantize-detector-head", "--no-progress")
+    res = _quantize(yolo, tmp_path, run_cli, "yolo11n_dyn.onnx", out, "--quantize-detector-head")
     assert res.exit_code == 1, res.output + res.stderr
     assert "INT8 fails the held-out check vs FP32: output 'output0': mAP50-95 vs FP32 0.000" in res.stderr, res.stderr
     assert not out.exists()

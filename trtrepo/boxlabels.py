@@ -93,6 +93,11 @@ def read_box_labels(spec: str | Path, folder: Path, files: Sequence[Path], prepr
     return BoxLabelSet(out, path, kind, mapping)
 
 
+def _relative(file: Path, folder: Path) -> Path:
+    """An image's path under the data folder, by which its labels are found."""
+    return file.relative_to(folder) if file.is_relative_to(folder) else Path(file.name)
+
+
 _Rows = list[tuple[np.ndarray, np.ndarray, np.ndarray | None]]  # per image: classes, xyxy boxes, crowd flags
 
 
@@ -102,7 +107,7 @@ def _yolo(path: Path, folder: Path, files: Sequence[Path], sizes: Sequence[tuple
         raise UsageError(f"{path}: no .txt label files (a YOLO labels folder holds one 'class cx cy w h' file per image)")
     out: _Rows = []
     for f, size in zip(files, sizes, strict=True):
-        rel = f.relative_to(folder) if f.is_relative_to(folder) else Path(f.name)
+        rel = _relative(f, folder)
         txt = next((c for c in (path / rel.with_suffix(".txt"), path / f"{f.stem}.txt") if c.is_file()), None)
         if txt is None:
             out.append((np.zeros(0, np.int64), np.zeros((0, 4), np.float32), None))
@@ -138,7 +143,7 @@ def _coco_rows(index: CocoIndex, path: Path, folder: Path, files: Sequence[Path]
         by_name.setdefault(Path(name).name, []).append(name)
     out: _Rows = []
     for f, size in zip(files, sizes, strict=True):
-        rel = (f.relative_to(folder) if f.is_relative_to(folder) else Path(f.name)).as_posix()
+        rel = _relative(f, folder).as_posix()
         entry = index.images.get(rel)
         if entry is None and len(by_name.get(f.name, [])) == 1:
             entry = index.images[by_name[f.name][0]]

@@ -129,6 +129,20 @@ class LabelFigures:
         return cls(**values)
 
 
+def _interval(boot: np.ndarray, value: float, decided: int, whole: tuple[float, float]) -> tuple[float, float, float]:
+    """(lower, upper, sd) of a figure ``value`` on ``decided`` images from its bootstrap draws
+    ``boot``: the 2.5 and 97.5 percentiles, widened to hold the figure itself, and the draws' spread
+    scaled to one image; on fewer than two decided images no spread is measured and the interval is
+    ``whole``, every value the figure can take."""
+    if decided < 2 or not len(boot):
+        return whole[0], whole[1], 0.0
+    lower, upper = float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))
+    if math.isfinite(value):
+        lower, upper = min(lower, value), max(upper, value)
+    sd = float(np.std(boot, ddof=1)) * math.sqrt(decided) if len(boot) > 1 else 0.0
+    return lower, upper, sd
+
+
 def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], candidate: Sequence[Detections],
                      seed: int = 0) -> LabelFigures:
     """FP32's detections and the candidate's (both at validation settings) against the labels,
@@ -141,12 +155,8 @@ def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], can
     ra, rb, diff = paired_map_bootstrap(fp32, candidate, references, RESAMPLES, seed, ignore)
     decided = sum(1 for r in references if len(r))
     drop = 100.0 * (ra.map50_95 - rb.map50_95) if decided else math.nan
-    boot = 100.0 * diff if decided > 1 else np.zeros(0)
     # one labelled image has no spread to measure: the interval is every drop there can be (undecided)
-    lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (-100.0, 100.0)
-    if math.isfinite(drop):
-        lower, upper = min(lower, drop), max(upper, drop)
-    sd = float(np.std(boot, ddof=1)) * math.sqrt(decided) if len(boot) > 1 else 0.0
+    lower, upper, sd = _interval(100.0 * diff, drop, decided, (-100.0, 100.0))
     return LabelFigures(images=len(truth), decided=decided, boxes=int(sum(len(r) for r in references)),
                         classes=ra.classes, fp32_map50_95=float(ra.map50_95), map50_95=float(rb.map50_95),
                         fp32_map50=float(ra.map50), map50=float(rb.map50), drop=drop, lower=lower, upper=upper,
@@ -264,10 +274,7 @@ def compare_detections(reference: Sequence[Detections], candidate: Sequence[Dete
     valid = np.flatnonzero(np.isfinite(per_image))
     n = len(valid)
     m = float(result.map50_95) if n else float("nan")
-    boot = boot if n > 1 else np.zeros(0)
-    lower, upper = (float(np.percentile(boot, 2.5)), float(np.percentile(boot, 97.5))) if len(boot) else (0.0, 1.0)
-    lower, upper = min(lower, m) if n else 0.0, max(upper, m) if n else 1.0  # the figure inside its interval
-    sd = float(np.std(boot, ddof=1)) * math.sqrt(n) if len(boot) > 1 else 0.0
+    lower, upper, sd = _interval(boot, m, n, (0.0, 1.0))
     order = valid[np.argsort(per_image[valid], kind="stable")][:worst]
     return DetectionFigures(
         images=len(reference), decided=n, reference_boxes=int(sum(len(d) for d in reference)),

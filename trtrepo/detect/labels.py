@@ -94,7 +94,7 @@ def _number(token: str, line: int, what: str) -> float:
 
 def _class_index(token: str, line: int, num_classes: int | None) -> int:
     v = _number(token, line, "class")
-    top = num_classes if num_classes is not None else None
+    top = num_classes
     if v != int(v) or v < 0 or (top is not None and v >= top):
         known = f"from 0 to {top - 1} (the model's {top} classes)" if top is not None else "a whole number from 0"
         raise ValueError(f"line {line}: class {token!r} is not a class index: expected {known}")

@@ -301,12 +301,15 @@ def mean_ap_with_bootstrap(predictions: Sequence[Detections], references: Sequen
     m = _match_images(predictions, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS)
     rng = np.random.default_rng(seed)
     n = len(references)
-    boot = []
-    for _ in range(resamples if n else 0):
-        aps = _class_aps(m, rng.integers(0, n, n).tolist())
-        if aps:
-            boot.append(float(np.stack(list(aps.values()))[:, m.main].mean()))
-    return _map_result(m, predictions, references), np.asarray(boot, np.float64)
+    boot = [_pooled(m, draw) for draw in (rng.integers(0, n, n).tolist() for _ in range(resamples if n else 0))]
+    return _map_result(m, predictions, references), np.asarray([b for b in boot if b is not None], np.float64)
+
+
+def _pooled(m: _Matched, images: Sequence[int]) -> float | None:
+    """mAP50-95 of the matching ``m`` pooled over ``images`` (one bootstrap draw; repeats count
+    again); None when the draw holds no reference box."""
+    aps = _class_aps(m, images)
+    return float(np.stack(list(aps.values()))[:, m.main].mean()) if aps else None
 
 
 def paired_map_bootstrap(first: Sequence[Detections], second: Sequence[Detections], references: Sequence[Detections],
@@ -319,13 +322,9 @@ def paired_map_bootstrap(first: Sequence[Detections], second: Sequence[Detection
     b = _match_images(second, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
     rng = np.random.default_rng(seed)
     n = len(references)
-    diff = []
-    for _ in range(resamples if n else 0):
-        draw = rng.integers(0, n, n).tolist()
-        aps_a, aps_b = _class_aps(a, draw), _class_aps(b, draw)
-        if aps_a:
-            diff.append(float(np.stack(list(aps_a.values()))[:, a.main].mean() -
-                              np.stack(list(aps_b.values()))[:, b.main].mean()))
+    pairs = [(_pooled(a, draw), _pooled(b, draw)) for draw in (rng.integers(0, n, n).tolist()
+                                                               for _ in range(resamples if n else 0))]
+    diff = [x - y for x, y in pairs if x is not None and y is not None]  # the same references: both or neither
     return _map_result(a, first, references), _map_result(b, second, references), np.asarray(diff, np.float64)
 
 
