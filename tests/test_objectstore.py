@@ -194,10 +194,14 @@ def test_deploy_to_s3_then_tritonserver_serves_it_and_validate_passes(s3, tmp_pa
     assert list(_config(s3, "deployed/demo/config.pbtxt").version_policy.specific.versions) == [1]
     with live_server(url, timeout=120) as server:  # tritonserver reads the bucket itself
         assert server.model_ready("demo")
+        # its copy of the bucket's model sits in the server's own folder (not /tmp/folderXXXXXX)
+        own = Path(server._tmp.name) if server._tmp is not None else None
+        assert own is not None and [p.name for p in own.glob("folder*/*.pbtxt")] == ["config.pbtxt"]
         res = run_cli("validate", "--url", server.grpc_url, "--model", "demo", "--reference", "demo", "--data",
                       "demo:val", "--limit", "64", "--concurrency", "1", "--measurement-interval", "0.3",
                       "--max-top1-drop", "1.0")
         assert res.exit_code == 0, res.output
+    assert not own.exists()  # removed with the server
     res = run_cli("serve", "s3://models/deployed", "--s3-endpoint", s3, "--print-command")
     assert res.exit_code == 0 and f"--model-repository={url}" in res.output and "-e AWS_ACCESS_KEY_ID" in res.output
     # Kubernetes manifests from what the bucket holds (issue 18 item 2; the rendering is tested in test_manifests.py)

@@ -35,6 +35,12 @@ log = logging.getLogger(__name__)
 _LOCAL_INSTALL = Path(__file__).resolve().parent.parent / ".triton"
 
 
+# tritonserver copies each model of an s3:// (gs://, as://) repository into ``<dir>/folderXXXXXX``
+# (``/tmp`` unless these name another folder) and leaves the copies when it is stopped or killed:
+# 2.51 left one per served model under /tmp (measured). trtrepo points them into the server's own
+# temporary folder, removed on stop (and by the reaper after a kill).
+MOUNT_DIRECTORY_VARS = ("TRITON_AWS_MOUNT_DIRECTORY", "TRITON_GCS_MOUNT_DIRECTORY", "TRITON_AZURE_MOUNT_DIRECTORY")
+
 SHM_PREFIX = "trtrepo_pyb_"  # the Python backend's shared-memory regions of servers trtrepo starts
 
 def local_install_dir() -> Path:
@@ -509,11 +515,18 @@ class TritonServer:
                 p.unlink()
 
     def environment(self) -> dict[str, str]:
-        """The server's environment: the Python-backend environment first on PATH (see :func:`python_env_vars`)."""
+        """The server's environment: the Python-backend environment first on PATH (see
+        :func:`python_env_vars`), and this server's temporary folder as the place where tritonserver
+        copies the models of an object-storage repository (:data:`MOUNT_DIRECTORY_VARS`, where the
+        caller's environment does not name one)."""
         if self.python_env is False:
-            return dict(os.environ)
-        env = find_python_env() if self.python_env in (None, True) else Path(str(self.python_env))
-        return python_env_vars(env)
+            out = dict(os.environ)
+        else:
+            out = python_env_vars(find_python_env() if self.python_env in (None, True) else Path(str(self.python_env)))
+        if self._tmp is not None:
+            for var in MOUNT_DIRECTORY_VARS:
+                out.setdefault(var, self._tmp.name)
+        return out
 
     def _claim_ports(self) -> None:
         """The ports given must differ and be free on the host (another process's port is an
