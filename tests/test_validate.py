@@ -325,7 +325,8 @@ def _check_latency(data, requests):
         # The server's figures are those of the reported requests (issue 41): the same count.
         assert lv["server"]["request_count"] == lv["server_requests"] == lv["client_requests"] == lv["requests"]
         assert lv["completed"] >= sum(w["requests"] for w in lv["windows"])
-        assert lv["server"]["request_ms"] > 0 and lv["overhead_ms"] is not None and lv["overhead_ms"] >= 0
+        assert lv["server"]["request_ms"] > 0 and lv["overhead_ms"] is not None and lv["overhead_ms"] >= 0, \
+            (lv["overhead_note"], c["mean"], lv["server"])
     return {lv["concurrency"]: lv for lv in levels}
 
 

@@ -56,12 +56,14 @@ class BoxLabelSet:
         return f"{self.path} ({self.kind}{how}): {boxes} boxes on {len(self.labels)} images"
 
 
-def _image_size(path: Path) -> tuple[int, int]:
+def image_hw(path: Path) -> tuple[int, int]:
+    """An image file's (height, width) as trtrepo's preprocessing and the served one read it (no
+    EXIF rotation); a file PIL cannot read is a one-line error naming it."""
     from PIL import Image
 
     try:
         with Image.open(path) as img:
-            return int(img.size[0]), int(img.size[1])
+            return int(img.size[1]), int(img.size[0])
     except (OSError, SyntaxError, Image.DecompressionBombError) as exc:
         raise UsageError(f"{path}: cannot read image ({one_line(exc)})") from exc
 
@@ -78,7 +80,7 @@ def read_box_labels(spec: str | Path, folder: Path, files: Sequence[Path], prepr
         raise UsageError(f"{path}: labels not found")
     names = tuple(class_names)
     classes = len(names) if names else num_classes
-    sizes = [_image_size(f) for f in files]
+    sizes = [(w, h) for h, w in map(image_hw, files)]  # (width, height), as COCO and YOLO files count
     if path.is_dir():
         raw = _yolo(path, folder, files, sizes, classes)
         kind, mapping = "YOLO txt", ""

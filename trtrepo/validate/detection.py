@@ -46,6 +46,7 @@ from typing import Any
 
 import numpy as np
 
+from ..boxlabels import image_hw
 from ..contracts.payload import Payload
 from ..detect import (
     BoxLabels,
@@ -177,14 +178,6 @@ def served_config(target: TritonTarget, name: str) -> dict[str, Any]:
     """Another model's config from ``target``'s server (a step of the ensemble)."""
     cfg = dict(target.call("get_model_config", name, ""))
     return dict(cfg.get("config", cfg))
-
-
-def image_hw(path: Path) -> tuple[int, int]:
-    """An image file's (height, width) as the served preprocessing reads it (no EXIF rotation)."""
-    from PIL import Image  # noqa: PLC0415  # deferred: Pillow only for image folders
-
-    with Image.open(path) as img:
-        return img.size[1], img.size[0]
 
 
 def check_letterbox(preprocess: Any) -> None:
