@@ -346,3 +346,64 @@ def test_the_label_interval_holds_a_labelled_drop_when_fp32_is_calibrated(calibr
     assert low <= np.mean(inside) <= high, np.mean(inside)
     if calibrated:
         assert np.mean(inside_expected) < np.mean(inside) - 0.2
+
+
+def _yolo_head(objects: list[list[tuple[float, float, float, float, int]]], anchors: int = 32) -> np.ndarray:
+    """A raw anchor-free head ``[N, 4 + 3, anchors]`` holding the (x1, y1, x2, y2, class) boxes at
+    score 0.9 in its first anchors, zeros elsewhere."""
+    out = np.zeros((len(objects), 7, anchors), np.float32)
+    for i, boxes in enumerate(objects):
+        for j, (x1, y1, x2, y2, c) in enumerate(boxes):
+            out[i, :4, j] = [(x1 + x2) / 2, (y1 + y2) / 2, x2 - x1, y2 - y1]
+            out[i, 4 + c, j] = 0.9
+    return out
+
+
+def test_a_detectors_candidates_are_ranked_by_map_beyond_chance_then_by_a_cosine_higher_on_most_images() -> None:
+    """Issue 43: 80 held-out crops could not tell YOLO11n's weight roundings apart in mAP, and the
+    mAP as measured once chose the one that was worse on other crops; the per-crop cosine told them
+    apart on almost every crop."""
+    from trtrepo.evaluate import Detector, cosine_differs, preference
+
+    rng = np.random.default_rng(0)
+    objects = [[(float(x), float(y), float(x) + 12, float(y) + 10, int(c))
+                for x, y, c in zip(rng.uniform(0, 60, 3), rng.uniform(0, 60, 3), rng.integers(0, 3, 3), strict=True)]
+               for _ in range(60)]
+    ref = _yolo_head(objects)
+    det = {"output0": Detector.of(ref, 3)}
+    background = np.zeros_like(ref, bool)
+    background[:, :, 3:] = True  # the anchors without an object: never decoded (class scores 0)
+
+    def judged(out: np.ndarray) -> dict:
+        return compare_outputs({"output0": ref}, {"output0": out}, detection=det)
+
+    def noisy(rows: slice, sd: float) -> np.ndarray:
+        out = ref.copy()
+        noise = np.abs(rng.normal(0.0, sd, ref.shape)).astype(np.float32)
+        out[:, rows] += np.where(background, noise, 0.0)[:, rows]
+        return out
+
+    # the same boxes (mAP 1.0 both), one with a smaller error on every image: the cosine decides
+    steady, shaky = judged(noisy(slice(4, 7), 1e-4)), judged(noisy(slice(4, 7), 5e-4))
+    assert steady["output0"].detection.map50_95 == shaky["output0"].detection.map50_95 == 1.0
+    assert preference(steady, shaky) == (True, "cosine") and preference(shaky, steady) == (False, "cosine")
+    # a higher mAP that the images cannot tell from chance does not outvote a cosine higher on 58 of
+    # 60 images (the weight rounding YOLO11n's hold-out got wrong)
+    step = noisy(slice(4, 7), 1e-4)
+    step[:2, 0, 0] += 4.0
+    step_m = judged(step)
+    assert step_m["output0"].detection.map50_95 < shaky["output0"].detection.map50_95
+    assert preference(step_m, shaky) == (True, "cosine") and not better(shaky, step_m)
+    # a box moved by 4 pixels on 40 of 60 images loses mAP beyond chance: that decides, although
+    # the other candidate's cosine is lower on every image (large errors where nothing is decoded)
+    lossy = ref.copy()
+    lossy[:40, 0, 0] += 4.0
+    blurry = noisy(slice(0, 4), 5.0)
+    lossy_m, blurry_m = judged(lossy), judged(blurry)
+    assert cosine_differs(lossy_m["output0"].cosines, blurry_m["output0"].cosines) == 1
+    assert preference(blurry_m, lossy_m) == (True, "mAP50-95") and not better(lossy_m, blurry_m)
+    # a split within chance decides nothing; the figures still go to JSON without the per-image data
+    assert cosine_differs(np.array([1.0, 0.9, 1.0, 0.9]), np.array([0.9, 1.0, 0.9, 1.0])) == 0
+    assert preference(steady, judged(ref.copy()))[1] != "mAP50-95"
+    d = json.loads(json.dumps(lossy_m["output0"].to_dict()))
+    assert "cosines" not in d and "matching" not in d["detection"] and d["detection"]["map50_95"] < 1.0

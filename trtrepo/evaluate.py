@@ -41,6 +41,7 @@ from .detect import (
     YoloLayout,
     borderline_detections,
     candidate_detections,
+    decisive_difference,
     detection_figures,
     reference_detections,
 )
@@ -425,6 +426,7 @@ class OutputMetrics:
     confident_agreement: float | None = None  # top-1 agreement on those samples
     expected_drop: ExpectedDrop | None = None  # the expected top-1 drop under the reference's softmax
     detection: DetectionFigures | None = None  # a detector's output: mAP vs the reference's detections
+    cosines: np.ndarray | None = field(default=None, repr=False, compare=False)  # per sample, for cosine_differs
 
     @property
     def accuracy_drop_points(self) -> float | None:
@@ -452,7 +454,9 @@ class OutputMetrics:
         return 100.0 * (1.0 - self.top1_agreement)
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(self)
+        d = asdict(replace(self, cosines=None, detection=None))
+        d.pop("cosines")
+        d["detection"] = None if self.detection is None else self.detection.to_dict()
         d["accuracy_drop_points"] = self.accuracy_drop_points
         d["expected_drop_points"] = self.expected_drop_points
         return d
@@ -472,6 +476,7 @@ def compare_output(name: str, reference: np.ndarray, candidate: np.ndarray, labe
         mean_abs_error=mean_abs_error(reference, candidate),
         cosine_mean=float(np.mean(cos)) if len(cos) else float("nan"),
         cosine_min=float(np.min(cos)) if len(cos) else float("nan"),
+        cosines=np.asarray(cos, np.float64),
     )
     if classification is None:
         classification = is_classification(reference)
@@ -704,19 +709,63 @@ def top1_differs(pa: float, pb: float, ta: float | None, tb: float | None, n: in
 
 def better(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], output: str | None = None,
            kind: str | None = None) -> bool:
-    """Whether candidate ``a`` beats ``b`` (:func:`score`'s order, made robust to small held-out sets):
-    accuracy vs labels, else top-1 agreement, decides only where the two differ beyond chance
-    (:func:`top1_differs`); otherwise the mean cosine decides, then the lower mean abs error.
-    With ``kind="cosine"``: :func:`score`'s order."""
+    """Whether candidate ``a`` beats ``b``: :func:`preference` without its reason."""
+    return preference(a, b, output, kind)[0]
+
+
+def preference(a: Mapping[str, OutputMetrics], b: Mapping[str, OutputMetrics], output: str | None = None,
+               kind: str | None = None) -> tuple[bool, str]:
+    """(whether candidate ``a`` beats ``b``, the figure that decided), :func:`score`'s order made
+    robust to small held-out sets: accuracy vs labels, else top-1 agreement, decides only where the
+    two differ beyond chance (:func:`top1_differs`); otherwise the mean cosine decides, then the
+    lower mean abs error. A detector's: :func:`detection_preference`. With ``kind="cosine"``:
+    :func:`score`'s order."""
     ma, mb = pick_output(a, output), pick_output(b, output)
-    if kind == "cosine" or (ma.detection is not None and mb.detection is not None):
-        return score(a, output, kind) > score(b, output, kind)
+    if kind == "cosine":
+        return score(a, output, kind) > score(b, output, kind), "cosine"
+    if ma.detection is not None and mb.detection is not None:
+        return detection_preference(ma, mb)
     pa = ma.candidate_accuracy if ma.candidate_accuracy is not None else ma.top1_agreement
     pb = mb.candidate_accuracy if mb.candidate_accuracy is not None else mb.top1_agreement
     if pa is not None and pb is not None and top1_differs(pa, pb, ma.top1_agreement, mb.top1_agreement,
                                                           min(ma.samples, mb.samples)):
-        return pa > pb
-    return (ma.cosine_mean, -ma.mean_abs_error) > (mb.cosine_mean, -mb.mean_abs_error)
+        return pa > pb, "accuracy" if ma.candidate_accuracy is not None else "top-1 agreement"
+    return (ma.cosine_mean, -ma.mean_abs_error) > (mb.cosine_mean, -mb.mean_abs_error), "cosine"
+
+
+def detection_preference(a: OutputMetrics, b: OutputMetrics) -> tuple[bool, str]:
+    """(whether detector candidate ``a`` beats ``b``, the figure that decided): the mAP50-95 where
+    the held-out images tell the two apart (:func:`trtrepo.detect.decisive_difference`), else the
+    raw output's cosine where it is higher on more samples than chance (:func:`cosine_differs`),
+    else the mAP50-95 as measured (:func:`score`'s order).
+
+    Decision (docs/benchmarks.md, "Issue 43: how quantize chooses between a detector's
+    candidates"): on the trained YOLO11n's 80 held-out crops the mAP told no two calibration methods
+    apart and never told nearest rounding from a weight step, and its point estimate once chose
+    nearest rounding, decisively worse on 1280 other crops; the per-crop cosine told every weight step
+    from nearest rounding (the step better on the other crops each time) and no two methods, where
+    the mAP's own ordering held on the other crops.
+    """
+    assert a.detection is not None and b.detection is not None
+    decisive = decisive_difference(a.detection, b.detection)
+    if decisive:
+        return decisive > 0, "mAP50-95"
+    by_cosine = cosine_differs(a.cosines, b.cosines)
+    if by_cosine:
+        return by_cosine > 0, "cosine"
+    return score({a.name: a}) > score({b.name: b}), "mAP50-95 as measured"
+
+
+def cosine_differs(a: np.ndarray | None, b: np.ndarray | None, z: float = SIGN_TEST_Z) -> int:
+    """+1 when the per-sample cosines ``a`` are higher than ``b`` (the same samples) on more samples
+    than chance allows (a sign test at ``z`` over the samples where they differ), -1 when lower, else 0."""
+    if a is None or b is None or len(a) != len(b) or not len(a):
+        return 0
+    diff = np.asarray(a, np.float64) - np.asarray(b, np.float64)
+    n, higher = int(np.count_nonzero(diff)), int(np.count_nonzero(diff > 0))
+    if not n or abs(higher - n / 2) < z * math.sqrt(n) / 2:
+        return 0
+    return 1 if higher > n / 2 else -1
 
 
 # --------------------------------------------------------------------------------------------

@@ -8,6 +8,9 @@ Stable API::
     bootstrap_map(predictions, references, resamples=400, seed=0) -> [resamples] mAP50-95
     mean_ap_with_bootstrap(predictions, references, resamples=400, seed=0) -> (MapResult, [resamples])
     paired_map_bootstrap(first, second, references, resamples=400, seed=0, ignore=None) -> (MapResult, MapResult, [resamples])
+    match(predictions, references, ignore=None) -> Matching   # COCO thresholds and max_dets; pooled again by:
+    map_result(matching, predictions, references) -> MapResult
+    paired_difference(first: Matching, second: Matching, resamples=400, seed=0) -> [resamples]
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
 
@@ -206,6 +209,9 @@ class _Matched:
     thresholds: int  # rows of each tp (the asked thresholds, plus 0.5 where it was not one)
 
 
+Matching = _Matched  # the public name of one prediction set's matching (:func:`match`)
+
+
 def _match_images(predictions: Sequence[Detections], references: Sequence[Detections],
                   iou_thresholds: Sequence[float] | np.ndarray, max_dets: int | None,
                   ignore: Sequence[Detections] | None = None) -> _Matched:
@@ -268,10 +274,10 @@ def mean_ap(predictions: Sequence[Detections], references: Sequence[Detections],
     """COCO mAP of ``predictions`` against ``references`` (one :class:`Detections` per image,
     in the same image order; module docstring for the definition, and for ``ignore``). Raises
     ValueError when they differ in image count or no threshold is given."""
-    return _map_result(_match_images(predictions, references, iou_thresholds, max_dets, ignore), predictions, references)
+    return map_result(_match_images(predictions, references, iou_thresholds, max_dets, ignore), predictions, references)
 
 
-def _map_result(m: _Matched, predictions: Sequence[Detections], references: Sequence[Detections]) -> MapResult:
+def map_result(m: _Matched, predictions: Sequence[Detections], references: Sequence[Detections]) -> MapResult:
     class_aps = _class_aps(m, range(len(references)))
     images, reference_boxes = len(references), sum(len(r) for r in references)
     predicted_boxes = sum(len(p) for p in predictions)
@@ -298,11 +304,18 @@ def bootstrap_map(predictions: Sequence[Detections], references: Sequence[Detect
 def mean_ap_with_bootstrap(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
                            seed: int = 0) -> tuple[MapResult, np.ndarray]:
     """:func:`mean_ap` (COCO thresholds and ``max_dets``) and :func:`bootstrap_map` from one matching."""
-    m = _match_images(predictions, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS)
+    result, boot, _ = matching_with_bootstrap(predictions, references, resamples, seed)
+    return result, boot
+
+
+def matching_with_bootstrap(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
+                            seed: int = 0) -> tuple[MapResult, np.ndarray, Matching]:
+    """:func:`mean_ap_with_bootstrap` and the :class:`Matching` it pooled (for :func:`paired_difference`)."""
+    m = match(predictions, references)
     rng = np.random.default_rng(seed)
     n = len(references)
     boot = [_pooled(m, draw) for draw in (rng.integers(0, n, n).tolist() for _ in range(resamples if n else 0))]
-    return _map_result(m, predictions, references), np.asarray([b for b in boot if b is not None], np.float64)
+    return map_result(m, predictions, references), np.asarray([b for b in boot if b is not None], np.float64), m
 
 
 def _pooled(m: _Matched, images: Sequence[int]) -> float | None:
@@ -318,14 +331,27 @@ def paired_map_bootstrap(first: Sequence[Detections], second: Sequence[Detection
     """:func:`mean_ap` of two prediction sets against the same ``references`` (and ``ignore``
     regions), and the first's mAP50-95 minus the second's over ``resamples`` bootstrap samples of
     the images, the same draws for both (a paired interval: what the images share cancels)."""
-    a = _match_images(first, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
-    b = _match_images(second, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
+    a, b = match(first, references, ignore), match(second, references, ignore)
+    return map_result(a, first, references), map_result(b, second, references), paired_difference(a, b, resamples, seed)
+
+
+def match(predictions: Sequence[Detections], references: Sequence[Detections],
+          ignore: Sequence[Detections] | None = None) -> Matching:
+    """The per-image matching at COCO's thresholds and ``max_dets`` that :func:`mean_ap` pools."""
+    return _match_images(predictions, references, COCO_IOU_THRESHOLDS, COCO_MAX_DETS, ignore)
+
+
+def paired_difference(first: Matching, second: Matching, resamples: int = 400, seed: int = 0) -> np.ndarray:
+    """mAP50-95 of ``first`` minus ``second`` (two matchings against the same references, image by
+    image) over ``resamples`` bootstrap samples of the images, the same draws for both; a draw
+    without reference boxes is skipped."""
+    n = len(first.per_image)
+    if len(second.per_image) != n:
+        raise ValueError(f"paired mAP: {n} images against {len(second.per_image)}")
     rng = np.random.default_rng(seed)
-    n = len(references)
-    pairs = [(_pooled(a, draw), _pooled(b, draw)) for draw in (rng.integers(0, n, n).tolist()
-                                                               for _ in range(resamples if n else 0))]
-    diff = [x - y for x, y in pairs if x is not None and y is not None]  # the same references: both or neither
-    return _map_result(a, first, references), _map_result(b, second, references), np.asarray(diff, np.float64)
+    pairs = [(_pooled(first, draw), _pooled(second, draw)) for draw in (rng.integers(0, n, n).tolist()
+                                                                       for _ in range(resamples if n else 0))]
+    return np.asarray([x - y for x, y in pairs if x is not None and y is not None], np.float64)
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:

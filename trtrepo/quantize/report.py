@@ -231,11 +231,13 @@ class QuantizeReport:
             for row in wr.get("candidates", []):
                 mm = row.get("metrics") or {}
                 agree = "" if mm.get("top1_agreement") is None else f"top-1 agreement {100 * mm['top1_agreement']:.2f}%, "
+                agree += "" if mm.get("map50_95") is None else f"mAP50-95 vs FP32 {mm['map50_95']:.3f}, "
                 mark = "  <- chosen" if row["step"] == wr["chosen"] else ""
                 took_s = f" ({row['seconds']:.1f}s)" if "seconds" in row else ""
                 if row.get("budget_cut"):
                     took_s += f" ({row['budget_cut']} layer(s) left at nearest: the {row['budget_s']:g}s budget was spent)"
-                lines.append(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{mark}")
+                why = f" (against {row['against']}: {row['decided_by']} decided)" if row.get("decided_by") else ""
+                lines.append(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{why}{mark}")
             if wr.get("note"):
                 lines.append(f"  weights: {wr['note']}")
         lines += [f"  {line}" for line in self.accuracy_summary().summary_lines()]

@@ -25,6 +25,7 @@ from ..evaluate import (
     compare_outputs,
     detectors_for,
     pick_output,
+    preference,
     run_onnx,
 )
 from ..measure import STABLE_WINDOWS, Stability, deviation, is_stable
@@ -53,7 +54,8 @@ SPEED_STABILITY = Stability(interval_s=0.5, pct=10.0, max_trials=10)
 
 def _row_metrics(metrics: Mapping[str, OutputMetrics], output: str | None) -> dict[str, Any]:
     m = pick_output(metrics, output)
-    return {"top1_agreement": m.top1_agreement, "accuracy": m.candidate_accuracy, "cosine_mean": m.cosine_mean}
+    return {"top1_agreement": m.top1_agreement, "accuracy": m.candidate_accuracy, "cosine_mean": m.cosine_mean,
+            "map50_95": None if m.detection is None else m.detection.map50_95}
 
 
 @dataclass
@@ -226,8 +228,13 @@ def select_method(model: Any, ranges_per_method: Mapping[str, Mapping[str, Activ
                 best = cand
                 break
             log.info("method %s: %s", method, _brief(cand.metrics, metric_output))  # type: ignore[arg-type]
-            if best is None or better(cand.metrics, best.metrics, metric_output, metric):  # type: ignore[arg-type]
+            if best is None:
                 best = cand
+            else:
+                wins, why = preference(cand.metrics, best.metrics, metric_output, metric)  # type: ignore[arg-type]
+                log.info("method %s against %s: %s (%s decided)", method, best.label, "better" if wins else "not better", why)
+                if wins:
+                    best = cand
             for c in rows:
                 if c is not best:
                     c.quantized = None
@@ -424,9 +431,11 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
         if cand.metrics is not None:
             row["metrics"] = _row_metrics(cand.metrics, metric_output)
             log.info("weight rounding %s: %s", step, _brief(cand.metrics, metric_output))
+        wins = cand.metrics is None if best.metrics is None else False
+        if best.metrics is not None and cand.metrics is not None:
+            wins, row["decided_by"] = preference(cand.metrics, best.metrics, metric_output, metric)
+            row["against"] = choice.chosen
         choice.rows.append(row)
-        wins = cand.metrics is None if best.metrics is None else (
-            cand.metrics is not None and better(cand.metrics, best.metrics, metric_output, metric))
         if requested != "auto" or wins or (evaluator is None and step == "adaround"):
             best_model, best = res.model, cand
             choice.chosen = step
