@@ -3,6 +3,7 @@
 
     python selection_rule.py collect OUT [--data calib.npy]   # runs `trtrepo quantize` in-process, keeps every candidate
     python selection_rule.py judge OUT... --crops eval.npy fresh.npy
+    python selection_rule.py cosines OUT...   # per-crop cosines on the hold-out, sign test per pair
 
 ``collect`` runs quantize with its defaults (onnxruntime target) and saves every candidate the
 selection evaluates (the four methods with nearest rounding, then bias correction and AdaRound
@@ -86,7 +87,7 @@ def judge(outs: list[Path], crop_files: list[str]) -> None:
     from detector import run_model  # type: ignore[import-not-found]
 
     from trtrepo.detect.judge import borderline_detections, candidate_detections, reference_detections
-    from trtrepo.detect.metrics import COCO_IOU_THRESHOLDS, COCO_MAX_DETS, _match_images, mean_ap, paired_map_bootstrap
+    from trtrepo.detect.metrics import mean_ap, paired_map_bootstrap
     from trtrepo.evaluate import detection_layout
 
     x = np.concatenate([np.load(f) for f in crop_files])
@@ -134,8 +135,36 @@ def judge(outs: list[Path], crop_files: list[str]) -> None:
     Path(outs[0].parent / "selection_rule.json").write_text(json.dumps(results, indent=1))
 
 
+def cosines(outs: list[Path]) -> None:
+    """Each candidate's per-crop cosine on deploy's hold-out (the 80 crops ``split_holdout`` keeps:
+    seed 0, a fifth of calib.npy) and, per pair, on how many crops the first is higher."""
+    import math
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from detector import run_model  # type: ignore[import-not-found]
+
+    from trtrepo.evaluate import cosine_similarity
+
+    calib = np.load("/work/gauntlet-cache/yolo11n/calib.npy", mmap_mode="r")
+    x = np.asarray(calib[np.sort(np.random.default_rng(0).choice(len(calib), size=80, replace=False))])
+    fp32 = run_model(Path(SRC), x)
+    path = outs[0].parent / "selection_rule.json"
+    results = json.loads(path.read_text())
+    for out in outs:
+        hold = results[out.name]["holdout"]
+        cos = {label: cosine_similarity(fp32, run_model(out / f"{label}.onnx", x)) for label in hold}
+        for row in results[out.name]["pairs"]:
+            d = cos[row["a"]] - cos[row["b"]]
+            n, k = int(np.count_nonzero(d)), int(np.count_nonzero(d > 0))
+            row["holdout_cosine_higher"] = [k, n, (k - n / 2) / (math.sqrt(n) / 2)]
+            print(out.name, row["a"], row["b"], row["holdout_cosine_higher"], flush=True)
+    path.write_text(json.dumps(results, indent=1))
+
+
 if __name__ == "__main__":
-    if sys.argv[1] == "collect":
+    if sys.argv[1] == "cosines":
+        cosines([Path(p) for p in sys.argv[2:]])
+    elif sys.argv[1] == "collect":
         data = sys.argv[sys.argv.index("--data") + 1] if "--data" in sys.argv else "/work/gauntlet-cache/yolo11n/calib.npy"
         collect(Path(sys.argv[2]), data)
     else:
