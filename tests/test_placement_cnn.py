@@ -30,11 +30,11 @@ class Neck(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.c1, self.c2 = nn.Conv2d(3, 16, 3, 2, 1), nn.Conv2d(8, 8, 3, 1, 1)
+        self.c0, self.c1, self.c2 = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 16, 3, 2, 1), nn.Conv2d(8, 8, 3, 1, 1)
         self.c3, self.c4 = nn.Conv2d(16, 16, 3, 2, 1), nn.Conv2d(64, 8, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        y = nn.functional.silu(self.c1(x))
+        y = nn.functional.silu(self.c1(nn.functional.relu(self.c0(x))))  # a ReLU stem: a SiLU one stays float
         a, b = y.split((8, 8), 1)
         z = torch.cat((a, nn.functional.silu(self.c2(b))), 1)
         s = nn.functional.silu(self.c3(z))
@@ -111,10 +111,10 @@ class ShapeReader(nn.Module):
 
     def __init__(self) -> None:
         super().__init__()
-        self.c1, self.c2 = nn.Conv2d(3, 16, 3, 2, 1), nn.Conv2d(16, 8, 3, 2, 1)
+        self.c0, self.c1, self.c2 = nn.Conv2d(3, 8, 1), nn.Conv2d(8, 16, 3, 2, 1), nn.Conv2d(16, 8, 3, 2, 1)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        f = nn.functional.silu(self.c1(x))
+        f = nn.functional.silu(self.c1(nn.functional.relu(self.c0(x))))  # a ReLU stem: a SiLU one stays float
         return self.c2(f).reshape(f.shape[0], 8, -1)
 
 

@@ -360,6 +360,45 @@ def test_onnxruntime_target_keeps_tiny_reduction_conv_float():
     assert input_producer(qm0.model, "stem", 1).op_type == "DequantizeLinear"
 
 
+def test_onnxruntime_target_keeps_the_image_stem_before_a_silu_float(tmp_path):
+    """The convolution on a 3-channel image input whose output feeds a SiLU stays float with the
+    SiLU on the onnxruntime target (reduction 27: above ort_min_reduction); the SiLU's output is
+    quantized for the next convolution. A ReLU stem and the TensorRT target are quantized."""
+    from trtrepo.qdq.rules import IMAGE_STEM_REASON
+
+    w = RNG.standard_normal((8, 3, 3, 3)).astype(np.float32)
+    w2 = RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)
+
+    def stem_model(act: str):
+        act_nodes = ([helper.make_node("Sigmoid", ["c"], ["s"], name="sig"), helper.make_node("Mul", ["c", "s"], ["r"], name="silu")]
+                     if act == "silu" else [helper.make_node("Relu", ["c"], ["r"], name="relu")])
+        return make_model([helper.make_node("Conv", ["x", "w"], ["c"], name="stem", pads=[1, 1, 1, 1]), *act_nodes,
+                           helper.make_node("Conv", ["r", "w2"], ["y"], name="body", pads=[1, 1, 1, 1])],
+                          [("x", [1, 3, 8, 8])], [("y", [1, 8, 8, 8])], [("w", w), ("w2", w2)])
+
+    model = stem_model("silu")
+    ranges, _ = amax_all(model)
+    qm = insert_qdq(model, ranges, QuantizeOptions(target="onnxruntime"))
+    assert {n: r for n, r in qm.plan.auto_float.items() if r == IMAGE_STEM_REASON} == dict.fromkeys(["stem", "sig", "silu"],
+                                                                                                     IMAGE_STEM_REASON)
+    stem = next(n for n in qm.model.graph.node if n.name == "stem")
+    assert list(stem.input) == ["x", "w"] and "stem" not in qm.plan.layers
+    assert input_producer(qm.model, "body", 0).op_type == "DequantizeLinear"  # the SiLU output is quantized
+    out = tmp_path / "stem.onnx"
+    onnx.save(qm.model, str(out))
+    ops = integer_kernels(out, tmp_path, ort.GraphOptimizationLevel.ORT_ENABLE_ALL)
+    assert "QLinearSigmoid" not in ops and "QLinearMul" not in ops, ops  # the SiLU runs in float (QuickGelu)
+    x = RNG.standard_normal((1, 3, 8, 8)).astype(np.float32)
+    got = ort.InferenceSession(str(out)).run(None, {"x": x})[0]
+    want = ort.InferenceSession(model.SerializeToString()).run(None, {"x": x})[0]
+    assert np.corrcoef(got.ravel(), want.ravel())[0, 1] > 0.99
+    # the TensorRT target, ort_min_reduction=0 and a ReLU stem quantize it
+    for m, opts in ((model, QuantizeOptions()), (model, QuantizeOptions(target="onnxruntime", ort_min_reduction=0)),
+                    (stem_model("relu"), QuantizeOptions(target="onnxruntime"))):
+        q = insert_qdq(m, amax_all(m)[0], opts)
+        assert input_producer(q.model, "stem", 1).op_type == "DequantizeLinear" and IMAGE_STEM_REASON not in q.plan.auto_float.values()
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 

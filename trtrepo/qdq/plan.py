@@ -11,7 +11,7 @@ from ..errors import UsageError
 from ..onnxgraph import GraphView
 from .detector import decode_head_nodes, find_decode_heads
 from .options import ORT_FUSED_ACTIVATIONS, ORT_UNIT_OPS, WEIGHTED_OPS, QuantizeOptions, QuantPoint, RangeLike
-from .rules import FloatReasons, find_float_nodes, keep_float_small_conv
+from .rules import FloatReasons, find_float_nodes, image_stem_nodes, keep_float_small_conv
 
 
 @dataclass
@@ -60,6 +60,7 @@ def plan_qdq(model: Any, options: QuantizeOptions | None = None, *, view: GraphV
     layers: list[str] = []
     kept_float: list[str] = []
     reasons = find_float_nodes(view, options, ranges)
+    reasons = FloatReasons({**image_stem_nodes(view, options), **reasons.nodes}, reasons.tensors)
     if not options.quantize_detector_head:
         reasons = FloatReasons({**decode_head_nodes(view), **reasons.nodes}, reasons.tensors)
         head_outputs: list[QuantPoint] = []

@@ -59,6 +59,38 @@ def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) 
     return int(np.prod(shape[1:])) < options.ort_min_reduction
 
 
+IMAGE_CHANNELS = 4  # a Conv reading a graph input with at most this many channels reads the image (RGB, RGBA, gray)
+IMAGE_STEM_REASON = ("the image's first convolution before a SiLU: ONNX Runtime would round its pre-activation to uint8 "
+                     "over the widest range of the network, and its float kernel is as fast on 3 channels")
+
+
+def image_stem_nodes(view: GraphView, options: QuantizeOptions) -> dict[str, str]:
+    """onnxruntime target: the convolution on the image input (a graph input of at most
+    :data:`IMAGE_CHANNELS` channels) whose output feeds a SiLU (:func:`conv_silu`) stays float with
+    its SiLU (Sigmoid and Mul; the SiLU's output is quantized for the next convolution), node ->
+    reason. Decision, measured on the trained YOLO11n (docs/benchmarks.md, "the image's first
+    convolution"): ONNX Runtime has no fused Conv + SiLU, so QLinearConv rounds the pre-activation
+    to uint8 first, and the stem's is the widest of the network ([-6, 64], a 0.27 step, against
+    [-6, 3..20] deeper); that rounding alone carried about 44 % of the class-logit error variance
+    of the all-INT8 model, and the 3-channel QLinearConv ran slower than the float convolution
+    (12.8 against 9.0 ms at batch 8), so the float stem costs no speed. A ReLU/Clip stem is fused
+    into QLinearConv's output range and stays quantized; ``ort_min_reduction=0`` quantizes this
+    one too."""
+    if not options.target.small_conv_float or options.ort_min_reduction <= 0:
+        return {}
+    out: dict[str, str] = {}
+    for name in view.graph_inputs:
+        for node, _ in view.consumers.get(name, []):
+            if node.op_type != "Conv" or node.input[0] != name or len(node.input) < 2 or not view.is_constant(node.input[1]) \
+                    or view.constant_array(node.input[1]).shape[1] > IMAGE_CHANNELS:
+                continue
+            for mul, _ in view.consumers.get(node.output[0], []):
+                if conv_silu(view, mul):
+                    sigmoid = [view.producer[x] for x in mul.input if x in view.producer and view.producer[x] is not node]
+                    out.update(dict.fromkeys([node.name, mul.name, *(n.name for n in sigmoid)], IMAGE_STEM_REASON))
+    return out
+
+
 # --------------------------------------------------------------------------------------------
 # Transformer-aware exclusions: what stays float whatever the rules say
 
