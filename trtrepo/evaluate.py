@@ -740,11 +740,11 @@ def detection_preference(a: OutputMetrics, b: OutputMetrics) -> tuple[bool, str]
     else the mAP50-95 as measured (:func:`score`'s order).
 
     Decision (docs/benchmarks.md, "Issue 43: how quantize chooses between a detector's
-    candidates"): on the trained YOLO11n's 80 held-out crops the mAP told no two calibration methods
-    apart and never told nearest rounding from a weight step, and its point estimate once chose
-    nearest rounding, decisively worse on 1280 other crops; the per-crop cosine told every weight step
-    from nearest rounding (the step better on the other crops each time) and no two methods, where
-    the mAP's own ordering held on the other crops.
+    candidates"): on the trained YOLO11n's 80 held-out crops the mAP never told nearest rounding
+    from a weight step, and its point estimate once chose nearest rounding, decisively worse on 1280
+    other crops; the per-crop cosine told every weight step from nearest rounding (the step better
+    on the other crops each time) and no two calibration methods, whose order by mean cosine ran
+    against the other crops'.
     """
     assert a.detection is not None and b.detection is not None
     decisive = decisive_difference(a.detection, b.detection)

@@ -13,9 +13,9 @@ Beside it, as information: the same mAP with FP32's *borderline* boxes (scores i
 is not in the reference, so the candidate's 0.26 on it is a false positive that ranks above real
 finds; over crops of a few photographs one borderline object recurs in dozens of crops, and a class
 with one reference box then reads AP 0.1 for a shift of a hair in score. On the trained YOLO11n
-(docs/benchmarks.md, "Issue 43") the deployed INT8 reads 0.756 strict and 0.949 with them
-ignored, FP16 0.999 both ways, NNCF's defaults 0.663 and 0.766:
-real damage still shows. The verdict stays on the strict figure.
+(docs/benchmarks.md, "what the every-class figure measures") the second figure varied less between
+crop sets than the strict one, and real damage still shows in it (NNCF's defaults, FP16 beside
+them). The verdict stays on the strict figure.
 
 With ground-truth labels (:class:`~trtrepo.detect.labels.BoxLabels`, from COCO JSON or YOLO txt),
 :func:`labelled_figures` measures what the user's own metric loses: FP32's and the candidate's
