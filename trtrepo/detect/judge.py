@@ -48,7 +48,7 @@ import numpy as np
 
 from .decode import Detections, YoloLayout
 from .labels import BoxLabels
-from .metrics import Matching, count_agreement, map_result, match, matching_with_bootstrap, mean_ap, paired_difference
+from .metrics import count_agreement, map_result, match, mean_ap, pooled_draws
 from .nms import postprocess
 
 REFERENCE_CONF = 0.25  # FP32's boxes at Ultralytics' predict settings are the reference
@@ -94,7 +94,7 @@ class LabelFigures:
     upper: float
     sd: float
     crowd: int = 0
-    matching: Matching | None = field(default=None, repr=False, compare=False)  # the candidate's, for decisive_difference
+    draws: np.ndarray | None = field(default=None, repr=False, compare=False)  # the candidate's pooled_draws, for decisive_difference
 
     def verdict(self, limit: float) -> str:
         """``pass`` when the interval's upper end is at or under ``limit`` points, ``fail`` when
@@ -122,8 +122,8 @@ class LabelFigures:
                 f"{self.decided} of {self.images} images{crowd})")
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, matching=None))
-        d.pop("matching")
+        d = asdict(replace(self, draws=None))
+        d.pop("draws")
         return {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in d.items()}
 
     @classmethod
@@ -156,7 +156,9 @@ def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], can
     fp32 = [t.clip(d) for t, d in zip(truth, fp32, strict=True)]
     candidate = [t.clip(d) for t, d in zip(truth, candidate, strict=True)]
     ma, mb = match(fp32, references, ignore), match(candidate, references, ignore)
-    ra, rb, diff = map_result(ma, fp32, references), map_result(mb, candidate, references), paired_difference(ma, mb, RESAMPLES, seed)
+    ra, rb, draws = map_result(ma, fp32, references), map_result(mb, candidate, references), pooled_draws(mb, RESAMPLES, seed)
+    diff = pooled_draws(ma, RESAMPLES, seed) - draws
+    diff = diff[np.isfinite(diff)]  # the same references: both or neither
     decided = sum(1 for r in references if len(r))
     drop = 100.0 * (ra.map50_95 - rb.map50_95) if decided else math.nan
     # one labelled image has no spread to measure: the interval is every drop there can be (undecided)
@@ -164,7 +166,7 @@ def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], can
     return LabelFigures(images=len(truth), decided=decided, boxes=int(sum(len(r) for r in references)),
                         classes=ra.classes, fp32_map50_95=float(ra.map50_95), map50_95=float(rb.map50_95),
                         fp32_map50=float(ra.map50), map50=float(rb.map50), drop=drop, lower=lower, upper=upper,
-                        sd=sd, crowd=crowd, matching=mb)
+                        sd=sd, crowd=crowd, draws=draws)
 
 
 @dataclass(frozen=True)
@@ -189,7 +191,7 @@ class DetectionFigures:
     thin_classes: int = 0  # of those, the classes with at most THIN_CLASS_BOXES reference boxes
     map_borderline_ignored: float = math.nan  # mAP50-95 with FP32's borderline boxes ignored (module doc)
     labels: LabelFigures | None = None  # against ground-truth labels, where the images have them
-    matching: Matching | None = field(default=None, repr=False, compare=False)  # against the reference, for decisive_difference
+    draws: np.ndarray | None = field(default=None, repr=False, compare=False)  # pooled_draws against the reference, for decisive_difference
 
     def verdict(self, limit: float) -> str:
         """``pass`` when the interval's lower end is at or above ``limit``, ``fail`` when the
@@ -220,8 +222,8 @@ class DetectionFigures:
                    if self.classes and 2 * self.thin_classes > self.classes else ""))
 
     def to_dict(self) -> dict[str, Any]:
-        d = asdict(replace(self, matching=None, labels=None))
-        d.pop("matching")
+        d = asdict(replace(self, draws=None, labels=None))
+        d.pop("draws")
         d["worst"] = [list(w) for w in self.worst]
         d["map_borderline_ignored"] = self.map_borderline_ignored if math.isfinite(self.map_borderline_ignored) else None
         d["labels"] = None if self.labels is None else self.labels.to_dict()
@@ -275,7 +277,9 @@ def compare_detections(reference: Sequence[Detections], candidate: Sequence[Dete
     reference's settings, e.g. a served detector's); with ``borderline``, the mAP with those
     boxes ignored beside it."""
     at_reference = list(candidate if counted is None else counted)
-    result, boot, matching = matching_with_bootstrap(candidate, reference, RESAMPLES)  # one matching for both
+    matching = match(candidate, reference)  # one matching for the figure and its interval
+    result, draws = map_result(matching, candidate, reference), pooled_draws(matching, RESAMPLES)
+    boot = draws[np.isfinite(draws)]
     per_image = np.asarray(result.per_image, np.float64)
     valid = np.flatnonzero(np.isfinite(per_image))
     n = len(valid)
@@ -290,20 +294,23 @@ def compare_detections(reference: Sequence[Detections], candidate: Sequence[Dete
         thin_classes=_thin_classes(reference),
         map_borderline_ignored=float(mean_ap(candidate, reference, ignore=borderline).map50_95)
         if borderline is not None and n else math.nan,
-        worst=tuple((int(i), float(per_image[i])) for i in order), matching=matching)
+        worst=tuple((int(i), float(per_image[i])) for i in order), draws=draws)
 
 
 def decisive_difference(a: DetectionFigures, b: DetectionFigures) -> int:
     """+1 when ``a``'s mAP50-95 is above ``b``'s beyond chance, -1 when below, 0 when the held-out
-    images cannot tell (or either carries no matching): against the labels where both were judged
+    images cannot tell (or either carries no draws): against the labels where both were judged
     against them, else against the reference's detections; the paired 95 % bootstrap interval of the
-    difference (:data:`RESAMPLES` draws of the same images for both) excludes 0. Used to rank
-    candidates (:func:`trtrepo.evaluate.detection_preference`, which says why)."""
+    difference excludes 0. Both candidates' :func:`~trtrepo.detect.metrics.pooled_draws` were taken
+    with the same seed over the same images, so their difference is the paired bootstrap, kept from
+    judging each candidate rather than matched again. Used to rank candidates
+    (:func:`trtrepo.evaluate.detection_preference`, which says why)."""
     both = a.labels is not None and b.labels is not None
-    ma, mb = (a.labels.matching, b.labels.matching) if both else (a.matching, b.matching)  # type: ignore[union-attr]
-    if ma is None or mb is None or len(ma.per_image) != len(mb.per_image):
+    da, db = (a.labels.draws, b.labels.draws) if both else (a.draws, b.draws)  # type: ignore[union-attr]
+    if da is None or db is None or len(da) != len(db):
         return 0
-    diff = paired_difference(ma, mb, RESAMPLES, seed=0)
+    diff = da - db
+    diff = diff[np.isfinite(diff)]
     if len(diff) < 2:
         return 0
     lower, upper = np.percentile(diff, [2.5, 97.5])

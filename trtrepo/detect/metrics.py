@@ -10,6 +10,7 @@ Stable API::
     paired_map_bootstrap(first, second, references, resamples=400, seed=0, ignore=None) -> (MapResult, MapResult, [resamples])
     match(predictions, references, ignore=None) -> Matching   # COCO thresholds and max_dets; pooled again by:
     map_result(matching, predictions, references) -> MapResult
+    pooled_draws(matching, resamples=400, seed=0) -> [resamples] mAP50-95 per draw, NaN without references
     paired_difference(first: Matching, second: Matching, resamples=400, seed=0) -> [resamples]
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
@@ -304,18 +305,19 @@ def bootstrap_map(predictions: Sequence[Detections], references: Sequence[Detect
 def mean_ap_with_bootstrap(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
                            seed: int = 0) -> tuple[MapResult, np.ndarray]:
     """:func:`mean_ap` (COCO thresholds and ``max_dets``) and :func:`bootstrap_map` from one matching."""
-    result, boot, _ = matching_with_bootstrap(predictions, references, resamples, seed)
-    return result, boot
-
-
-def matching_with_bootstrap(predictions: Sequence[Detections], references: Sequence[Detections], resamples: int = 400,
-                            seed: int = 0) -> tuple[MapResult, np.ndarray, Matching]:
-    """:func:`mean_ap_with_bootstrap` and the :class:`Matching` it pooled (for :func:`paired_difference`)."""
     m = match(predictions, references)
+    boot = pooled_draws(m, resamples, seed)
+    return map_result(m, predictions, references), boot[np.isfinite(boot)]
+
+
+def pooled_draws(m: Matching, resamples: int = 400, seed: int = 0) -> np.ndarray:
+    """mAP50-95 of ``m`` pooled over each of ``resamples`` bootstrap samples of its images (seeded:
+    two matchings against the same references get the same draws), NaN where a draw holds no
+    reference box; the difference of two such arrays is :func:`paired_difference`."""
     rng = np.random.default_rng(seed)
-    n = len(references)
+    n = len(m.per_image)
     boot = [_pooled(m, draw) for draw in (rng.integers(0, n, n).tolist() for _ in range(resamples if n else 0))]
-    return map_result(m, predictions, references), np.asarray([b for b in boot if b is not None], np.float64), m
+    return np.asarray([math.nan if b is None else b for b in boot], np.float64)
 
 
 def _pooled(m: _Matched, images: Sequence[int]) -> float | None:
@@ -348,10 +350,8 @@ def paired_difference(first: Matching, second: Matching, resamples: int = 400, s
     n = len(first.per_image)
     if len(second.per_image) != n:
         raise ValueError(f"paired mAP: {n} images against {len(second.per_image)}")
-    rng = np.random.default_rng(seed)
-    pairs = [(_pooled(first, draw), _pooled(second, draw)) for draw in (rng.integers(0, n, n).tolist()
-                                                                       for _ in range(resamples if n else 0))]
-    return np.asarray([x - y for x, y in pairs if x is not None and y is not None], np.float64)
+    diff = pooled_draws(first, resamples, seed) - pooled_draws(second, resamples, seed)
+    return diff[np.isfinite(diff)]
 
 
 def count_agreement(predictions: Sequence[Detections], references: Sequence[Detections]) -> float:
