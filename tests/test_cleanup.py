@@ -32,6 +32,47 @@ def _wait_for(pattern: str, folder: Path, timeout: float = 60) -> list[Path]:
     raise AssertionError(f"nothing matched {pattern} in {folder}")
 
 
+SLOW_IMPORT = """
+import sys, time
+print("importing", flush=True)
+time.sleep(1.5)
+print("imported", flush=True)
+"""
+
+RUN_SLOW_IMPORT = """
+import sys, time
+import click
+import trtrepo.cli as c
+
+@click.command()
+def slow():
+    import slowmod  # noqa: F401
+    time.sleep(30)
+    print("not stopped", flush=True)
+
+c.cli = slow
+c.main()
+"""
+
+
+def test_a_sigterm_during_an_import_waits_for_it_then_unwinds(tmp_path):
+    """trtrepo's SIGTERM handler raises nothing inside an import (there it was swallowed, or aborted
+    torch's initialisation): the import finishes, then the run unwinds with 128 + SIGTERM."""
+    (tmp_path / "slowmod.py").write_text(SLOW_IMPORT)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", RUN_SLOW_IMPORT], env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "importing\n"
+    time.sleep(0.3)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert out == "imported\n", (out, err[-2000:])
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert time.monotonic() - t0 < 10, "delivered once the import ended, not after the command's work"
+
+
 @pytest.mark.slow
 def test_sigterm_removes_the_deploy_work_folder_and_sigkill_leftovers_go_with_the_next_run(tmp_path):
     tmp = tmp_path / "tmp"

@@ -197,14 +197,40 @@ class _Terminated(SystemExit):
     """Raised by the SIGTERM handler; ``main`` ends the process once it has unwound."""
 
 
-def _terminated(signum: int, _frame: Any) -> None:
+TERMINATE_RETRY_S = 0.05  # a SIGTERM that arrived during an import is delivered again this much later
+
+
+def _importing(frame: Any) -> bool:
+    """Whether a frame of Python's import machinery is on the stack that ``frame`` ends."""
+    while frame is not None:
+        if frame.f_code.co_filename.startswith("<frozen importlib"):
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _terminated(signum: int, frame: Any) -> None:
     """SIGTERM (a CI timeout, ``kill``, a container stop): unwind like Ctrl-C so temporary folders,
-    shared-memory regions and the server child are cleaned up by their ``finally`` blocks."""
+    shared-memory regions and the server child are cleaned up by their ``finally`` blocks.
+
+    Decision: not in the middle of an import (trtrepo imports torch, ONNX Runtime and its own
+    stages lazily, so a signal often lands in one). Raised there, the exception was swallowed by
+    the import lock's weakref callback ("Exception ignored in ... cb": the run went on and exited 0)
+    or aborted torch's initialisation (SIGABRT, exit -6); both seen in tests/test_cleanup.py. The
+    signal is sent again :data:`TERMINATE_RETRY_S` later (SIGALRM) until no import runs."""
+    if _importing(frame):
+        signal.setitimer(signal.ITIMER_REAL, TERMINATE_RETRY_S)
+        return
     raise _Terminated(128 + signum)
+
+
+def _terminate_again(_signum: int, _frame: Any) -> None:
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def main() -> None:  # console script entry point
 
+    signal.signal(signal.SIGALRM, _terminate_again)
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cli(prog_name="trtrepo")
