@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
@@ -25,6 +26,7 @@ def test_fit_temperature_recovers_the_temperature_that_made_the_labels():
     assert estimator.ece(logits / 2.0, labels) < estimator.ece(logits, labels)
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_estimator_bench_runs_on_the_demo_with_two_variants(tmp_path):
     out = tmp_path / "estimator.json"
     proc = subprocess.run([sys.executable, str(ROOT / "bench" / "estimator.py"), "--work", str(tmp_path / "work"),

@@ -99,6 +99,7 @@ OPTIONS = {  # command line (before the fuzzed option) -> options to fuzz
 }
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @fast(450)
 @given(data=st.data())
 def test_fuzzed_options(world, tmp_path_factory, data):
@@ -198,6 +199,7 @@ def test_fuzzed_caches_and_ranges(world, tmp_path_factory, data):
 # Templates and model names
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @fast(100)
 @given(data=st.data())
 def test_fuzzed_templates(world, tmp_path_factory, data):

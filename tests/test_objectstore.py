@@ -240,6 +240,7 @@ def _kill_mid_upload(s3: str, url: str, onnx: Path, name: str, version: int, key
     assert seen, "the upload was never seen half-done"
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow
@@ -306,6 +307,7 @@ def test_kill_9_during_a_models_first_upload_leaves_the_other_models_served(s3, 
 # --- several servers (issue 18 item 3) ---------------------------------------------------------
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @requires_tritonserver
 @pytest.mark.triton
 def test_two_servers_of_one_s3_repository_validated_together(s3, tmp_path, demo_onnx, run_cli):
@@ -454,6 +456,7 @@ def _check_json(run_cli, url: str, *args: str) -> tuple[int, dict]:
     return res.exit_code, json.loads(res.output[res.output.index("{"):])
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_three_concurrent_adds_to_one_s3_model_get_distinct_versions_and_lose_nothing(s3, tmp_path):
     """Issue 28 acceptance: three ``repo add`` of one model at once. The writer lock beside the
     repository serialises their uploads; each gets its own version (a number another writer took

@@ -288,6 +288,7 @@ def test_tune_on_the_real_server_applies_a_config_the_server_loads(tmp_path, run
     assert (repo / "demo" / "config.pbtxt").read_text() == before
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @pytest.mark.triton
 def test_deploy_tune_writes_the_tuned_config(tmp_path, run_cli):
     from trtrepo.repository import read_config
