@@ -3,6 +3,7 @@ integer kernels, bad input, auto method selection and accuracy fallback on the d
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -580,6 +581,15 @@ def test_quantize_report_file_is_the_report_the_run_returns(demo_onnx, tmp_path)
     assert f"wrote {rep / 'quantize.json'} and quantize.md" in lines
     assert "  kept in float: 1: Add (excluded by the user)" in lines
     assert any(line.startswith("  gate passed: output 'logits'") for line in lines)
+    # the weight-rounding rows say when AdaRound's budget cut layers or shortened their steps
+    rows = [{"step": "nearest", "metrics": {"cosine_mean": 0.99}},
+            {"step": "adaround", "seconds": 31.0, "budget_s": 30.0, "budget_cut": 2, "budget_short": 5,
+             "metrics": {"cosine_mean": 0.995}}]
+    wr = dataclasses.replace(res.report, weight_rounding={"requested": "auto", "chosen": "adaround", "candidates": rows})
+    line = next(line for line in wr.summary_lines() if line.startswith("  weights adaround"))
+    assert "(2 layer(s) left at nearest: the 30s budget was spent)" in line
+    assert "(5 layer(s) ran fewer steps than the cap: the 30s budget; the file depends on this machine's speed and load)" in line
+    assert not any("fewer steps" in line for line in res.report.summary_lines())
 
 
 @pytest.mark.slow

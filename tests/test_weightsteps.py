@@ -187,6 +187,7 @@ def test_adaround_keeps_to_its_wall_time_budget(demo_parts):
     model, options, ranges, layers, moments = demo_parts
     ample = WS.round_weights(model, layers, moments, "adaround", options, budget_s=30)
     assert ample.budget_cut == 0 and sum(r.adaround == "learned" for r in ample.layers) >= len(layers) // 2
+    assert ample.budget_short == 0  # every layer that learned ran its cap of steps
     per_layer = [r.iterations for r in ample.layers if r.iterations]
     assert per_layer and max(per_layer) <= WS.ADAROUND_ITERATIONS
     none = WS.round_weights(model, layers, moments, "adaround", options, budget_s=0)
@@ -210,3 +211,22 @@ def test_the_budget_shares_the_time_left_by_cost_at_the_measured_speed():
     # it ran at 1e9 cost units a second: the 1 s budget is spent after it, the big layer is cut
     budget.done(small, first, WS._cost(small) * first / 1e9 + 1.0)
     assert budget.iterations(big) == 0 and budget.cut == 1
+
+
+def test_layers_the_budget_shortens_below_the_cap_are_counted_and_named():
+    """A layer that learns with fewer steps than the cap for lack of time is counted (``short``)
+    and named in the note, beside the layers cut to nearest rounding: either makes the file depend
+    on the machine's speed."""
+    from trtrepo import weightsteps as WS
+
+    layers = [WS.Layer(n, "Conv", "x", "w", None, 1, (16, 16, 3, 3)) for n in "abc"]
+    budget = WS.AdaRoundBudget(layers, budget_s=10.0, cap=300)
+    first = budget.iterations(layers[0])  # at the guessed speed 10 s hold the cap for all three
+    assert first == 300 and budget.short == 0
+    budget.done(layers[0], first, 4.0)  # but the first ran at 75 steps a second
+    # 6 s left at 75 steps a second over two layers: 225 steps each, fewer than the cap of 300
+    second = budget.iterations(layers[1])
+    assert second == 225 and budget.short == 1
+    budget.done(layers[1], second, 3.0)
+    assert budget.iterations(layers[2]) == 225 and budget.short == 2 and budget.cut == 0
+    assert "2 layer(s) ran fewer than 300 steps for lack of time" in budget.note()

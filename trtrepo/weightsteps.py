@@ -284,6 +284,7 @@ class WeightStepResult:
     layers: list[LayerReport] = field(default_factory=list)
     seconds: float = 0.0
     budget_cut: int = 0  # layers that kept nearest rounding because AdaRound's time budget was spent
+    budget_short: int = 0  # layers whose AdaRound ran fewer than its cap of steps for lack of time
 
 
 def _cost(layer: Layer) -> float:
@@ -340,7 +341,11 @@ class AdaRoundBudget:
     :data:`ITERATION_RATE` before the first). The budget counts AdaRound's own iterations, the
     part that grows with it; the sequential form's probe runs and the moments are the same work
     whatever the budget (``other(seconds)`` records them for the report). ``cut`` counts the
-    layers that kept nearest rounding for lack of time."""
+    layers that kept nearest rounding for lack of time, ``short`` those that learned with fewer
+    steps than the cap: either makes the file depend on the machine's speed and load, so both are
+    reported (the trained YOLO11n needs 25-26 s of the 30 s at the cap; one of two quiet runs of
+    one command wrote another file, about 0.01 of mAP apart; docs/benchmarks.md, "Issue 43:
+    AdaRound's iterations")."""
 
     def __init__(self, layers: Sequence[Layer], budget_s: float, cap: int = ADAROUND_ITERATIONS) -> None:
         self.start = time.perf_counter()
@@ -352,6 +357,7 @@ class AdaRoundBudget:
         self.other_seconds = 0.0
         self.other_layers = 0
         self.cut = 0
+        self.short = 0
 
     @property
     def rate(self) -> float:
@@ -366,6 +372,7 @@ class AdaRoundBudget:
         if n < MIN_ITERATIONS:
             self.cut += 1
             return 0
+        self.short += n < self.cap
         return n
 
     def done(self, layer: Layer, iterations: int, seconds: float) -> None:
@@ -380,6 +387,7 @@ class AdaRoundBudget:
 
     def note(self) -> str:
         cut = f"; {self.cut} layer(s) kept nearest rounding for lack of time" if self.cut else ""
+        cut += f"; {self.short} layer(s) ran fewer than {self.cap} steps for lack of time" if self.short else ""
         other = f" (besides {self.other_seconds:.1f}s for the layers' inputs)" if self.other_layers else ""
         return f"AdaRound iterations {self.work_seconds:.1f}s of their {self.deadline - self.start:.0f}s budget{other}{cut}"
 
@@ -435,7 +443,8 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
     out = _write(model, layers, weights, shifts, reports)
     if step == "adaround":
         log.info("%s", budget.note())
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if step == "adaround" else 0)
+    ada = step == "adaround"
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if ada else 0, budget.short if ada else 0)
 
 
 def _drop_dead(model: Any) -> None:
@@ -620,7 +629,8 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
     out = _write(model, layers, new_w, shifts, reports)
     if step == "adaround":
         log.info("%s", budget.note())
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if step == "adaround" else 0)
+    ada = step == "adaround"
+    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if ada else 0, budget.short if ada else 0)
 
 
 def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Sequence[Any], rows_per_layer: int,

@@ -236,6 +236,9 @@ class QuantizeReport:
                 took_s = f" ({row['seconds']:.1f}s)" if "seconds" in row else ""
                 if row.get("budget_cut"):
                     took_s += f" ({row['budget_cut']} layer(s) left at nearest: the {row['budget_s']:g}s budget was spent)"
+                if row.get("budget_short"):
+                    took_s += (f" ({row['budget_short']} layer(s) ran fewer steps than the cap: the {row['budget_s']:g}s "
+                               "budget; the file depends on this machine's speed and load)")
                 why = f" (against {row['against']}: {row['decided_by']} decided)" if row.get("decided_by") else ""
                 lines.append(f"  weights {row['step']:<16}{took_s} {agree}cosine {mm.get('cosine_mean', float('nan')):.6f}{why}{mark}")
             if wr.get("note"):

@@ -427,7 +427,8 @@ def choose_weight_rounding(model: Any, ranges: Mapping[str, ActivationRange], op
         choice.seconds[f"{step}_evaluation"] = time.perf_counter() - t0
         row: dict[str, Any] = {"step": step, "seconds": round(res.seconds, 3),
                                "adaround_learned": sum(1 for r in res.layers if r.adaround == "learned"),
-                               "layers": len(res.layers), "budget_s": budget, "budget_cut": res.budget_cut}
+                               "layers": len(res.layers), "budget_s": budget, "budget_cut": res.budget_cut,
+                               "budget_short": res.budget_short}
         if cand.metrics is not None:
             row["metrics"] = _row_metrics(cand.metrics, metric_output)
             log.info("weight rounding %s: %s", step, _brief(cand.metrics, metric_output))
