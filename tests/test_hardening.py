@@ -118,6 +118,7 @@ def _sha(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow

@@ -87,7 +87,9 @@ def s3(tmp_path_factory):
 
     port = free_port()
     log = open(tmp_path_factory.mktemp("moto") / "moto.log", "wb")  # noqa: SIM115 - closed below
-    proc = subprocess.Popen([str(server), "-H", "127.0.0.1", "-p", str(port)], stdout=log, stderr=subprocess.STDOUT)
+    # moto's server with its conditional writes atomic, as S3's are (tests/_moto_server.py says why)
+    proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("_moto_server.py")), "-H", "127.0.0.1", "-p",
+                             str(port)], stdout=log, stderr=subprocess.STDOUT)
     endpoint = f"http://127.0.0.1:{port}"
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
     saved = {k: os.environ.get(k) for k in (*env, "AWS_ENDPOINT_URL", "AWS_ENDPOINT_URL_S3")}

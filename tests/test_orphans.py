@@ -92,6 +92,7 @@ def _doctor(tmp_path: Path) -> dict:
     return json.loads(r.stdout)
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_sigkill_of_serve_leaves_no_server_and_doctor_removes_its_files(tmp_path, repo):
     serve = _cli(tmp_path, "serve", str(repo), "--http-port", "0", "--grpc-port", "0", "--metrics-port", "0")
     try:

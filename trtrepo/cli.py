@@ -218,7 +218,7 @@ def _terminated(signum: int, frame: Any) -> None:
     the import lock's weakref callback ("Exception ignored in ... cb": the run went on and exited 0)
     or aborted torch's initialisation (SIGABRT, exit -6); both seen in tests/test_cleanup.py. The
     signal is sent again :data:`TERMINATE_RETRY_S` later (SIGALRM) until no import runs."""
-    if _importing(frame):
+    if hasattr(signal, "SIGALRM") and _importing(frame):  # no SIGALRM on Windows: raise at once there
         signal.setitimer(signal.ITIMER_REAL, TERMINATE_RETRY_S)
         return
     raise _Terminated(128 + signum)
@@ -230,7 +230,8 @@ def _terminate_again(_signum: int, _frame: Any) -> None:
 
 def main() -> None:  # console script entry point
 
-    signal.signal(signal.SIGALRM, _terminate_again)
+    if hasattr(signal, "SIGALRM"):
+        signal.signal(signal.SIGALRM, _terminate_again)
     signal.signal(signal.SIGTERM, _terminated)
     try:
         cli(prog_name="trtrepo")
