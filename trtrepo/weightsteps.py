@@ -392,6 +392,14 @@ class AdaRoundBudget:
         return f"AdaRound iterations {self.work_seconds:.1f}s of their {self.deadline - self.start:.0f}s budget{other}{cut}"
 
 
+def _result(step: str, model: Any, reports: list[LayerReport], t0: float, budget: AdaRoundBudget) -> WeightStepResult:
+    """A weight step's result, with what AdaRound's budget cut or shortened (logged too)."""
+    if step != "adaround":
+        return WeightStepResult(step, model, reports, time.perf_counter() - t0)
+    log.info("%s", budget.note())
+    return WeightStepResult(step, model, reports, time.perf_counter() - t0, budget.cut, budget.short)
+
+
 def _write(model: Any, layers: Sequence[Layer], weights: Mapping[str, np.ndarray], shifts: Mapping[str, np.ndarray],
            reports: Sequence[LayerReport]) -> Any:
     """A copy of ``model`` with the new weights and the biases minus their shifts."""
@@ -440,11 +448,7 @@ def round_weights(model: Any, layers: Sequence[Layer], moments: Mapping[str, W.I
             weights[layer.node], shifts[layer.node], rep = _round_layer(layer, w, moments[layer.node], step, qmax, budget)
             reports.append(rep)
             ph.advance()
-    out = _write(model, layers, weights, shifts, reports)
-    if step == "adaround":
-        log.info("%s", budget.note())
-    ada = step == "adaround"
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if ada else 0, budget.short if ada else 0)
+    return _result(step, _write(model, layers, weights, shifts, reports), reports, t0, budget)
 
 
 def _drop_dead(model: Any) -> None:
@@ -626,11 +630,7 @@ def round_weights_sequential(model: Any, layers: Sequence[Layer], batches: Seque
             biases[layer.node] = (biases[layer.node] - shift).astype(np.float32)
             reports.append(rep)
             ph.advance()
-    out = _write(model, layers, new_w, shifts, reports)
-    if step == "adaround":
-        log.info("%s", budget.note())
-    ada = step == "adaround"
-    return WeightStepResult(step, out, reports, time.perf_counter() - t0, budget.cut if ada else 0, budget.short if ada else 0)
+    return _result(step, _write(model, layers, new_w, shifts, reports), reports, t0, budget)
 
 
 def _fp32_patches(fp_sess: Any, layers: Sequence[Layer], start: int, batches: Sequence[Any], rows_per_layer: int,

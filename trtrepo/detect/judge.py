@@ -48,7 +48,7 @@ import numpy as np
 
 from .decode import Detections, YoloLayout
 from .labels import BoxLabels
-from .metrics import count_agreement, map_result, match, mean_ap, pooled_draws
+from .metrics import count_agreement, draws_difference, map_result, match, mean_ap, pooled_draws
 from .nms import postprocess
 
 REFERENCE_CONF = 0.25  # FP32's boxes at Ultralytics' predict settings are the reference
@@ -157,8 +157,7 @@ def labelled_figures(truth: Sequence[BoxLabels], fp32: Sequence[Detections], can
     candidate = [t.clip(d) for t, d in zip(truth, candidate, strict=True)]
     ma, mb = match(fp32, references, ignore), match(candidate, references, ignore)
     ra, rb, draws = map_result(ma, fp32, references), map_result(mb, candidate, references), pooled_draws(mb, RESAMPLES, seed)
-    diff = pooled_draws(ma, RESAMPLES, seed) - draws
-    diff = diff[np.isfinite(diff)]  # the same references: both or neither
+    diff = draws_difference(pooled_draws(ma, RESAMPLES, seed), draws)
     decided = sum(1 for r in references if len(r))
     drop = 100.0 * (ra.map50_95 - rb.map50_95) if decided else math.nan
     # one labelled image has no spread to measure: the interval is every drop there can be (undecided)
@@ -309,8 +308,7 @@ def decisive_difference(a: DetectionFigures, b: DetectionFigures) -> int:
     da, db = (a.labels.draws, b.labels.draws) if both else (a.draws, b.draws)  # type: ignore[union-attr]
     if da is None or db is None or len(da) != len(db):
         return 0
-    diff = da - db
-    diff = diff[np.isfinite(diff)]
+    diff = draws_difference(da, db)
     if len(diff) < 2:
         return 0
     lower, upper = np.percentile(diff, [2.5, 97.5])

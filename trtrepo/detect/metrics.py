@@ -12,6 +12,7 @@ Stable API::
     map_result(matching, predictions, references) -> MapResult
     pooled_draws(matching, resamples=400, seed=0) -> [resamples] mAP50-95 per draw, NaN without references
     paired_difference(first: Matching, second: Matching, resamples=400, seed=0) -> [resamples]
+    draws_difference(first_draws, second_draws) -> [draws]   # the same, from two pooled_draws
     count_agreement(predictions, references) -> float    # images whose box count matches
     count_difference(predictions, references) -> float   # mean |count - reference count|
 
@@ -350,7 +351,13 @@ def paired_difference(first: Matching, second: Matching, resamples: int = 400, s
     n = len(first.per_image)
     if len(second.per_image) != n:
         raise ValueError(f"paired mAP: {n} images against {len(second.per_image)}")
-    diff = pooled_draws(first, resamples, seed) - pooled_draws(second, resamples, seed)
+    return draws_difference(pooled_draws(first, resamples, seed), pooled_draws(second, resamples, seed))
+
+
+def draws_difference(first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """The paired bootstrap of two :func:`pooled_draws` arrays of one seed over the same images:
+    their difference draw by draw, without the draws that hold no reference box."""
+    diff = first - second
     return diff[np.isfinite(diff)]
 
 
