@@ -231,8 +231,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from trtrepo.evaluate import Detector, compare_outputs
     from trtrepo.quantize import AccuracyCheck
 
-    work = args.work
-    work.mkdir(parents=True, exist_ok=True)
+    (work := args.work).mkdir(parents=True, exist_ok=True)
     src = args.cache / "yolo11n_dyn.onnx"
     calib = np.load(crop_file(args, "calib"), mmap_mode="r")
     held = np.load(crop_file(args, "eval"))
@@ -242,12 +241,11 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     class_boxes = {int(c): int(k) for c, k in zip(*np.unique(classes, return_counts=True), strict=True)}
     models: dict[str, Any] = float_baselines(src)
     runs: dict[str, Any] = {}
-    calib_npy = str(crop_file(args, "calib"))
     shutil.rmtree(work / "repo", ignore_errors=True)  # a fresh repository: the deployed model is version 1
-    common = ["--data", calib_npy, "--batch-size", "8", "--no-progress"]
-    dep = trtrepo_cli(["deploy", str(src), "--name", "yolo11n", "--backend", "python", "--repo", str(work / "repo"),
-                       "--workdir", str(work / "deploy"), "--force", *common[:-1]], work / "deploy.log")
-    runs["trtrepo deploy (defaults)"] = dep
+    common = ["--data", str(crop_file(args, "calib")), "--batch-size", "8", "--no-progress"]
+    runs["trtrepo deploy (defaults)"] = trtrepo_cli(["deploy", str(src), "--name", "yolo11n", "--backend", "python", "--repo",
+                                                     str(work / "repo"), "--workdir", str(work / "deploy"), "--force",
+                                                     *common[:-1]], work / "deploy.log")
     models["trtrepo deploy (defaults)"] = deployed_model(work)
     for name, extra in (("trtrepo all-INT8 (head float)", []), ("trtrepo naive (head quantized)", ["--quantize-detector-head"])):
         out = work / f"{name.split()[1]}.onnx"
@@ -279,6 +277,9 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     a, b = matched["trtrepo deploy (defaults)"], matched["NNCF 3.4 + published ignored scope"]
     diff = np.array([[class_map(a, d, c) - class_map(b, d, c) for c in (None, big)] for d in draws])
     rows["trtrepo deploy (defaults)"]["minus_nncf_ignored"] = np.percentile(diff, [2.5, 50, 97.5], axis=0).T.tolist()
+    names = photo_set(args)[1]  # the deployed model per held-out photograph (crops cycle over them)
+    per = [{"photograph": n, "crops": len(idx := range(k, len(held), len(names))), "map50_95": class_map(a, idx),
+            "fp32_boxes": sum(len(det["output0"].reference[i]) for i in idx)} for k, n in enumerate(names)]
     t = speeds(models, held)
     for name in rows:
         rows[name]["ms_batch8"] = 1000 * t[name]
@@ -288,7 +289,7 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                             capture_output=True, text=True).stdout.strip() or "unknown"
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "cpu": cpu_int8().describe(),
             "commit": commit, "calibration": len(calib), "held_out": len(held), "rows": rows, "class_boxes": class_boxes,
-            "photos": args.photos, "calib_photos": photo_set(args)[0], "eval_photos": photo_set(args)[1],
+            "photos": args.photos, "calib_photos": photo_set(args)[0], "eval_photos": names, "per_photograph": per,
             "command": "python bench/detector.py --update-docs docs/benchmarks.md"}
 
 
@@ -331,26 +332,6 @@ def fixed_batch(args: argparse.Namespace) -> dict[str, Any]:
             "max_batch_size_0": config.exists() and "max_batch_size: 0" in config.read_text()}
 
 
-def per_photograph(args: argparse.Namespace) -> list[dict[str, Any]]:
-    """mAP50-95 vs FP32 of the deployed model (``--work``'s repository) per held-out photograph."""
-    from trtrepo.detect import mean_ap, postprocess
-    from trtrepo.evaluate import Detector
-
-    held = np.load(crop_file(args, "eval"))
-    fp32 = run_model(args.cache / "yolo11n_dyn.onnx", held)
-    int8 = run_model(deployed_model(args.work), held)
-    det = Detector.of(fp32, 80)
-    cand = postprocess(int8, det.layout, conf=0.001, iou=0.7)
-    rows = []
-    names = photo_set(args)[1]
-    for k, name in enumerate(names):  # crops cycle over the photographs
-        idx = list(range(k, len(held), len(names)))
-        r = mean_ap([cand[i] for i in idx], [det.reference[i] for i in idx])
-        rows.append({"photograph": name, "crops": len(idx), "fp32_boxes": sum(len(det.reference[i]) for i in idx),
-                     "map50_95": r.map50_95})
-    return rows
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--cache", type=Path, default=Path(os.environ.get("TRTREPO_YOLO_CACHE", "/work/gauntlet-cache/yolo11n")))
@@ -380,7 +361,6 @@ def main() -> None:
             np.save(crop_file(args, "calib"), crops(photos, photo_set(args)[0], args.calib, seed=1))
             np.save(crop_file(args, "eval"), crops(photos, photo_set(args)[1], args.eval, seed=2))
         results = measure(args)
-        results["per_photograph"] = per_photograph(args)
         args.out.write_text(json.dumps(results, indent=1) + "\n")
     else:
         results = json.loads(args.from_json.read_text())

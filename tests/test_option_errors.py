@@ -5,7 +5,6 @@ click parameter's name) to the running command's flag."""
 
 from __future__ import annotations
 
-import ast
 import re
 
 from trtrepo.errors import OptionError, UsageError
@@ -45,11 +44,9 @@ def test_the_cli_names_the_flag_of_the_running_command(run_cli, tmp_path, demo_o
 
 def _flag_raise_lines() -> list[str]:
     """Library ``raise`` statements (outside trtrepo/commands and cli.py) whose text names a flag."""
-    from test_architecture_requests import _library
+    from test_architecture_requests import raise_segments
 
-    return [f"{rel}:{node.lineno}" for rel, tree, text in _library() for node in ast.walk(tree)
-            if isinstance(node, ast.Raise) and node.exc is not None
-            and re.search(r"(?<![\w-])--[a-z][a-z0-9-]+", ast.get_source_segment(text, node) or "")]
+    return [f"{rel}:{line}" for rel, line, seg in raise_segments() if re.search(r"(?<![\w-])--[a-z][a-z0-9-]+", seg)]
 
 
 def test_few_library_raise_lines_name_a_flag():
