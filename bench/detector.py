@@ -405,7 +405,9 @@ def markdown(r: dict[str, Any]) -> str:
                   f"crops of the calibration photographs), shipped {(dep.get('accuracy') or {}).get('shipped', '?').upper()}: "
                   f"{gate}. The held-out crops above are of other photographs."]
     lines += ["", f"The {r['held_out']} held-out crops are crops of {len(r.get('eval_photos', EVAL_PHOTOS[:6]))} photographs: crops of one "
-              "photograph are not independent, so the intervals over images understate the uncertainty."]
+              "photograph are not independent, so the intervals over images understate the uncertainty." + (
+                  " The sections before 2026-11-29 that name bench/detector.py's crops mean the six-photograph set "
+                  "(`--photos six`)." if r.get("photos") == "wide" else "")]
     if r.get("class_boxes"):
         cb = r["class_boxes"]
         few = sum(1 for k in cb.values() if k <= 3)
