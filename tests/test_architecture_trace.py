@@ -35,6 +35,9 @@ from trtrepo import rangemath
 from trtrepo.cli import cli
 from trtrepo.qdq import QDQ_TARGETS
 
+# traces a quantize and a deploy of the demo (about 12 s): the README command's 6-minute budget; .ci/run runs the long tier
+pytestmark = pytest.mark.long
+
 ROOT = Path(trtrepo.__file__).resolve().parent
 MAX_CHAIN = 8
 MAX_FILES = 14  # measured 12-14 with cli.py: beside the chain, the request's own records, the registry, the reports and progress labels

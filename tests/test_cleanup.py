@@ -73,6 +73,7 @@ def test_a_sigterm_during_an_import_waits_for_it_then_unwinds(tmp_path):
     assert time.monotonic() - t0 < 10, "delivered once the import ended, not after the command's work"
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @pytest.mark.slow
 def test_sigterm_removes_the_deploy_work_folder_and_sigkill_leftovers_go_with_the_next_run(tmp_path):
     tmp = tmp_path / "tmp"
@@ -99,6 +100,7 @@ def test_sigterm_removes_the_deploy_work_folder_and_sigkill_leftovers_go_with_th
     assert not list(tmp.glob("trtrepo-*")), list(tmp.iterdir())
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @requires_tritonserver
 @pytest.mark.triton
 @pytest.mark.slow

@@ -98,6 +98,7 @@ def shown(capsys):
     progress.configure()
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_a_loop_gets_one_update_a_second_and_a_long_call_a_heartbeat(shown, monkeypatch):
     monkeypatch.setattr(progress, "HEARTBEAT_S", 0.6)
     with progress.task("int8"):

@@ -62,6 +62,7 @@ def _big(path: Path) -> Path:
     return path
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @pytest.mark.parametrize("layout", ["hidden top-level folder", "model folder without config"])
 def test_tritonserver_refuses_to_start_on_a_top_level_staging_folder(tmp_path, layout):
     """The measurement behind the protocol: a top-level folder Triton cannot load stops the whole

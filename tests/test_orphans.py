@@ -131,6 +131,7 @@ def test_sigkill_of_tune_mid_run_leaves_no_server(tmp_path, repo):
             tune.kill()
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_a_server_that_outlived_its_trtrepo_process_is_killed_by_doctor(tmp_path, repo):
     """Where no parent-death signal arrives (another OS; a parent gone before the hook ran), the
     record names the server: the next doctor kills it (process group) and says so."""

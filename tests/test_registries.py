@@ -282,6 +282,7 @@ def test_where_to_add_counts_are_the_plugin_files() -> None:
         assert all(f in PLUGIN_FILES for f in files)
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 def test_plugin_package_adds_each_kind_end_to_end(tmp_path: Path, plugin_path: Path, demo_onnx: Path) -> None:
     import onnx
     import onnxruntime as ort

@@ -303,6 +303,7 @@ BURN = ("import random, time\n"
         "    time.sleep(random.uniform(0.05, 0.3))\n")
 
 
+@pytest.mark.long  # the README command's 6-minute budget; .ci/run runs the long tier
 @pytest.mark.triton
 def test_a_loaded_machine_marks_unstable_timings_and_prints_no_bare_speedup(run_cli, server, tmp_path):
     """Issue 27: with CPU burners beside validate, a timing that misses the stability rule is
