@@ -254,7 +254,8 @@ def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(
 def test_a_silu_input_takes_the_calibration_max_above_and_stops_at_minus_six_below() -> None:
     """detector_ranges on a graph built by hand: the SiLU's input (x * Sigmoid(x), either operand
     order) gets [max(min, -6), max]; a convolution's output no SiLU reads keeps the method's range;
-    the SiLU's output takes min/max; a SiLU input whose min is above -6 keeps its min."""
+    the SiLU's output takes min/max; a SiLU input whose min is above -6 keeps its min; with a top
+    (the percentile of |x| quantize passes), those min/max ranges end there."""
     from onnx import TensorProto, helper
 
     from trtrepo.qdq.options import ActivationRange
@@ -276,3 +277,10 @@ def test_a_silu_input_takes_the_calibration_max_above_and_stops_at_minus_six_bel
     assert (out["a"].lo, out["a"].hi, out["a"].amax) == (-6.0, 40.0, 40.0)
     assert (out["b"].lo, out["b"].hi) == (-2.5, 12.0)
     assert out["c"] == method["c"] and out["ya"] == minmax["ya"]
+    # the min/max ranges end at the given top (a percentile of |x|): above, and below where it is
+    # nearer than -6; a tensor without a top, and a weighted op's output no SiLU reads, keep theirs
+    topped = detector_ranges(model, method, minmax, {"a": 25.0, "b": 2.0, "c": 5.0, "ya": float("inf")})
+    assert (topped["a"].lo, topped["a"].hi, topped["a"].amax) == (-6.0, 25.0, 25.0)
+    assert (topped["b"].lo, topped["b"].hi, topped["b"].amax) == (-2.0, 2.0, 2.0)
+    assert topped["c"] == method["c"] and topped["ya"] == minmax["ya"]
+    assert detector_ranges(model, method, minmax, {"ya": 30.0})["ya"] == ActivationRange(30.0, -0.28, 30.0)

@@ -57,6 +57,7 @@ from .gate import (
 from .ranges import (
     AUTO_MIN_SAMPLES,
     DETECTOR_RANGE_RULE,
+    DETECTOR_TOP_PERCENTILE,
     activation_ranges,
     calibration_tensors,
     detector_ranges,
@@ -361,7 +362,8 @@ def _ranges(req: QuantizeRequest, model: Any, onnx_path: Path, calib_src: DataSo
     per_method = {m: activation_ranges(stats.compute(m), stats) for m in methods}
     if by_producer:
         minmax = per_method.get("minmax") or activation_ranges(stats.compute("minmax"), stats)
-        per_method = {m: detector_ranges(model, r, minmax) for m, r in per_method.items()}
+        top = stats.compute("percentile", percentile=DETECTOR_TOP_PERCENTILE)
+        per_method = {m: detector_ranges(model, r, minmax, top) for m, r in per_method.items()}
     return model, per_method, stats, equalization
 
 
