@@ -199,8 +199,8 @@ def _representable_min(model: onnx.ModelProto, tensor: str) -> float:
 @pytest.mark.parametrize("head", [AnchorFree, Classifier])
 def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(tmp_path, head):
     """Issue 43: in a detector (its decode head found) the activations that no weighted op produces
-    (here the SiLU outputs) take their min/max range, so that the strongest responses are not
-    clipped; a convolution's output keeps the method's clipped range. A classifier with the same
+    (here the SiLU outputs) take their min/max range up to the 99.999th percentile of |x|, so that
+    the strongest responses are not clipped; a convolution's output keeps the method's clipped range. A classifier with the same
     backbone keeps the method's range everywhere. Checked on the written model's Q/DQ parameters
     against the activations ONNX Runtime computes on the calibration images. On the tensorrt target
     (symmetric int8) the rule stays off."""
@@ -208,7 +208,7 @@ def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(
 
     from trtrepo.data import ArraySource, collect
     from trtrepo.quantize import run_quantize
-    from trtrepo.quantize.ranges import split_holdout
+    from trtrepo.quantize.ranges import DETECTOR_TOP_PERCENTILE, split_holdout
 
     src = tmp_path / "m.onnx"
     torch.manual_seed(0)
@@ -230,15 +230,19 @@ def test_a_detectors_activations_beyond_its_convolutions_keep_their_whole_range(
     values = ort.InferenceSession(probe.SerializeToString(), providers=["CPUExecutionProvider"]).run(
         silu + conv, collect(calibrated))
     seen = dict(zip(silu + conv, (float(v.max()) for v in values), strict=True))
+    # where a detector's min/max ranges end (DETECTOR_TOP_PERCENTILE of |x|), as a fraction of the max
+    top = {t: min(float(np.percentile(np.abs(v), DETECTOR_TOP_PERCENTILE)), seen[t]) / seen[t]
+           for t, v in zip(silu + conv, values, strict=True)}
     kept = {t: _representable_max(quantized, t) / seen[t] for t in silu + conv if any(
         n.op_type == "QuantizeLinear" and n.input[0] == t for n in quantized.graph.node)}
     assert len([t for t in kept if t in silu]) >= 3 and len([t for t in kept if t in conv]) >= 3, kept
     clipped_convs = [t for t in conv if t in kept and kept[t] < 0.999]
     silu_ratios = [kept[t] for t in silu if t in kept]
     if head is AnchorFree:
-        assert min(silu_ratios) >= 0.98, kept  # the whole range seen in calibration
-        # a SiLU's input (every backbone conv here): the calibration max above, max(min, -6) below
-        assert min(kept[t] for t in conv if t in kept) >= 0.98, kept
+        # the range seen in calibration up to its top 1e-5 (the histogram's bins: 1 % slack)
+        assert all(kept[t] >= 0.99 * top[t] for t in silu if t in kept), (kept, top)
+        # a SiLU's input (every backbone conv here): the same above, max(min, -6) below
+        assert all(kept[t] >= 0.99 * top[t] for t in conv if t in kept), (kept, top)
         mins = dict(zip(silu + conv, (float(v.min()) for v in values), strict=True))
         for t in (t for t in conv if t in kept):  # within one step of the grid (the zero point rounds)
             step = (_representable_max(quantized, t) - _representable_min(quantized, t)) / 255
