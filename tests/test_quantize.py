@@ -400,6 +400,51 @@ def test_onnxruntime_target_keeps_the_image_stem_before_a_silu_float(tmp_path):
         assert input_producer(q.model, "stem", 1).op_type == "DequantizeLinear" and IMAGE_STEM_REASON not in q.plan.auto_float.values()
 
 
+def _silu_chain(strides, fork=False):
+    """Image -> Conv + SiLU per stride (8 channels) -> a stride-1 body Conv; ``fork``: the first
+    SiLU's output is also a graph output."""
+    nodes, inits, x = [], [], "x"
+    for i, s in enumerate(strides):
+        inits.append((f"w{i}", RNG.standard_normal((8, 3 if i == 0 else 8, 3, 3)).astype(np.float32)))
+        nodes += [helper.make_node("Conv", [x, f"w{i}"], [f"c{i}"], name=f"conv{i}", pads=[1, 1, 1, 1], strides=[s, s]),
+                  helper.make_node("Sigmoid", [f"c{i}"], [f"s{i}"], name=f"sig{i}"),
+                  helper.make_node("Mul", [f"c{i}", f"s{i}"], [f"r{i}"], name=f"silu{i}")]
+        x = f"r{i}"
+    inits.append(("wb", RNG.standard_normal((8, 8, 3, 3)).astype(np.float32)))
+    nodes.append(helper.make_node("Conv", [x, "wb"], ["y"], name="body", pads=[1, 1, 1, 1]))
+    side = 32 // int(np.prod(strides))
+    outputs = [("y", [1, 8, side, side])] + ([("r0", [1, 8, 32 // strides[0], 32 // strides[0]])] if fork else [])
+    return make_model(nodes, [("x", [1, 3, 32, 32])], outputs, inits)
+
+
+@pytest.mark.parametrize("strides, fork, stem", [((2, 2), False, 2), ((2, 1), False, 1), ((2, 2), True, 1), ((2, 2, 2), False, 2),
+                                                 ((1, 2), False, 2)])
+def test_onnxruntime_target_keeps_the_stems_strided_second_convolution_float(tmp_path, strides, fork, stem):
+    """The convolution that alone reads the image convolution's SiLU keeps float with its SiLU
+    when it is strided (YOLO's two stride-2 stem convolutions); a stride-1 one, a SiLU output read
+    elsewhere too, and a third strided convolution are quantized. The model still computes the
+    float model's output."""
+    from trtrepo.qdq.rules import IMAGE_STEM_NEXT_REASON, IMAGE_STEM_REASON
+
+    model = _silu_chain(strides, fork)
+    qm = insert_qdq(model, amax_all(model)[0], QuantizeOptions(target="onnxruntime"))
+    want = {f"{op}{i}": IMAGE_STEM_NEXT_REASON if i else IMAGE_STEM_REASON for i in range(stem) for op in ("conv", "sig", "silu")}
+    assert {n: r for n, r in qm.plan.auto_float.items() if r in (IMAGE_STEM_REASON, IMAGE_STEM_NEXT_REASON)} == want
+    for i in range(len(strides)):  # float convolutions read float weights and the float SiLU, the others dequantized ones
+        assert (input_producer(qm.model, f"conv{i}", 1) is None) == (i < stem), i
+        if i:
+            assert input_producer(qm.model, f"conv{i}", 0).op_type == ("Mul" if i < stem else "DequantizeLinear"), i
+    assert input_producer(qm.model, "body", 0).op_type == "DequantizeLinear"  # the stem's last SiLU output is quantized
+    out = tmp_path / "chain.onnx"
+    onnx.save(qm.model, str(out))
+    x = RNG.standard_normal((1, 3, 32, 32)).astype(np.float32)
+    got = ort.InferenceSession(str(out)).run(["y"], {"x": x})[0]
+    ref = ort.InferenceSession(model.SerializeToString()).run(["y"], {"x": x})[0]
+    assert np.corrcoef(got.ravel(), ref.ravel())[0, 1] > 0.99
+    # the TensorRT target quantizes the whole stem
+    assert not {IMAGE_STEM_REASON, IMAGE_STEM_NEXT_REASON} & set(insert_qdq(model, amax_all(model)[0]).plan.auto_float.values())
+
+
 # --------------------------------------------------------------------------------------------
 # Bad input
 

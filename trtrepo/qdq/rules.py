@@ -60,22 +60,32 @@ def keep_float_small_conv(view: GraphView, node: Any, options: QuantizeOptions) 
 
 
 IMAGE_CHANNELS = 4  # a Conv reading a graph input with at most this many channels reads the image (RGB, RGBA, gray)
+IMAGE_STEM_CONVS = 2  # the stem: the image's convolution and at most one strided convolution after it
 IMAGE_STEM_REASON = ("the image's first convolution before a SiLU: ONNX Runtime would round its pre-activation to uint8 "
                      "over the widest range of the network, and its float kernel is as fast on 3 channels")
+IMAGE_STEM_NEXT_REASON = ("the image stem's strided second convolution before a SiLU, reading only the first one's SiLU: "
+                          "ONNX Runtime would round its pre-activation to uint8 over a range as wide as the first one's")
 
 
 def image_stem_nodes(view: GraphView, options: QuantizeOptions) -> dict[str, str]:
-    """onnxruntime target: the convolution on the image input (a graph input of at most
-    :data:`IMAGE_CHANNELS` channels) whose output feeds a SiLU (:func:`conv_silu`) stays float with
-    its SiLU (Sigmoid and Mul; the SiLU's output is quantized for the next convolution), node ->
-    reason. Decision, measured on the trained YOLO11n (docs/benchmarks.md, "the image's first
-    convolution"): ONNX Runtime has no fused Conv + SiLU, so QLinearConv rounds the pre-activation
-    to uint8 first, and the stem's is the widest of the network ([-6, 64], a 0.27 step, against
-    [-6, 3..20] deeper); that rounding alone carried about 44 % of the class-logit error variance
-    of the all-INT8 model, and the 3-channel QLinearConv ran slower than the float convolution
-    (12.8 against 9.0 ms at batch 8), so the float stem costs no speed. A ReLU/Clip stem is fused
-    into QLinearConv's output range and stays quantized; ``ort_min_reduction=0`` quantizes this
-    one too."""
+    """onnxruntime target: the image stem's convolutions stay float with their SiLUs (Sigmoid and
+    Mul; the last SiLU's output is quantized for the next convolution), node -> reason:
+
+    * the convolution on the image input (a graph input of at most :data:`IMAGE_CHANNELS`
+      channels) whose output feeds a SiLU (:func:`conv_silu`);
+    * then, up to :data:`IMAGE_STEM_CONVS` in all, the convolution that alone reads that SiLU's
+      output when it has a stride above 1 and feeds a SiLU itself (YOLOv5 6.0+, YOLOv8 and YOLO11
+      open on two strided 3x3 Conv + SiLU; a block's stride-1 convolution ends the stem).
+
+    Decision, measured on the trained YOLO11n (docs/benchmarks.md, "the image's first convolution"
+    and "the stem's second convolution"): ONNX Runtime has no fused Conv + SiLU, so QLinearConv
+    rounds the pre-activation to uint8 first, and the stem's two are the widest of the backbone
+    (the first [-6, 64] in a shipped file, a 0.27 step; the second's maximum 95 on 48 calibration
+    crops, against [-6, 3..20] in the backbone after them); the first one's rounding alone carried
+    about 44 % of the class-logit error variance of the all-INT8 model, and the 3-channel
+    QLinearConv ran slower than the float convolution (12.8 against 9.0 ms at batch 8), so that one
+    costs no speed. A ReLU/Clip stem is fused into QLinearConv's output range and stays quantized;
+    ``ort_min_reduction=0`` quantizes these too."""
     if not options.target.small_conv_float or options.ort_min_reduction <= 0:
         return {}
     out: dict[str, str] = {}
@@ -84,11 +94,37 @@ def image_stem_nodes(view: GraphView, options: QuantizeOptions) -> dict[str, str
             if node.op_type != "Conv" or node.input[0] != name or len(node.input) < 2 or not view.is_constant(node.input[1]) \
                     or view.constant_array(node.input[1]).shape[1] > IMAGE_CHANNELS:
                 continue
-            for mul, _ in view.consumers.get(node.output[0], []):
-                if conv_silu(view, mul):
-                    sigmoid = [view.producer[x] for x in mul.input if x in view.producer and view.producer[x] is not node]
-                    out.update(dict.fromkeys([node.name, mul.name, *(n.name for n in sigmoid)], IMAGE_STEM_REASON))
+            conv: Any = node
+            for depth in range(IMAGE_STEM_CONVS):
+                silu = _silu_after(view, conv)
+                if silu is None:
+                    break
+                out.update(dict.fromkeys([n.name for n in silu], IMAGE_STEM_NEXT_REASON if depth else IMAGE_STEM_REASON))
+                conv = _strided_next_conv(view, silu[-1].output[0])
+                if conv is None:
+                    break
     return out
+
+
+def _silu_after(view: GraphView, conv: Any) -> list[Any] | None:
+    """``[conv, its Sigmoid, the Mul]`` when ``conv``'s output feeds a SiLU (:func:`conv_silu`), else None."""
+    for mul, _ in view.consumers.get(conv.output[0], []):
+        if conv_silu(view, mul):
+            sigmoid = [view.producer[x] for x in mul.input if x in view.producer and view.producer[x] is not conv]
+            return [conv, *sigmoid, mul]
+    return None
+
+
+def _strided_next_conv(view: GraphView, tensor: str) -> Any | None:
+    """The convolution with constant weights and a stride above 1 that is ``tensor``'s only
+    consumer, or None."""
+    users = view.consumers.get(tensor, [])
+    if len(users) != 1 or tensor in view.graph_outputs:
+        return None
+    conv = users[0][0]
+    if conv.op_type != "Conv" or conv.input[0] != tensor or len(conv.input) < 2 or not view.is_constant(conv.input[1]):
+        return None
+    return conv if max(view.attr(conv, "strides", [1]), default=1) > 1 else None
 
 
 # --------------------------------------------------------------------------------------------
