@@ -74,6 +74,19 @@ def test_the_real_decode_head_is_found_in_both_exports(yolo):
         assert len(feature) > 80  # the backbone, neck and the head's last convolutions stay INT8
 
 
+def test_the_real_exports_stem_is_its_two_strided_convolutions(yolo):
+    """The onnxruntime target keeps the image stem float: YOLO11's two stride-2 Conv + SiLU, not the
+    first block's stride-1 convolution behind them (``image_stem_nodes``)."""
+    from trtrepo.qdq import QuantizeOptions
+    from trtrepo.qdq.rules import image_stem_nodes
+
+    for name in ("yolo11n_dyn.onnx", "yolo11n_b1.onnx"):
+        view = GraphView(prepare_model(onnx.load(str(yolo / name))))
+        ops = {n.name: n.op_type for n in view.nodes}
+        convs = [n for n in image_stem_nodes(view, QuantizeOptions(target="onnxruntime")) if ops[n] == "Conv"]
+        assert convs == ["/model.0/conv/Conv", "/model.1/conv/Conv"], (name, convs)
+
+
 def test_the_gate_passes_the_fp16_copy_and_refuses_the_naive_placement(yolo, tmp_path):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
 
