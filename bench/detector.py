@@ -249,15 +249,15 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
                                                      *common[:-1]], work / "deploy.log")
     models["trtrepo deploy (defaults)"] = deployed_model(work)
     for name, extra in (("trtrepo all-INT8 (head float)", []), ("trtrepo naive (head quantized)", ["--quantize-detector-head"])):
-        out = work / f"{name.split()[1]}.onnx"
+        out = work / RUN_FILES[name]
         runs[name] = trtrepo_cli(["quantize", str(src), "-o", str(out), "--target", "onnxruntime", "--accept-accuracy-loss",
                                   *common, *extra], work / f"{name.split()[1]}.log")
         models[name] = out
     for name, ignored in (("NNCF 3.4 defaults", False), ("NNCF 3.4 + published ignored scope", True)):
-        out = work / f"nncf_{int(ignored)}.onnx"
+        out = work / RUN_FILES[name]
         runs[name] = {"seconds": nncf_quantize(src, out, np.asarray(calib), ignored)}
         models[name] = out
-    out = work / "ort.onnx"
+    out = work / RUN_FILES["ONNX Runtime quantize_static"]
     runs["ONNX Runtime quantize_static"] = {"seconds": ort_quantize(src, out, np.asarray(calib))}
     models["ONNX Runtime quantize_static"] = out
     check = AccuracyCheck()
@@ -322,7 +322,8 @@ def retime(args: argparse.Namespace) -> dict[str, Any]:
             "speedup": {k: t["FP32"] / t[k] for k in t}, "speedup_fast": {k: t[FP32_FAST] / t[k] for k in t}}
 
 
-RUN_FILES = {"trtrepo all-INT8 (head float)": "all-INT8.onnx", "trtrepo naive (head quantized)": "naive.onnx",
+RUN_FILES = {  # the files of a run in --work, by row; written by measure, timed again by retime
+             "trtrepo all-INT8 (head float)": "all-INT8.onnx", "trtrepo naive (head quantized)": "naive.onnx",
              "NNCF 3.4 defaults": "nncf_0.onnx", "NNCF 3.4 + published ignored scope": "nncf_1.onnx",
              "ONNX Runtime quantize_static": "ort.onnx"}
 

@@ -92,8 +92,7 @@ def image_stem_nodes(view: GraphView, options: QuantizeOptions) -> dict[str, str
     out: dict[str, str] = {}
     for name in view.graph_inputs:
         for node, _ in view.consumers.get(name, []):
-            if node.op_type != "Conv" or node.input[0] != name or len(node.input) < 2 or not view.is_constant(node.input[1]) \
-                    or view.constant_array(node.input[1]).shape[1] > IMAGE_CHANNELS:
+            if not _conv_on(view, node, name) or view.constant_array(node.input[1]).shape[1] > IMAGE_CHANNELS:
                 continue
             conv: Any = node
             for depth in range(IMAGE_STEM_CONVS):
@@ -123,9 +122,12 @@ def _strided_next_conv(view: GraphView, tensor: str) -> Any | None:
     if len(users) != 1 or tensor in view.graph_outputs:
         return None
     conv = users[0][0]
-    if conv.op_type != "Conv" or conv.input[0] != tensor or len(conv.input) < 2 or not view.is_constant(conv.input[1]):
-        return None
-    return conv if max(view.attr(conv, "strides", [1]), default=1) > 1 else None
+    return conv if _conv_on(view, conv, tensor) and max(view.attr(conv, "strides", [1]), default=1) > 1 else None
+
+
+def _conv_on(view: GraphView, node: Any, tensor: str) -> bool:
+    """``node`` is a Conv with constant weights whose data input is ``tensor``."""
+    return bool(node.op_type == "Conv" and node.input[0] == tensor and len(node.input) >= 2 and view.is_constant(node.input[1]))
 
 
 # --------------------------------------------------------------------------------------------
